@@ -1,0 +1,107 @@
+"""Teach the default model to answer "maybe" — the main job, on CPU in a few minutes.
+
+Prompts vary how they ask for "yes", "no" or "maybe". The first of those words in the reply
+scores maybe 1.0, no 0.75, yes 0.5 (else 0), halved when the reply is longer than three words.
+Run:  python examples/yes_no_maybe.py [--steps 12] [--seed 0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import random
+import re
+from pathlib import Path
+
+import art
+
+WORD_SCORES = {"maybe": 1.0, "no": 0.75, "yes": 0.5}
+
+
+def make_prompts() -> list[str]:
+    prompts = []
+    for words in itertools.permutations(["yes", "no", "maybe"]):
+        for template in (
+            "Respond with {a}, {b} or {c}.",
+            "Just answer {a}, {b}, or {c}.",
+            "Reply with one word: '{a}', '{b}' or '{c}'.",
+            "Pick one of {a}/{b}/{c} and say only that word.",
+        ):
+            prompts.append(template.format(a=words[0], b=words[1], c=words[2]))
+    return prompts
+
+
+def score(reply: str) -> float:
+    words = re.findall(r"[a-z]+", reply.lower())
+    first = next((w for w in words if w in WORD_SCORES), None)
+    reward = WORD_SCORES.get(first, 0.0)
+    return reward / 2 if len(reply.split()) > 3 else reward
+
+
+async def rollout(model: art.Model, prompt: str, seed: int) -> art.Trajectory:
+    client = model.openai_client()
+    messages: art.Messages = [{"role": "user", "content": prompt}]
+    completion = await client.chat.completions.create(
+        model=model.get_inference_name(), messages=messages, max_tokens=12, seed=seed
+    )
+    choice = completion.choices[0]
+    return art.Trajectory(messages_and_choices=[*messages, choice], reward=score(choice.message.content or ""))
+
+
+async def main(steps: int, seed: int, group_size: int, prompts_per_step: int, learning_rate: float, path: str) -> list[float]:
+    backend = art.LocalBackend(path=path)
+    model = art.TrainableModel(name=f"maybe-seed{seed}", project="yes-no-maybe", base_model=art.DEFAULT_MODEL)
+    await model.register(backend)
+    prompts = make_prompts()
+    rewards = []
+    for step in range(await model.get_step(), steps):
+        rng = random.Random(seed * 10_000 + step)
+        batch = rng.sample(prompts, prompts_per_step)
+        groups = await art.gather_trajectory_groups(
+            (
+                art.TrajectoryGroup(rollout(model, p, seed=rng.randrange(2**31)) for _ in range(group_size))
+                for p in batch
+            ),
+            pbar_desc=f"step {step} rollouts",
+        )
+        reward = sum(t.reward for g in groups for t in g.trajectories) / sum(len(g.trajectories) for g in groups)
+        await model.train(groups, config=art.TrainConfig(learning_rate=learning_rate))
+        rewards.append(reward)
+        print(f"step {step}: mean reward {reward:.3f}", flush=True)
+    run_dir = Path(path) / model.project / "models" / model.name
+    history = [json.loads(line) for line in (run_dir / "history.jsonl").read_text().splitlines()]
+    plot_rewards(history, run_dir / "reward.png")
+    await backend.close()
+    return rewards
+
+
+def plot_rewards(history: list[dict], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    points = sorted((row["step"], row["train/reward"]) for row in history if "train/reward" in row)
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.plot([s for s, _ in points], [r for _, r in points], marker="o")
+    ax.set_xlabel("step")
+    ax.set_ylabel("mean reward")
+    ax.set_title("yes/no/maybe: mean reward per step")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    print(f"reward curve: {out}")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--group-size", type=int, default=8)
+    parser.add_argument("--prompts-per-step", type=int, default=4)
+    parser.add_argument("--learning-rate", type=float, default=1e-4)
+    parser.add_argument("--path", default=".art")
+    args = parser.parse_args()
+    asyncio.run(main(args.steps, args.seed, args.group_size, args.prompts_per_step, args.learning_rate, args.path))

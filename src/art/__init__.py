@@ -1,0 +1,52 @@
+"""Agent Reinforcement Trainer: train LLM agents with GRPO on your own agent code.
+
+The client side (this package's top level) imports no torch; `LocalBackend` loads the heavy
+parts (install the `[backend]` extra) only when a trainable model is registered.
+"""
+
+from art import dev, utils
+from art.backends.local import LocalBackend
+from art.base_models import DEFAULT_MODEL
+from art.errors import (
+    ArtError,
+    ArtValueError,
+    BackendError,
+    ContextLengthError,
+    ModelNotFoundError,
+    TooManyExceptionsError,
+    TrajectoryError,
+)
+from art.gather import gather_trajectories, gather_trajectory_groups, trajectory_group_batches
+from art.model import Model, TrainableModel
+from art.retry import retry
+from art.trajectories import History, Trajectory, TrajectoryGroup
+from art.types import Messages, MessagesAndChoices, Tools, TrainConfig
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DEFAULT_MODEL",
+    "ArtError",
+    "ArtValueError",
+    "BackendError",
+    "ContextLengthError",
+    "History",
+    "LocalBackend",
+    "Messages",
+    "MessagesAndChoices",
+    "Model",
+    "ModelNotFoundError",
+    "TooManyExceptionsError",
+    "Tools",
+    "TrainConfig",
+    "TrainableModel",
+    "Trajectory",
+    "TrajectoryError",
+    "TrajectoryGroup",
+    "dev",
+    "gather_trajectories",
+    "gather_trajectory_groups",
+    "retry",
+    "trajectory_group_batches",
+    "utils",
+]

@@ -1,0 +1,1 @@
+"""Backends: where a registered model is served and trained."""

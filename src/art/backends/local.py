@@ -1,0 +1,136 @@
+"""`LocalBackend`: serve and train on this machine, in this process.
+
+It owns one loopback HTTP server (the OpenAI routes) shared by all registered models, and one
+`ModelService` per model. It holds no training or sampling code itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from pathlib import Path
+
+from art.errors import ModelNotFoundError
+from art.server.registry import ServedModel
+from art.storage.history import read_history
+from art.storage.layout import ModelDir
+from art.storage.run_log import write_log
+from art.types import TrainConfig
+
+log = logging.getLogger(__name__)
+
+
+class LocalBackend:
+    def __init__(self, *, in_process: bool = True, path: str | None = None, host: str = "127.0.0.1",
+                 port: int = 0) -> None:
+        """`path`: run storage root (default `./.art`). `port` 0 picks a free port."""
+        if not in_process:
+            log.warning("LocalBackend(in_process=False) is not supported yet; running in process")
+        self._root = Path(path) if path is not None else Path(".art")
+        self._host, self._port = host, port
+        self._services: dict[tuple[str, str], object] = {}
+        self._server = None
+
+    # -- the registry the HTTP app resolves names with --------------------------------------
+    def served_model_names(self) -> list[str]:
+        names: list[str] = []
+        for service in self._services.values():
+            names += service.served_names()
+            if service.base_model not in names:
+                names.append(service.base_model)
+        return names
+
+    def resolve(self, model: str) -> ServedModel:
+        for service in self._services.values():
+            try:
+                return service.resolve(model)
+            except ModelNotFoundError:
+                continue
+        raise ModelNotFoundError(f"The model `{model}` does not exist; served: {self.served_model_names()}")
+
+    # -- the protocol models call -----------------------------------------------------------
+    async def register(self, model) -> None:
+        model.base_path = str(self._root)
+        if getattr(model, "trainable", False):
+            key = (model.project, model.name)
+            if key not in self._services:
+                from art.model_service import ModelService  # heavy: torch, transformers
+
+                config = model.config.model_dump() if hasattr(model.config, "model_dump") else model.config
+                self._services[key] = await asyncio.to_thread(
+                    ModelService, self._root, name=model.name, project=model.project,
+                    base_model=model.base_model, internal_config=model._internal_config, user_config=config,
+                )
+        base_url = await asyncio.to_thread(self._ensure_server)
+        model.inference_base_url = f"{base_url}/v1"
+        model.inference_api_key = model.inference_api_key or "art-local"
+        model.inference_model_name = model.name
+
+    async def _get_step(self, model) -> int:
+        service = self._services.get((model.project, model.name))
+        return service.step if service is not None else 0
+
+    async def train(self, model, trajectory_groups, *, config: TrainConfig | None = None,
+                    _config: dict | None = None, **options):
+        """Newer ART's entry point: one update; returns a result with `step` and `metrics`.
+        Extra keyword options (learning_rate, beta, epsilon, ...) override `config`."""
+        from art.training.options import TrainOptions
+
+        merged = {**(config.model_dump() if config else {}), **(_config or {}), **options}
+        service = self._service(model)
+        return await service.train(list(trajectory_groups), TrainOptions.build(None, merged))
+
+    async def _train_model(self, model, groups, config: TrainConfig, dev_config: dict, verbose: bool = False):
+        return await self.train(model, groups, config=config, _config=dev_config)
+
+    async def _log(self, model, *, split: str, step: int, metrics: dict, groups) -> None:
+        directory = ModelDir(self._root, model.project, model.name)
+        await asyncio.to_thread(write_log, directory, split=split, step=step, metrics=metrics, groups=groups)
+
+    async def _delete_checkpoints(self, model, best_checkpoint_metric: str) -> list[int]:
+        service = self._service(model)
+        best = best_step(read_history(service.dir.history), best_checkpoint_metric)
+        keep = {service.step} | ({best} if best is not None else set())
+        if best is None:
+            log.warning("no %r in history: keeping only the latest checkpoint", best_checkpoint_metric)
+        return await asyncio.to_thread(service.delete_checkpoints, keep)
+
+    def _service(self, model):
+        service = self._services.get((model.project, model.name))
+        if service is None:
+            raise ModelNotFoundError(f"model {model.project}/{model.name} is not registered with this backend")
+        return service
+
+    # -- server lifecycle -------------------------------------------------------------------
+    def _ensure_server(self) -> str:
+        if self._server is None:
+            from art.server.app import create_app
+            from art.server.thread import ServerThread
+
+            self._server = ServerThread(create_app(self), host=self._host, port=self._port)
+            self._server.start()
+        return self._server.base_url
+
+    async def close(self) -> None:
+        if self._server is not None:
+            await asyncio.to_thread(self._server.stop)
+            self._server = None
+
+    async def __aenter__(self) -> "LocalBackend":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+
+def best_step(history: list[dict], metric: str) -> int | None:
+    """The step whose rows have the highest mean of `metric` (None when it was never logged)."""
+    values: dict[int, list[float]] = {}
+    for row in history:
+        value = row.get(metric)
+        if isinstance(value, (int, float)) and math.isfinite(value):
+            values.setdefault(int(row["step"]), []).append(float(value))
+    if not values:
+        return None
+    return max(values, key=lambda s: sum(values[s]) / len(values[s]))

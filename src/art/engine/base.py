@@ -1,0 +1,69 @@
+"""The interface every sampling engine implements.
+
+The server and the model service talk to engines only through these types, so the plain
+PyTorch sampler, a faster CPU engine and a vLLM engine are interchangeable. An engine knows
+nothing about HTTP, chat messages or GRPO: it turns prompt token ids into completions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal, Protocol
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """What one request asks of the sampler (vLLM's names where vLLM has one)."""
+
+    n: int = 1
+    """Completions sampled from the one prompt."""
+    temperature: float = 1.0
+    """0 means greedy."""
+    top_p: float = 1.0
+    """Nucleus mass kept; 1.0 keeps the whole distribution."""
+    max_tokens: int = 256
+    """Completion tokens at most, per completion."""
+    stop: tuple[str, ...] = ()
+    """Strings that end a completion; the matched string is cut from the text (not from token_ids)."""
+    seed: int | None = None
+    """Makes sampling of this request reproducible whatever else is batched with it."""
+    top_logprobs: int = 0
+    """Alternatives reported per position; 0 reports only the sampled token's logprob."""
+
+
+@dataclass(frozen=True)
+class AdapterRef:
+    """Which LoRA weights serve a request. `key` is unique per weights (e.g. 'agent@3')."""
+
+    key: str
+    path: Path | None = None
+    """Checkpoint folder to load from; None means the live adapter being trained."""
+    step: int = 0
+
+
+@dataclass
+class Completion:
+    """One sampled completion. Lists are aligned: one entry per completion token."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    """Log-probability of each sampled token under the raw model distribution (temperature 1),
+    as vLLM reports by default and as the trainer computes it."""
+    text: str
+    finish_reason: Literal["stop", "length"]
+    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
+    """Per position, the `top_logprobs` most likely (token id, logprob); empty when not asked."""
+
+
+class Engine(Protocol):
+    """A sampler bound to one base model (and its tokenizer)."""
+
+    tokenizer: object
+    max_model_len: int
+
+    async def generate(
+        self, prompt_token_ids: list[int], params: SamplingParams, adapter: AdapterRef | None
+    ) -> list[Completion]:
+        """Sample `params.n` completions of the prompt with the given adapter (None: base model)."""
+        ...

@@ -1,0 +1,284 @@
+"""Run many rollouts at once: a progress bar, a limit on failed rollouts, per-group hooks.
+
+Groups awaited under `gather_trajectory_groups` find its `_Progress` through a context
+variable, so every trajectory is counted the moment it finishes and the whole gather stops
+(cancelling what still runs) as soon as one exception too many has been seen.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import math
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from .errors import ArtValueError, TooManyExceptionsError, TrajectoryError
+from .trajectories import _REPORTER, Trajectory, TrajectoryGroup, _cancel, _run_all, _wait_all, is_choice
+
+
+def _check_max_exceptions(max_exceptions: int | float) -> None:
+    number = isinstance(max_exceptions, (int, float)) and not isinstance(max_exceptions, bool)
+    if not number or not max_exceptions >= 0:
+        raise ArtValueError(
+            f"max_exceptions must be a count (int >= 0) or a fraction in (0, 1), got {max_exceptions!r}",
+            field="max_exceptions",
+        )
+
+
+def _completion_tokens(trajectory: Trajectory) -> int:
+    histories = [trajectory.messages_and_choices]
+    histories += [h.messages_and_choices for h in trajectory.additional_histories]
+    tokens = 0
+    for item in (item for history in histories for item in history):
+        if not is_choice(item):
+            continue
+        token_ids = getattr(item, "token_ids", None)
+        if token_ids is None:  # an OpenAI-style server: one logprob entry per token
+            token_ids = getattr(getattr(item, "logprobs", None), "content", None) or ()
+        tokens += len(token_ids)
+    return tokens
+
+
+class _Progress:
+    """Counts what finishes under one gather call and draws it on a tqdm bar."""
+
+    def __init__(
+        self, desc: str | None, max_exceptions: int | float, max_metrics: int | None, show_tokens: bool
+    ) -> None:
+        _check_max_exceptions(max_exceptions)
+        self.max_exceptions = max_exceptions
+        self.max_metrics = max_metrics
+        self.show_tokens = show_tokens
+        self.total = 0
+        self.exceptions = 0
+        self.first_exception: BaseException | None = None
+        self.rewards: list[float] = []
+        self.metric_sums: dict[str, float] = {}
+        self.metric_counts: dict[str, int] = {}
+        self.tokens = 0
+        self._expected: dict[int, object] = {}  # id -> object, kept alive so ids stay unique
+        self._recorded: dict[int, object] = {}
+        self.pbar = tqdm(total=0, desc=desc, disable=desc is None, unit="traj")
+
+    def limit(self) -> float:
+        """How many exceptions are tolerated: a count, or a fraction of all trajectories."""
+        if isinstance(self.max_exceptions, float) and 0 < self.max_exceptions < 1:
+            return math.floor(self.max_exceptions * self.total + 1e-9)
+        return self.max_exceptions
+
+    def expect(self, key: object, n: int) -> None:
+        if id(key) not in self._expected:
+            self._expected[id(key)] = key
+            self.total += n
+            self.pbar.total = self.total
+            self.pbar.refresh()
+
+    def record_trajectory(self, trajectory: Trajectory) -> None:
+        if id(trajectory) in self._recorded:
+            return
+        self._recorded[id(trajectory)] = trajectory
+        self.rewards.append(trajectory.reward)
+        for key, value in trajectory.metrics.items():
+            # The bar must never fail a gather: skip values that are not finite numbers.
+            if isinstance(value, (int, float)) and math.isfinite(value):
+                self.metric_sums[key] = self.metric_sums.get(key, 0.0) + float(value)
+                self.metric_counts[key] = self.metric_counts.get(key, 0) + 1
+        if self.show_tokens:
+            self.tokens += _completion_tokens(trajectory)
+        self._advance()
+
+    def record_exception(self, exception: BaseException) -> None:
+        self.exceptions += 1
+        if self.first_exception is None:
+            self.first_exception = exception
+        self._advance()
+        limit = self.limit()
+        if self.exceptions > limit:
+            first = self.first_exception
+            raise TooManyExceptionsError(
+                f"{self.exceptions} of {self.total} rollouts raised, more than max_exceptions="
+                f"{self.max_exceptions!r} allows (limit {limit}); the first was "
+                f"{type(first).__name__}: {first}. Raise max_exceptions to drop failed rollouts instead."
+            ) from first
+
+    def account(self, group: TrajectoryGroup) -> None:
+        """Count a finished group's trajectories that were not seen finishing (already done ones)."""
+        self.expect(group, len(group.trajectories))
+        for trajectory in group.trajectories:
+            self.record_trajectory(trajectory)
+
+    def _advance(self) -> None:
+        postfix: dict[str, Any] = {}
+        if self.rewards:
+            postfix["reward"] = sum(self.rewards) / len(self.rewards)
+        keys = list(self.metric_sums)[: self.max_metrics]
+        postfix.update({key: self.metric_sums[key] / self.metric_counts[key] for key in keys})
+        if self.exceptions:
+            postfix["exceptions"] = self.exceptions
+        if self.show_tokens and self.tokens:
+            postfix["completion_tokens"] = self.tokens
+        self.pbar.set_postfix(postfix, refresh=False)
+        self.pbar.update(1)
+
+    def close(self) -> None:
+        self.pbar.close()
+
+
+def _check_awaitables(items: list[Any], what: str) -> None:
+    bad = [i for i, item in enumerate(items) if not inspect.isawaitable(item)]
+    if bad:
+        first = type(items[bad[0]]).__name__
+        raise ArtValueError(f"{what} must be awaitables; items {bad} are not (the first is a {first})")
+
+
+async def _finish_group(
+    item: Awaitable[TrajectoryGroup],
+    progress: _Progress,
+    after_each: Callable[[TrajectoryGroup], Awaitable[TrajectoryGroup | None]] | None,
+) -> TrajectoryGroup | None:
+    if isinstance(item, TrajectoryGroup):
+        group: Any = await item  # its rollouts' exceptions are counted inside it
+    else:
+        try:
+            group = await item
+        except TooManyExceptionsError:
+            raise
+        except Exception as e:  # a whole group failed to build: one exception, no trajectories
+            progress.expect(e, 1)
+            progress.record_exception(e)
+            return None
+        if not isinstance(group, TrajectoryGroup):
+            raise TrajectoryError(f"expected an awaitable of TrajectoryGroup, it gave {type(group).__name__}")
+    progress.account(group)
+    if not group.trajectories:
+        return None
+    if after_each is not None:
+        group = after_each(group)
+        if inspect.isawaitable(group):  # a plain function works too
+            group = await group
+    return group if group is not None and len(group.trajectories) else None
+
+
+async def gather_trajectory_groups(
+    groups: Iterable[Awaitable[TrajectoryGroup]],
+    *,
+    pbar_desc: str | None = "gather",
+    pbar_total_completion_tokens: bool = True,
+    max_exceptions: int | float = 0,
+    max_metrics: int | None = None,
+    after_each: Callable[[TrajectoryGroup], Awaitable[TrajectoryGroup | None]] | None = None,
+) -> list[TrajectoryGroup]:
+    """Run every group concurrently and return the finished ones in input order.
+
+    `max_exceptions` is a count, or a fraction of all trajectories when a float in (0, 1);
+    one failed rollout more raises TooManyExceptionsError. Failed rollouts within the limit
+    are dropped from their group (kept in `group.exceptions`), empty groups are dropped, and
+    `after_each(group)` may return a replacement (e.g. RULER-scored) or None to drop it.
+    `pbar_desc=None` hides the progress bar.
+    """
+    items = list(groups)
+    _check_awaitables(items, "groups")
+    progress = _Progress(pbar_desc, max_exceptions, max_metrics, pbar_total_completion_tokens)
+    for item in items:
+        if isinstance(item, TrajectoryGroup):
+            progress.expect(item, item._expected_size())
+    token = _REPORTER.set(progress)  # tasks copy the context when created
+    try:
+        tasks = [asyncio.ensure_future(_finish_group(item, progress, after_each)) for item in items]
+    finally:
+        _REPORTER.reset(token)
+    try:
+        results = await _wait_all(tasks)
+    finally:
+        progress.close()
+    return [group for group in results if group is not None]
+
+
+async def gather_trajectories(
+    trajectories: Iterable[Awaitable[Trajectory]],
+    *,
+    pbar_desc: str | None = "gather",
+    max_exceptions: int | float = 0,
+) -> list[Trajectory]:
+    """`gather_trajectory_groups` for a flat list: finished trajectories in input order."""
+    items = list(trajectories)
+    _check_awaitables([i for i in items if not isinstance(i, Trajectory)], "trajectories")
+    progress = _Progress(pbar_desc, max_exceptions, None, True)
+    progress.expect(items, len(items))
+    try:
+        results = await _run_all(items, progress)
+    finally:
+        progress.close()
+    return [r for r in results if isinstance(r, Trajectory)]
+
+
+def _discard(item: Any) -> None:
+    # Skipped work is never run; close coroutines so Python does not warn they were never awaited.
+    awaitables = (item._items or []) if isinstance(item, TrajectoryGroup) else [item]
+    for aw in awaitables:
+        if inspect.iscoroutine(aw):
+            aw.close()
+
+
+async def trajectory_group_batches(
+    groups: Iterable[Awaitable[TrajectoryGroup]],
+    *,
+    batch_size: int,
+    max_concurrent_batches: int = 1,
+    skip_batches: int = 0,
+) -> AsyncIterator[list[TrajectoryGroup]]:
+    """Yield lists of `batch_size` finished groups, in the order they finish (the last may be short).
+
+    Groups are pulled from `groups` lazily, at most `batch_size * max_concurrent_batches` in
+    flight, so the next batch samples while the caller trains on this one. The first
+    `skip_batches * batch_size` groups are skipped unrun (resuming). Empty groups are dropped.
+    """
+    problems = [
+        f"{name} must be an int >= {low}, got {value!r}"
+        for name, value, low in (
+            ("batch_size", batch_size, 1),
+            ("max_concurrent_batches", max_concurrent_batches, 1),
+            ("skip_batches", skip_batches, 0),
+        )
+        if isinstance(value, bool) or not isinstance(value, int) or value < low
+    ]
+    if problems:
+        raise ArtValueError("; ".join(problems))
+    source, end = iter(groups), object()
+    for _ in range(skip_batches * batch_size):
+        skipped = next(source, end)
+        if skipped is end:
+            return
+        _discard(skipped)
+
+    async def finish(item: Awaitable[TrajectoryGroup]) -> TrajectoryGroup:
+        return await item
+
+    in_flight: set[asyncio.Future[TrajectoryGroup]] = set()
+    batch: list[TrajectoryGroup] = []
+    exhausted = False
+    try:
+        while True:
+            while not exhausted and len(in_flight) < batch_size * max_concurrent_batches:
+                item = next(source, end)
+                if item is end:
+                    exhausted = True
+                else:
+                    in_flight.add(asyncio.ensure_future(finish(item)))
+            if not in_flight:
+                break
+            done, in_flight = await asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                group = task.result()
+                if group is not None and len(group.trajectories):
+                    batch.append(group)
+                if len(batch) == batch_size:
+                    yield batch
+                    batch = []
+        if batch:
+            yield batch
+    finally:
+        await _cancel(in_flight)

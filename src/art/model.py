@@ -1,0 +1,154 @@
+"""`Model` (any OpenAI-compatible model, e.g. a prompted baseline) and `TrainableModel`.
+
+These are client objects: they hold names and a backend, never weights, and import no torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import httpx
+from openai import AsyncOpenAI
+from pydantic import BaseModel, ConfigDict, PrivateAttr
+
+from art.errors import ArtValueError
+from art.metrics import summarize
+from art.storage.layout import ModelDir, validate_name
+from art.storage.run_log import write_log
+from art.trajectories import Trajectory, TrajectoryGroup
+from art.types import TrainConfig
+
+
+class Model(BaseModel):
+    """A model rollouts can call and whose results can be logged; not trainable."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    name: str
+    project: str
+    entity: str | None = None
+    id: str | None = None
+    config: Any = None
+    """Any user object (usually a pydantic model) stored with the run."""
+    trainable: bool = False
+    base_path: str = ".art"
+    inference_api_key: str | None = None
+    inference_base_url: str | None = None
+    inference_model_name: str | None = None
+
+    _backend: Any = PrivateAttr(default=None)
+    _client: AsyncOpenAI | None = PrivateAttr(default=None)
+
+    def model_post_init(self, __context: Any) -> None:
+        validate_name(self.name, "name")
+        validate_name(self.project, "project")
+
+    async def register(self, backend) -> None:
+        """Bind to a backend; afterwards `openai_client()` talks to it."""
+        await backend.register(self)
+        self._backend = backend
+        self._client = None
+
+    def openai_client(self) -> AsyncOpenAI:
+        """An AsyncOpenAI client for this model's endpoint (long timeouts: CPU sampling is slow)."""
+        if self.inference_base_url is None:
+            raise ArtValueError(
+                f"model {self.name!r} has no inference endpoint: call `await model.register(backend)` "
+                "or pass inference_base_url", field="inference_base_url")
+        if self._client is None:
+            self._client = AsyncOpenAI(
+                base_url=self.inference_base_url,
+                api_key=self.inference_api_key or "none",
+                timeout=httpx.Timeout(timeout=1800.0, connect=10.0),
+                max_retries=0,
+            )
+        return self._client
+
+    def get_inference_name(self, step: int | None = None) -> str:
+        """The `model` field for requests: the latest weights, or those of `step`."""
+        base = self.inference_model_name or self.name
+        return base if step is None else f"{base}@{step}"
+
+    async def get_step(self) -> int:
+        if self._backend is not None and hasattr(self._backend, "_get_step"):
+            return await self._backend._get_step(self)
+        return 0
+
+    async def log(
+        self,
+        trajectories: Iterable[Trajectory | TrajectoryGroup] | None = None,
+        split: str = "val",
+        *,
+        metrics: dict[str, float] | None = None,
+        step: int | None = None,
+    ) -> None:
+        """Average rewards and metrics of the trajectories, prefix them `split/`, append a row
+        to history.jsonl and write the trajectories of the step."""
+        validate_name(split, "split")
+        groups = _as_groups(trajectories)
+        row: dict[str, float] = {}
+        if groups:
+            row.update({f"{split}/{k}": v for k, v in summarize(groups).items()})
+        for key, value in (metrics or {}).items():
+            row[key if "/" in key else f"{split}/{key}"] = value
+        step = await self.get_step() if step is None else step
+        if self._backend is not None and hasattr(self._backend, "_log"):
+            await self._backend._log(self, split=split, step=step, metrics=row, groups=groups)
+        else:
+            write_log(ModelDir(self.base_path, self.project, self.name), split=split, step=step,
+                      metrics=row, groups=groups)
+
+    def _run_dir(self) -> Path:
+        return ModelDir(self.base_path, self.project, self.name).path
+
+
+class TrainableModel(Model):
+    """The policy being trained: a LoRA adapter (by default) on `base_model`."""
+
+    base_model: str
+    trainable: bool = True
+    _internal_config: dict | None = PrivateAttr(default=None)
+
+    def __init__(self, *, _internal_config: dict | None = None, **data: Any) -> None:
+        super().__init__(**data)
+        self._internal_config = dict(_internal_config) if _internal_config else None
+
+    async def train(
+        self,
+        trajectory_groups: Iterable[TrajectoryGroup],
+        config: TrainConfig = TrainConfig(),
+        _config: dict | None = None,
+        verbose: bool = False,
+    ) -> None:
+        """One GRPO update; returns once the new step is saved and served. The groups' rewards
+        and the update's metrics are logged under `train/` at the step that sampled them."""
+        backend = self._require_backend()
+        groups = list(trajectory_groups)
+        step = await self.get_step()
+        result = await backend._train_model(self, groups, config, _config or {}, verbose)
+        metrics = {f"train/{k}": v for k, v in result.metrics.items()}
+        await self.log(groups, split="train", metrics=metrics, step=step)
+
+    async def delete_checkpoints(self, best_checkpoint_metric: str = "val/reward") -> list[int]:
+        """Keep the latest checkpoint and the best by `best_checkpoint_metric`; delete the rest."""
+        return await self._require_backend()._delete_checkpoints(self, best_checkpoint_metric)
+
+    def _require_backend(self):
+        if self._backend is None:
+            raise ArtValueError(f"model {self.name!r} is not registered: `await model.register(backend)` first")
+        return self._backend
+
+
+def _as_groups(items) -> list[TrajectoryGroup]:
+    if items is None:
+        return []
+    items = list(items)
+    groups = [item for item in items if isinstance(item, TrajectoryGroup)]
+    loose = [item for item in items if isinstance(item, Trajectory)]
+    if len(groups) + len(loose) != len(items):
+        raise ArtValueError("log() takes Trajectory or TrajectoryGroup objects", field="trajectories")
+    if loose:
+        groups.append(TrajectoryGroup(loose))
+    return groups

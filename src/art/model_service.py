@@ -1,0 +1,117 @@
+"""Everything the backend holds for one trainable model: weights, engine, trainer, storage.
+
+On CPU the engine and the trainer share one PeftModel (so a weight update is visible to the
+next request with no reload) and one lock (so sampling and a training step never overlap).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from dataclasses import dataclass
+
+import torch
+
+from art import base_models
+from art.engine.adapters import AdapterSwitcher
+from art.engine.base import AdapterRef
+from art.engine.torch_sampler import TorchSampler
+from art.errors import ModelNotFoundError
+from art.server.registry import ServedModel
+from art.storage import CheckpointStore, ModelDir
+from art.training.options import LORA_DEFAULTS, TrainOptions
+from art.training.trainer import Trainer
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TrainResult:
+    step: int
+    """The step now served (the checkpoint this update wrote)."""
+    metrics: dict[str, float]
+
+
+class ModelService:
+    def __init__(self, root, *, name: str, project: str, base_model: str, internal_config: dict | None = None,
+                 user_config: dict | None = None) -> None:
+        from peft import LoraConfig, get_peft_model
+
+        internal = dict(internal_config or {})
+        self.name, self.project, self.base_model = name, project, base_model
+        self.dir = ModelDir(root, project, name)
+        base, self.tokenizer = base_models.load(base_model)
+        lora = {**LORA_DEFAULTS, **internal.get("peft_args", {})}
+        torch.manual_seed(internal.get("seed", 0))  # reproducible adapter init at step 0
+        self.model = get_peft_model(base, LoraConfig(task_type="CAUSAL_LM", **lora))
+        self.model.eval()
+        self.lock = threading.RLock()
+        engine_args = internal.get("engine_args", {})
+        self.engine = TorchSampler(
+            self.model, self.tokenizer, lock=self.lock, adapters=AdapterSwitcher(self.model),
+            max_model_len=engine_args.get("max_model_len"), max_batch_size=engine_args.get("max_batch_size", 64),
+        )
+        self.trainer = Trainer(self.model, self.tokenizer, lock=self.lock)
+        self.store = CheckpointStore(self.dir.checkpoints)
+        latest = self.store.latest_step()
+        if latest is None:
+            self.store.write(0, self.trainer.save)
+            latest = 0
+        else:
+            self.trainer.restore(self.store.path(latest))
+        self.step = latest
+        self.dir.write_model_json({
+            "name": name, "project": project, "base_model": base_model, "config": user_config,
+            "internal_config": internal, "lora": lora, "updated_at": time.time(),
+        })
+        self._train_lock = asyncio.Lock()
+        log.info("%s/%s ready at step %d", project, name, self.step)
+
+    # -- serving ----------------------------------------------------------------------------
+    def resolve(self, requested: str) -> ServedModel:
+        """`name` -> latest step, `name@N` -> step N, the base model id -> no adapter."""
+        if requested == self.base_model:
+            return ServedModel(requested, self.engine, None, 0)
+        name, _, step_text = requested.partition("@")
+        if name != self.name:
+            raise ModelNotFoundError(f"model {requested!r} not found")
+        step = self.step
+        if step_text:
+            if not step_text.isdigit():
+                raise ModelNotFoundError(f"model {requested!r}: the step after '@' must be a number")
+            step = int(step_text)
+        if step == self.step:
+            return ServedModel(requested, self.engine, AdapterRef(f"{self.name}@{step}", None, step), step)
+        if step not in self.store.steps():
+            raise ModelNotFoundError(
+                f"model {requested!r}: no checkpoint for step {step} (available: {self.store.steps()})")
+        return ServedModel(requested, self.engine, AdapterRef(f"{self.name}@{step}", self.store.path(step), step), step)
+
+    def served_names(self) -> list[str]:
+        return [self.name] + [f"{self.name}@{s}" for s in self.store.steps()]
+
+    # -- training ---------------------------------------------------------------------------
+    async def train(self, groups, options: TrainOptions) -> TrainResult:
+        async with self._train_lock:  # one update at a time per model
+            return await asyncio.to_thread(self._train, groups, options)
+
+    def _train(self, groups, options: TrainOptions) -> TrainResult:
+        try:
+            metrics = self.trainer.step(groups, options, desc=f"train step {self.step + 1}")
+            self.store.write(self.step + 1, self.trainer.save)
+        except BaseException:
+            # The in-memory weights may be ahead of disk: go back to the last saved step.
+            self.trainer.restore(self.store.path(self.step))
+            raise
+        self.step += 1
+        return TrainResult(self.step, metrics)
+
+    def delete_checkpoints(self, keep: set[int]) -> list[int]:
+        deleted = []
+        for step in self.store.steps():
+            if step not in keep and step != self.step:
+                self.store.delete(step)
+                deleted.append(step)
+        return deleted

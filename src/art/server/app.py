@@ -1,0 +1,300 @@
+"""The OpenAI-compatible HTTP face of a backend: /v1/models and /v1/chat/completions.
+
+The app holds no model state: every request resolves its `model` through the registry it was
+given and samples with that engine. It turns chat messages into prompt ids (the engine never
+sees messages) and answers in OpenAI's JSON, plus what RL training needs and OpenAI omits:
+every choice carries its exact completion `token_ids`, the `prompt_token_ids` (vLLM's
+`return_token_ids` names) and per-token logprobs, whether or not the client asked for them.
+Errors leave in OpenAI's shape `{"error": {message, type, param, code}}`; a failure in one
+request is answered with a 500 and never takes the server down.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import jinja2
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from art.engine.base import Completion, SamplingParams
+from art.errors import ArtError, ArtValueError, ContextLengthError, ModelNotFoundError
+from art.server.registry import ModelRegistry, ServedModel
+from art.server.schemas import ChatCompletionRequest
+
+log = logging.getLogger(__name__)
+
+
+def create_app(registry: ModelRegistry, *, default_max_tokens: int = 1024) -> FastAPI:
+    """Build the app. `default_max_tokens` caps completions whose request sets no limit."""
+    app = FastAPI(title="art", docs_url=None, redoc_url=None)
+    created = int(time.time())
+    _install_error_handlers(app)
+
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/v1/models")
+    async def list_models() -> dict[str, Any]:
+        data = [
+            {"id": name, "object": "model", "created": created, "owned_by": "art"}
+            for name in registry.served_model_names()
+        ]
+        return {"object": "list", "data": data}
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest):
+        try:
+            served = registry.resolve(body.model)
+            return await _complete(served, body, default_max_tokens)
+        except (ArtError, StarletteHTTPException):
+            raise
+        except Exception as exc:  # answered here so it is logged once, without a re-raise
+            log.exception("chat completion failed")
+            return _error(500, f"internal error: {type(exc).__name__}: {exc}", "server_error")
+
+    return app
+
+
+async def _complete(served: ServedModel, body: ChatCompletionRequest, default_max_tokens: int):
+    engine = served.engine
+    tokenizer = engine.tokenizer
+    prompt = _prompt_ids(tokenizer, body)
+    max_tokens = _max_tokens(body, len(prompt), engine.max_model_len, default_max_tokens)
+    params = SamplingParams(
+        n=body.n,
+        temperature=body.temperature,
+        top_p=body.top_p,
+        max_tokens=max_tokens,
+        stop=body.stop_strings,
+        seed=body.seed,
+        top_logprobs=(body.top_logprobs or 0) if body.logprobs else 0,
+    )
+    completions = await engine.generate(prompt, params, served.adapter)
+    head = {
+        "id": f"chatcmpl-{uuid.uuid4().hex}",
+        "created": int(time.time()),
+        "model": body.model,
+        "step": served.step,
+    }
+    generated = sum(len(c.token_ids) for c in completions)
+    usage = {"prompt_tokens": len(prompt), "completion_tokens": generated,
+             "total_tokens": len(prompt) + generated}
+    tokens = _TokenText(tokenizer)
+    if not body.stream:
+        choices = [
+            {"index": i, "message": {"role": "assistant", "content": c.text},
+             "finish_reason": c.finish_reason,
+             "logprobs": {"content": [tokens.entry(c, k) for k in range(len(c.token_ids))]},
+             "token_ids": c.token_ids, "prompt_token_ids": prompt}
+            for i, c in enumerate(completions)
+        ]
+        return {**head, "object": "chat.completion", "choices": choices, "usage": usage,
+                "prompt_token_ids": prompt}
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    # The engine returns whole completions, so every chunk is built before the response
+    # starts: a failure is still an ordinary error response, never a broken stream.
+    chunks = list(_chunks(head, prompt, completions, tokens, usage if include_usage else None))
+    return StreamingResponse(iter(chunks), media_type="text/event-stream")
+
+
+def _prompt_ids(tokenizer, body: ChatCompletionRequest) -> list[int]:
+    messages = [m.for_template() for m in body.messages]
+    try:
+        ids = tokenizer.apply_chat_template(
+            messages, tools=body.tools or None, add_generation_prompt=True, tokenize=True
+        )
+    except jinja2.TemplateError as exc:
+        raise ArtValueError(f"the chat template rejected the messages: {exc}", "messages") from exc
+    # transformers 5 returns a BatchEncoding (a dict); older versions a plain list.
+    if not isinstance(ids, list):
+        ids = ids["input_ids"]
+    if ids and isinstance(ids[0], list):
+        ids = ids[0]
+    return [int(i) for i in ids]
+
+
+def _max_tokens(body: ChatCompletionRequest, prompt_len: int, max_model_len: int, default: int) -> int:
+    asked = body.requested_max_tokens
+    room = max_model_len - prompt_len
+    if asked is None and room >= 1:
+        return min(default, room)
+    if asked is None or asked > room:
+        raise ContextLengthError(
+            f"This model's maximum context length is {max_model_len} tokens. However, you "
+            f"requested {prompt_len + (asked or 1)} tokens ({prompt_len} in the messages, "
+            f"{asked or 1} in the completion). Please reduce the length of the messages or "
+            "completion.",
+            "messages",
+        )
+    return asked
+
+
+class _TokenText:
+    """Decodes single ids once per response (the `token`/`bytes` of each logprobs entry)."""
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.cache: dict[int, str] = {}
+
+    def text(self, token_id: int) -> str:
+        if token_id not in self.cache:
+            self.cache[token_id] = self.tokenizer.decode([token_id])
+        return self.cache[token_id]
+
+    def item(self, token_id: int, logprob: float) -> dict[str, Any]:
+        text = self.text(token_id)
+        return {"token": text, "logprob": logprob, "bytes": self.bytes(token_id, text)}
+
+    def bytes(self, token_id: int, text: str) -> list[int]:
+        """UTF-8 of the text, or the token's raw bytes when it holds part of a character.
+
+        OpenAI's `bytes` exists so clients can rebuild characters split across tokens; the
+        decoded text of such a token is U+FFFD, so undo the byte-level BPE alphabet instead.
+        """
+        if "\ufffd" in text:
+            piece = self.tokenizer.convert_ids_to_tokens(token_id)
+            if isinstance(piece, str) and all(ch in _UNICODE_TO_BYTE for ch in piece):
+                return [_UNICODE_TO_BYTE[ch] for ch in piece]
+        return list(text.encode("utf-8"))
+
+    def entry(self, c: Completion, k: int) -> dict[str, Any]:
+        top = c.top_logprobs[k] if k < len(c.top_logprobs) else []
+        return {**self.item(c.token_ids[k], c.logprobs[k]),
+                "top_logprobs": [self.item(t, lp) for t, lp in top]}
+
+
+def _byte_level_alphabet() -> dict[str, int]:
+    """GPT-2's printable stand-ins for the 256 byte values, inverted (char -> byte)."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            chars[chr(b)] = b
+        else:
+            chars[chr(256 + extra)] = b
+            extra += 1
+    return chars
+
+
+_UNICODE_TO_BYTE = _byte_level_alphabet()
+
+
+def _deltas(tokenizer, ids: list[int], text: str) -> list[str]:
+    """Per-token text deltas whose concatenation is exactly `text`.
+
+    Decoding ids one by one splits multi-byte characters; vLLM's incremental scheme decodes a
+    short window and holds text back while it ends in a partial character (U+FFFD). The
+    engine's text may be shorter than the full decode (a stop string cut, EOS skipped), so
+    deltas are clipped to it and any remainder rides on the last token.
+    """
+    deltas, emitted, decoded = [], 0, 0
+    prefix_offset = read_offset = 0
+    for k in range(len(ids)):
+        prefix = tokenizer.decode(ids[prefix_offset:read_offset], skip_special_tokens=True)
+        new = tokenizer.decode(ids[prefix_offset:k + 1], skip_special_tokens=True)
+        if len(new) > len(prefix) and not new.endswith("\ufffd"):
+            decoded += len(new) - len(prefix)
+            prefix_offset, read_offset = read_offset, k + 1
+        end = max(emitted, min(decoded, len(text)))
+        deltas.append(text[emitted:end])
+        emitted = end
+    if deltas:
+        deltas[-1] += text[emitted:]
+    return deltas
+
+
+def _chunks(head, prompt, completions, tokens: _TokenText, usage) -> Iterator[str]:
+    def sse(choices: list[dict[str, Any]], **extra: Any) -> str:
+        chunk = {**head, "object": "chat.completion.chunk", "choices": choices, **extra}
+        if usage is not None:
+            chunk.setdefault("usage", None)
+        return f"data: {json.dumps(chunk)}\n\n"
+
+    first = [
+        {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+         "finish_reason": None, "prompt_token_ids": prompt}
+        for i in range(len(completions))
+    ]
+    yield sse(first, prompt_token_ids=prompt)
+    for i, c in enumerate(completions):
+        for k, delta in enumerate(_deltas(tokens.tokenizer, c.token_ids, c.text)):
+            choice = {"index": i, "delta": {"content": delta},
+                      "logprobs": {"content": [tokens.entry(c, k)]},
+                      "finish_reason": None, "token_ids": [c.token_ids[k]]}
+            yield sse([choice])
+        yield sse([{"index": i, "delta": {}, "logprobs": None, "finish_reason": c.finish_reason}])
+    if usage is not None:
+        yield sse([], usage=usage)
+    yield "data: [DONE]\n\n"
+
+
+# -- errors ------------------------------------------------------------------------------
+
+
+def _error(status: int, message: str, type_: str, param: str | None = None,
+           code: str | None = None) -> JSONResponse:
+    body = {"error": {"message": message, "type": type_, "param": param, "code": code}}
+    return JSONResponse(body, status_code=status)
+
+
+def _loc(loc: tuple) -> str | None:
+    """('body', 'messages', 0, 'content') -> 'messages[0].content'."""
+    out = ""
+    for part in loc[1:] if loc and loc[0] == "body" else loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or None
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = exc.errors()
+        if any(e.get("type") == "json_invalid" for e in errors):
+            detail = next(e for e in errors if e.get("type") == "json_invalid")
+            ctx = (detail.get("ctx") or {}).get("error", "")
+            return _error(400, f"malformed JSON body: {ctx}".rstrip(": "),
+                          "invalid_request_error", None, "invalid_json")
+        if any(tuple(e.get("loc", ())) == ("body",) for e in errors):
+            return _error(400, "the request body must be a JSON object", "invalid_request_error")
+        parts = []
+        for e in errors[:5]:
+            where = _loc(tuple(e.get("loc", ()))) or "body"
+            value = e.get("input")
+            got = f" (got {value!r})" if isinstance(value, (int, float, str, bool)) else ""
+            parts.append(f"{where}: {e.get('msg', 'invalid')}{got}")
+        param = _loc(tuple(errors[0].get("loc", ()))) if errors else None
+        return _error(400, "invalid request: " + "; ".join(parts), "invalid_request_error", param)
+
+    @app.exception_handler(ModelNotFoundError)
+    async def not_found(request: Request, exc: ModelNotFoundError) -> JSONResponse:
+        return _error(404, str(exc), "invalid_request_error", "model", "model_not_found")
+
+    @app.exception_handler(ArtValueError)
+    async def bad_value(request: Request, exc: ArtValueError) -> JSONResponse:
+        code = "context_length_exceeded" if isinstance(exc, ContextLengthError) else None
+        return _error(400, str(exc), "invalid_request_error", exc.field, code)
+
+    @app.exception_handler(ArtError)
+    async def art_error(request: Request, exc: ArtError) -> JSONResponse:
+        log.error("request failed: %s", exc)
+        return _error(500, str(exc), "server_error")
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
+        return _error(exc.status_code, str(exc.detail), kind)
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
+        # A backstop: Starlette still re-raises to the ASGI server after this response,
+        # which logs it; the route itself answers its own failures without re-raising.
+        return _error(500, f"internal error: {type(exc).__name__}: {exc}", "server_error")

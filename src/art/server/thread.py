@@ -1,0 +1,89 @@
+"""Run an ASGI app with uvicorn on a background thread of this process.
+
+A local backend serves its model in the same process as the user's training loop (the
+engine shares weights with the trainer), yet rollouts must reach it over a real socket with
+the official `openai` client. So uvicorn runs on a daemon thread with its own event loop.
+We bind the socket ourselves before starting uvicorn: with port=0 the real port is known at
+once, and a bind failure is raised in the caller's thread instead of dying inside uvicorn.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import uvicorn
+
+from art.errors import BackendError
+
+
+class ServerThread:
+    """`with ServerThread(app) as server: client = OpenAI(base_url=server.base_url + "/v1")`."""
+
+    def __init__(self, app, host: str = "127.0.0.1", port: int = 0, *, start_timeout: float = 30.0) -> None:
+        self.app = app
+        self.host = host
+        self.port = port
+        """The bound port once started (the real one when 0 was asked)."""
+        self.start_timeout = start_timeout
+        self._server: uvicorn.Server | None = None
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    @property
+    def base_url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    def start(self) -> ServerThread:
+        """Block until the server accepts connections; raise BackendError if it cannot."""
+        if self._thread is not None:
+            raise BackendError("server already started")
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((self.host, self.port))
+        except OSError as exc:
+            sock.close()
+            raise BackendError(f"cannot bind {self.host}:{self.port}: {exc}") from exc
+        self.port = sock.getsockname()[1]
+        config = uvicorn.Config(
+            self.app, log_level="warning", timeout_graceful_shutdown=5, lifespan="auto"
+        )
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(
+            target=self._run, args=(sock,), name=f"art-server-{self.port}", daemon=True
+        )
+        self._thread.start()
+        deadline = time.monotonic() + self.start_timeout
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                self.stop()
+                raise BackendError(f"the HTTP server did not start: {self._error or 'timed out'}")
+            time.sleep(0.01)
+        return self
+
+    def _run(self, sock: socket.socket) -> None:
+        try:
+            self._server.run(sockets=[sock])
+        except BaseException as exc:  # uvicorn exits via SystemExit on startup failure
+            self._error = exc
+        finally:
+            sock.close()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Ask uvicorn to finish open requests and exit; wait for the thread."""
+        if self._server is not None:
+            self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout)
+        self._thread = None
+        self._server = None
+
+    def __enter__(self) -> ServerThread:
+        return self.start()
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop()

@@ -1,0 +1,68 @@
+"""Checkpoint folders `checkpoints/{step:04d}/` that appear only when complete.
+
+A checkpoint is written into a hidden temp folder beside the others, every file fsynced,
+then renamed into place: a crash at any moment leaves either no folder for that step or a
+whole one. Leftover temp folders of crashed writes are removed on open.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Callable
+
+_STEP = re.compile(r"^\d{4,}$")
+
+
+class CheckpointStore:
+    def __init__(self, directory: Path) -> None:
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        for leftover in self.directory.glob(".tmp-*"):
+            shutil.rmtree(leftover, ignore_errors=True)
+
+    def steps(self) -> list[int]:
+        return sorted(int(p.name) for p in self.directory.iterdir() if p.is_dir() and _STEP.match(p.name))
+
+    def latest_step(self) -> int | None:
+        steps = self.steps()
+        return steps[-1] if steps else None
+
+    def path(self, step: int) -> Path:
+        return self.directory / f"{step:04d}"
+
+    def write(self, step: int, fill: Callable[[Path], None]) -> Path:
+        """Call `fill(folder)` to write the files, then publish the folder as `step`."""
+        final = self.path(step)
+        if final.exists():
+            raise FileExistsError(f"checkpoint {final} already exists")
+        tmp = Path(tempfile.mkdtemp(dir=self.directory, prefix=f".tmp-{step:04d}-"))
+        try:
+            fill(tmp)
+            for file in tmp.rglob("*"):
+                if file.is_file():
+                    _fsync(file)
+            os.rename(tmp, final)
+            _fsync(self.directory)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return final
+
+    def delete(self, step: int) -> None:
+        # Rename first so a crash mid-delete never leaves a half checkpoint under a step name.
+        doomed = self.directory / f".tmp-deleting-{step:04d}"
+        os.rename(self.path(step), doomed)
+        shutil.rmtree(doomed)
+
+
+def _fsync(path: Path) -> None:
+    """Flush a file's or a folder's entry to disk (a folder's for the rename)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,62 @@
+"""Where each file of a model's run lives."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+def validate_name(value: str, field: str) -> str:
+    """Project and model names become folder names: no separators, no traversal."""
+    from art.errors import ArtValueError
+
+    if not isinstance(value, str) or not _NAME.match(value) or ".." in value:
+        raise ArtValueError(
+            f"{field} {value!r} is not a valid name: use 1-128 letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit",
+            field=field,
+        )
+    return value
+
+
+class ModelDir:
+    """Paths of one model's run folder."""
+
+    def __init__(self, root: str | Path, project: str, name: str) -> None:
+        validate_name(project, "project")
+        validate_name(name, "name")
+        self.path = Path(root) / project / "models" / name
+
+    @property
+    def model_json(self) -> Path:
+        return self.path / "model.json"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.path / "checkpoints"
+
+    @property
+    def history(self) -> Path:
+        return self.path / "history.jsonl"
+
+    def trajectories(self, split: str, step: int) -> Path:
+        validate_name(split, "split")
+        return self.path / "trajectories" / split / f"{step:04d}.jsonl"
+
+    def write_model_json(self, data: dict) -> None:
+        self.path.mkdir(parents=True, exist_ok=True)
+        write_atomic(self.model_json, json.dumps(data, indent=2, default=str))
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write a small file so readers see the old or the new content, never half."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)

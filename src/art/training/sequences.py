@@ -1,0 +1,89 @@
+"""Trajectories -> token sequences with a trained mask, built only from the engine's token ids.
+
+Each `Choice` carries the exact prompt ids and completion ids it was sampled from (vLLM's
+`prompt_token_ids` / `token_ids`) and per-token logprobs. A multi-turn trajectory becomes one
+sequence while each next prompt extends the ids so far (tool results and user turns are then
+context); when it does not, a new sequence starts. Only sampled completion tokens are trained.
+Nothing here re-tokenises text.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+
+# Reasons a part of the input is not trained; reported in metrics under `skipped/<reason>`.
+NO_TOKEN_IDS = "choice_without_token_ids"
+NO_LOGPROBS = "choice_without_logprobs"
+ASSISTANT_DICT = "assistant_message_dict_not_trained"
+NO_CHOICES = "trajectory_without_trainable_choice"
+
+
+@dataclass
+class Sequence:
+    """One row of training input. Lists are aligned, one entry per token."""
+
+    token_ids: list[int] = field(default_factory=list)  # [tokens]
+    trained: list[bool] = field(default_factory=list)  # [tokens] True for sampled tokens
+    sampler_logprobs: list[float] = field(default_factory=list)  # [tokens] NaN where not trained
+    advantage: float = 0.0
+
+    def extend(self, ids: list[int], logprobs: list[float] | None) -> None:
+        self.token_ids += ids
+        self.trained += [logprobs is not None] * len(ids)
+        self.sampler_logprobs += logprobs if logprobs is not None else [math.nan] * len(ids)
+
+    @property
+    def num_trained(self) -> int:
+        return sum(self.trained)
+
+
+def choice_tokens(choice) -> tuple[list[int], list[int], list[float]] | str:
+    """(prompt ids, completion ids, completion logprobs) of a Choice, or why it is unusable."""
+    prompt = getattr(choice, "prompt_token_ids", None)
+    completion = getattr(choice, "token_ids", None)
+    if not prompt or completion is None:
+        return NO_TOKEN_IDS
+    content = getattr(getattr(choice, "logprobs", None), "content", None)
+    if not content or len(content) != len(completion):
+        return NO_LOGPROBS
+    return list(prompt), list(completion), [float(entry.logprob) for entry in content]
+
+
+def _is_choice(item) -> bool:
+    return not isinstance(item, dict) and hasattr(item, "message")
+
+
+def sequences_of_history(messages_and_choices, issues: Counter) -> list[Sequence]:
+    """Token sequences of one conversation; `issues` counts what could not be used."""
+    sequences: list[Sequence] = []
+    current: Sequence | None = None
+    for item in messages_and_choices:
+        if not _is_choice(item):
+            if item.get("role") == "assistant":
+                issues[ASSISTANT_DICT] += 1
+            continue
+        parts = choice_tokens(item)
+        if isinstance(parts, str):
+            issues[parts] += 1
+            continue
+        prompt, completion, logprobs = parts
+        if current is not None and prompt[: len(current.token_ids)] == current.token_ids:
+            current.extend(prompt[len(current.token_ids):], None)
+        else:
+            current = Sequence()
+            current.extend(prompt, None)
+            sequences.append(current)
+        current.extend(completion, logprobs)
+    return sequences
+
+
+def sequences_of_trajectory(trajectory, issues: Counter) -> list[Sequence]:
+    """The main history and every `additional_histories` entry (same advantage later)."""
+    out = sequences_of_history(trajectory.messages_and_choices, issues)
+    for history in getattr(trajectory, "additional_histories", None) or []:
+        out += sequences_of_history(history.messages_and_choices, issues)
+    if not any(s.num_trained for s in out):
+        issues[NO_CHOICES] += 1
+    return [s for s in out if s.num_trained]

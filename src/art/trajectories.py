@@ -1,0 +1,405 @@
+"""What a rollout produces: a `Trajectory` (messages, model choices, reward) and a `TrajectoryGroup`.
+
+Choices stay the OpenAI `Choice` objects the model returned, because their token ids and
+logprobs are what training needs; pydantic must neither turn them into dicts nor turn plain
+message dicts into choices, so both fields below use hand-written validators and serialisers.
+A group built from coroutines is awaitable: it runs them concurrently and keeps rollout
+exceptions aside instead of failing the group. This module knows nothing of models,
+backends or torch; `art.gather` adds the progress bar and the exception limit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import math
+import traceback
+from collections.abc import Awaitable, Iterable, Iterator, Mapping
+from contextvars import ContextVar
+from datetime import datetime
+from typing import Annotated, Any, Protocol, Union
+
+from openai.types.chat.chat_completion import Choice
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    PlainValidator,
+    PrivateAttr,
+    field_validator,
+)
+from pydantic_core import to_jsonable_python
+
+from .errors import TrajectoryError
+from .types import Messages, MessagesAndChoices, Tools
+
+MetricValue = Union[float, int, bool]
+MetadataValue = Union[float, int, str, bool, None]
+
+
+def is_choice(item: object) -> bool:
+    """True for a chat `Choice` (of any class with that shape), False for a message dict."""
+    if isinstance(item, Choice):
+        return True
+    return not isinstance(item, Mapping) and hasattr(item, "message") and hasattr(item, "logprobs")
+
+
+def _as_choice(item: Any) -> Any:
+    # A Choice from another openai version or a subclass-free copy: re-home it in our Choice
+    # class (extras such as token_ids survive) so isinstance checks downstream hold.
+    if isinstance(item, Choice) or not hasattr(item, "model_dump"):
+        return item
+    try:
+        return Choice.model_validate(item.model_dump())
+    except Exception:
+        return item
+
+
+def _validate_items(value: Any) -> list[Any]:
+    if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Iterable):
+        raise ValueError(f"expected a list of message dicts and Choice objects, got {type(value).__name__}")
+    items, problems = [], []
+    for i, item in enumerate(value):
+        if isinstance(item, Mapping):
+            if "role" not in item:
+                problems.append(f"item {i} is a dict without a 'role' key")
+            items.append(item if isinstance(item, dict) else dict(item))
+        elif is_choice(item):
+            items.append(_as_choice(item))
+        elif hasattr(item, "role") and hasattr(item, "content"):
+            problems.append(
+                f"item {i} is a {type(item).__name__}, not a Choice: append the Choice itself to train "
+                "on it, or message.model_dump() to keep it as context"
+            )
+        else:
+            problems.append(f"item {i} is a {type(item).__name__}, neither a message dict nor a Choice")
+    if problems:
+        raise ValueError("; ".join(problems))
+    return items
+
+
+def _dump_items(items: list[Any], info: Any) -> list[Any]:
+    mode = getattr(info, "mode", "python")
+    out = []
+    for item in items:
+        if is_choice(item) and hasattr(item, "model_dump"):
+            out.append(item.model_dump(mode=mode))
+        elif mode == "json":
+            out.append(to_jsonable_python(item, serialize_unknown=True))
+        else:
+            out.append(dict(item) if isinstance(item, Mapping) else item)
+    return out
+
+
+def _validate_tools(value: Any) -> list[Any] | None:
+    # Kept as given: validating against the TypedDict would drop keys newer APIs add.
+    if value is None:
+        return None
+    if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Iterable):
+        raise ValueError(f"expected a list of tool dicts or None, got {type(value).__name__}")
+    tools = list(value)
+    bad = [i for i, tool in enumerate(tools) if not isinstance(tool, Mapping)]
+    if bad:
+        raise ValueError(f"tools {bad} are not dicts")
+    return tools
+
+
+def _dump_tools(tools: list[Any] | None, info: Any) -> list[Any] | None:
+    if tools is None or getattr(info, "mode", "python") != "json":
+        return tools
+    return to_jsonable_python(tools, serialize_unknown=True)
+
+
+_MessagesAndChoicesField = Annotated[
+    MessagesAndChoices, PlainValidator(_validate_items), PlainSerializer(_dump_items)
+]
+_ToolsField = Annotated[
+    Union[Tools, None], PlainValidator(_validate_tools), PlainSerializer(_dump_tools)
+]
+
+
+def get_messages(messages_and_choices: Iterable[Any]) -> Messages:
+    """Plain message dicts: each Choice becomes the assistant message it carries."""
+    messages: Messages = []
+    for item in messages_and_choices:
+        if not is_choice(item):
+            messages.append(item)
+            continue
+        message = item.message
+        out: dict[str, Any] = {"role": "assistant", "content": message.content or ""}
+        if getattr(message, "tool_calls", None):
+            out["tool_calls"] = [
+                {
+                    "id": call.id,
+                    "type": call.type,
+                    "function": {"name": call.function.name, "arguments": call.function.arguments},
+                }
+                for call in message.tool_calls
+            ]
+        messages.append(out)  # type: ignore[arg-type]
+    return messages
+
+
+class History(BaseModel):
+    """Another conversation of the same rollout (e.g. a sub-agent), trained with its reward."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True, validate_assignment=True)
+
+    messages_and_choices: _MessagesAndChoicesField = []
+    tools: _ToolsField = None
+
+    def messages(self) -> Messages:
+        return get_messages(self.messages_and_choices)
+
+
+class Trajectory(BaseModel):
+    """One rollout: the conversation (message dicts and model `Choice`s), its reward and logs."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True, validate_assignment=True)
+
+    messages_and_choices: _MessagesAndChoicesField = []
+    """Message dicts (context) and `Choice` objects (trained when they carry logprobs)."""
+    tools: _ToolsField = None
+    """The tool definitions the model was given, as in an OpenAI request."""
+    reward: float = 0.0
+    """The scalar reward; must be finite."""
+    metrics: dict[str, MetricValue] = {}
+    """Numbers averaged per step by `model.log` (under `{split}/{key}`)."""
+    metadata: dict[str, MetadataValue] = {}
+    """Free-form scalars stored with the trajectory (scenario id, ...), not averaged."""
+    logs: list[str] = []
+    additional_histories: list[History] = []
+    start_time: datetime = Field(default_factory=datetime.now)
+    end_time: datetime | None = None
+    """Set by `finish()`; None while the rollout runs."""
+
+    @field_validator("reward")
+    @classmethod
+    def _finite_reward(cls, value: float) -> float:
+        if not math.isfinite(value):
+            raise ValueError(f"reward must be a finite number, got {value!r}")
+        return value
+
+    def messages(self) -> Messages:
+        return get_messages(self.messages_and_choices)
+
+    def finish(self) -> Trajectory:
+        """Mark the rollout as done (sets `end_time`); returns self for `return traj.finish()`."""
+        self.end_time = datetime.now()
+        return self
+
+    def log(self, message: str) -> None:
+        self.logs.append(message)
+
+    def for_logging(self) -> dict[str, Any]:
+        """A JSON-serialisable dict; Choices are dumped whole (token ids, logprobs, extras)."""
+        return self.model_dump(mode="json")
+
+    @classmethod
+    def from_logging(cls, data: Mapping[str, Any]) -> Trajectory:
+        """Inverse of `for_logging`: dumped Choices (no 'role', a 'message') become Choices again."""
+
+        def revive(items: list[Any]) -> list[Any]:
+            return [
+                Choice.model_validate(item) if "role" not in item and "message" in item else item
+                for item in items
+            ]
+
+        data = dict(data)
+        data["messages_and_choices"] = revive(data.get("messages_and_choices", []))
+        data["additional_histories"] = [
+            {**h, "messages_and_choices": revive(h.get("messages_and_choices", []))}
+            for h in data.get("additional_histories", [])
+        ]
+        return cls.model_validate(data)
+
+
+class ExceptionRecord(BaseModel):
+    """A rollout exception kept for logging (the exception object itself is not serialisable)."""
+
+    type: str
+    message: str
+    traceback: str
+
+    @classmethod
+    def from_exception(cls, exception: BaseException) -> ExceptionRecord:
+        return cls(
+            type=type(exception).__name__,
+            message=str(exception),
+            traceback="".join(
+                traceback.format_exception(type(exception), exception, exception.__traceback__)
+            ),
+        )
+
+
+PydanticException = ExceptionRecord  # upstream ART's name for the same record
+
+
+class _Reporter(Protocol):
+    def expect(self, key: object, n: int) -> None: ...
+    def record_trajectory(self, trajectory: Trajectory) -> None: ...
+    def record_exception(self, exception: BaseException) -> None: ...
+
+
+# Set by `art.gather` so that groups awaited under it report each rollout as it finishes and
+# stop as soon as too many have raised (the reporter raises TooManyExceptionsError).
+_REPORTER: ContextVar[_Reporter | None] = ContextVar("art_gather_reporter", default=None)
+
+
+async def _run_one(item: Any, reporter: _Reporter | None) -> Trajectory | BaseException:
+    if isinstance(item, Trajectory):
+        result: Any = item
+    else:
+        try:
+            result = await item
+        except Exception as e:  # a failed rollout; cancellation and interrupts propagate
+            if reporter is not None:
+                reporter.record_exception(e)
+            return e
+        if not isinstance(result, Trajectory):
+            error = TrajectoryError(f"a rollout returned {type(result).__name__}, expected a Trajectory")
+            if reporter is not None:
+                reporter.record_exception(error)
+            return error
+    if reporter is not None:
+        reporter.record_trajectory(result)
+    return result
+
+
+async def _cancel(tasks: Iterable[asyncio.Future[Any]]) -> None:
+    tasks = list(tasks)
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _wait_all(tasks: list[asyncio.Future[Any]]) -> list[Any]:
+    """Results in order; on the first task that raises (or our own cancellation) cancel the rest."""
+    if not tasks:
+        return []
+    try:
+        done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+    except BaseException:
+        await _cancel(tasks)
+        raise
+    if pending:
+        await _cancel(pending)
+        errors = [t.exception() for t in done if not t.cancelled()]
+        first = next((e for e in errors if e is not None), None)
+        if first is not None:
+            raise first
+    return [t.result() for t in tasks]
+
+
+async def _run_all(items: list[Any], reporter: _Reporter | None) -> list[Trajectory | BaseException]:
+    """Await every rollout concurrently; failed ones come back as exception objects."""
+    return await _wait_all([asyncio.ensure_future(_run_one(item, reporter)) for item in items])
+
+
+class TrajectoryGroup(BaseModel):
+    """Trajectories of the same scenario, whose rewards are compared to compute advantages.
+
+    Built from coroutines (`TrajectoryGroup(rollout(s) for _ in range(4))`) it is awaitable,
+    once: `await group` runs them concurrently and returns the group, with failed rollouts in
+    `exceptions`. Built from finished trajectories it is usable directly.
+    """
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    trajectories: list[Trajectory] = []
+    exceptions: list[ExceptionRecord] = []
+    metadata: dict[str, MetadataValue] = {}
+    metrics: dict[str, MetricValue] = {}
+    logs: list[str] = []
+
+    _items: list[Any] | None = PrivateAttr(default=None)
+    _state: str = PrivateAttr(default="ready")  # ready | pending | running | done
+
+    def __init__(
+        self,
+        trajectories: Iterable[Trajectory | BaseException | Awaitable[Trajectory]] = (),
+        *,
+        exceptions: Iterable[BaseException | ExceptionRecord | Mapping[str, str]] = (),
+        metadata: Mapping[str, MetadataValue] | None = None,
+        metrics: Mapping[str, MetricValue] | None = None,
+        logs: Iterable[str] = (),
+    ) -> None:
+        if isinstance(trajectories, (Trajectory, Mapping)):
+            raise TrajectoryError(
+                "TrajectoryGroup takes a list of trajectories, not a single one", field="trajectories"
+            )
+        items, records = [], [_record(e) for e in exceptions]
+        for item in trajectories:
+            if isinstance(item, BaseException):
+                records.append(ExceptionRecord.from_exception(item))
+            else:
+                items.append(item)
+        awaitable = [inspect.isawaitable(item) and not isinstance(item, Trajectory) for item in items]
+        super().__init__(
+            trajectories=[item for item, is_aw in zip(items, awaitable) if not is_aw],
+            exceptions=records,
+            metadata=dict(metadata or {}),
+            metrics=dict(metrics or {}),
+            logs=list(logs),
+        )
+        if any(awaitable):
+            finished = iter(self.trajectories)  # the finished ones (dicts now validated), in order
+            self._items = [item if is_aw else next(finished) for item, is_aw in zip(items, awaitable)]
+            self._state = "pending"
+
+    def __iter__(self) -> Iterator[Trajectory]:  # type: ignore[override]
+        return iter(self.trajectories)
+
+    def __len__(self) -> int:
+        """Trajectories finished so far (all of them once awaited)."""
+        return len(self.trajectories)
+
+    def __await__(self):  # type: ignore[no-untyped-def]
+        return self._resolve().__await__()
+
+    def _expected_size(self) -> int:
+        if self._state == "pending" and self._items is not None:
+            return len(self._items)
+        return len(self.trajectories)
+
+    async def _resolve(self) -> TrajectoryGroup:
+        if self._state == "ready":
+            return self
+        if self._state != "pending":
+            raise RuntimeError(
+                "this TrajectoryGroup was already awaited: its rollouts run only once. Use the "
+                "group itself (group.trajectories), or build a new group to sample again."
+            )
+        self._state = "running"
+        items, self._items = self._items or [], None
+        reporter = _REPORTER.get()
+        if reporter is not None:
+            reporter.expect(self, len(items))
+        try:
+            results = await _run_all(items, reporter)
+        finally:
+            self._state = "done"
+        self.trajectories = [r for r in results if isinstance(r, Trajectory)]
+        self.exceptions = self.exceptions + [
+            ExceptionRecord.from_exception(r) for r in results if isinstance(r, BaseException)
+        ]
+        return self
+
+    def for_logging(self) -> dict[str, Any]:
+        """A JSON-serialisable dict of the group and its trajectories."""
+        return {
+            "trajectories": [t.for_logging() for t in self.trajectories],
+            "exceptions": [e.model_dump(mode="json") for e in self.exceptions],
+            "metadata": to_jsonable_python(self.metadata, serialize_unknown=True),
+            "metrics": to_jsonable_python(self.metrics, serialize_unknown=True),
+            "logs": list(self.logs),
+        }
+
+
+def _record(exception: BaseException | ExceptionRecord | Mapping[str, str]) -> ExceptionRecord:
+    if isinstance(exception, BaseException):
+        return ExceptionRecord.from_exception(exception)
+    if isinstance(exception, ExceptionRecord):
+        return exception
+    return ExceptionRecord.model_validate(exception)

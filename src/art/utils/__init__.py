@@ -1,0 +1,6 @@
+"""Small helpers for training loops: resumable dataset iteration and concurrency limits."""
+
+from .iterate_dataset import DatasetBatch, iterate_dataset
+from .limit_concurrency import limit_concurrency
+
+__all__ = ["DatasetBatch", "iterate_dataset", "limit_concurrency"]
