@@ -101,7 +101,7 @@ if __name__ == "__main__":
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--prompts-per-step", type=int, default=4)
-    parser.add_argument("--learning-rate", type=float, default=1e-4)
+    parser.add_argument("--learning-rate", type=float, default=1e-3)
     parser.add_argument("--path", default=".art")
     args = parser.parse_args()
     asyncio.run(main(args.steps, args.seed, args.group_size, args.prompts_per_step, args.learning_rate, args.path))

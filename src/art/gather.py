@@ -55,7 +55,7 @@ class _Progress:
         self.total = 0
         self.exceptions = 0
         self.first_exception: BaseException | None = None
-        self.rewards: list[float] = []
+        self.reward_sum, self.finished = 0.0, 0
         self.metric_sums: dict[str, float] = {}
         self.metric_counts: dict[str, int] = {}
         self.tokens = 0
@@ -80,7 +80,8 @@ class _Progress:
         if id(trajectory) in self._recorded:
             return
         self._recorded[id(trajectory)] = trajectory
-        self.rewards.append(trajectory.reward)
+        self.reward_sum += trajectory.reward
+        self.finished += 1
         for key, value in trajectory.metrics.items():
             # The bar must never fail a gather: skip values that are not finite numbers.
             if isinstance(value, (int, float)) and math.isfinite(value):
@@ -112,8 +113,8 @@ class _Progress:
 
     def _advance(self) -> None:
         postfix: dict[str, Any] = {}
-        if self.rewards:
-            postfix["reward"] = sum(self.rewards) / len(self.rewards)
+        if self.finished:
+            postfix["reward"] = self.reward_sum / self.finished
         keys = list(self.metric_sums)[: self.max_metrics]
         postfix.update({key: self.metric_sums[key] / self.metric_counts[key] for key in keys})
         if self.exceptions:
@@ -177,7 +178,8 @@ async def gather_trajectory_groups(
     one failed rollout more raises TooManyExceptionsError. Failed rollouts within the limit
     are dropped from their group (kept in `group.exceptions`), empty groups are dropped, and
     `after_each(group)` may return a replacement (e.g. RULER-scored) or None to drop it.
-    `pbar_desc=None` hides the progress bar.
+    `pbar_desc=None` hides the progress bar; `max_metrics` caps how many trajectory metrics
+    it shows; `pbar_total_completion_tokens=False` leaves out the completion-token count.
     """
     items = list(groups)
     _check_awaitables(items, "groups")

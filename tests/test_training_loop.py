@@ -1,0 +1,103 @@
+"""The whole loop on a tiny random model: serve, roll out, train, checkpoint, resume."""
+
+import json
+import logging
+
+import pytest
+import torch
+
+import art
+
+
+async def greedy_logprobs(model: art.TrainableModel, name: str) -> list[float]:
+    completion = await model.openai_client().chat.completions.create(
+        model=name, messages=[{"role": "user", "content": "Say something."}], max_tokens=6, temperature=0
+    )
+    return [entry.logprob for entry in completion.choices[0].logprobs.content]
+
+
+async def rollout(model: art.TrainableModel, seed: int) -> art.Trajectory:
+    messages = [{"role": "user", "content": "Pick a token."}]
+    completion = await model.openai_client().chat.completions.create(
+        model=model.get_inference_name(), messages=messages, max_tokens=4, seed=seed
+    )
+    choice = completion.choices[0]
+    return art.Trajectory(messages_and_choices=[*messages, choice], reward=float(choice.token_ids[0] % 2))
+
+
+async def one_step(model, step):
+    groups = await art.gather_trajectory_groups(
+        [art.TrajectoryGroup(rollout(model, seed=100 * step + i) for i in range(4)) for _ in range(2)],
+        pbar_desc=None,
+    )
+    await model.train(groups, config=art.TrainConfig(learning_rate=1e-2))
+
+
+
+async def test_train_two_steps_then_resume(tiny_model_path, tmp_path):
+    backend = art.LocalBackend(path=str(tmp_path))
+    model = art.TrainableModel(name="tiny", project="loop", base_model=str(tiny_model_path))
+    await model.register(backend)
+    assert await model.get_step() == 0
+    run = tmp_path / "loop" / "models" / "tiny"
+    assert (run / "checkpoints" / "0000" / "adapter_model.safetensors").exists()
+    before = await greedy_logprobs(model, "tiny")
+
+    for step in range(await model.get_step(), 2):
+        await one_step(model, step)
+    assert await model.get_step() == 2
+    after = await greedy_logprobs(model, "tiny")
+    assert max(abs(a - b) for a, b in zip(after, before)) > 1e-4, "training did not change served logprobs"
+    # Older checkpoints stay servable by name, and the base model by its id.
+    assert await greedy_logprobs(model, "tiny@0") == pytest.approx(before, abs=1e-4)
+    assert await greedy_logprobs(model, str(tiny_model_path)) == pytest.approx(before, abs=1e-4)
+    assert await greedy_logprobs(model, "tiny@2") == pytest.approx(after, abs=1e-4)
+
+    history = [json.loads(line) for line in (run / "history.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in history] == [0, 1]
+    assert all("train/reward" in row and "train/loss" in row for row in history)
+    logged = (run / "trajectories" / "train" / "0001.jsonl").read_text().splitlines()
+    assert len(logged) == 8 and "token_ids" in json.dumps(json.loads(logged[0]))
+    service = backend._services[("loop", "tiny")]
+    optimizer_state = {k: v["exp_avg"].clone() for k, v in service.trainer.optimizer.state_dict()["state"].items()}
+    await backend.close()
+
+    # A new process (new backend, new model object) resumes at step 2 with adapter and optimizer.
+    backend2 = art.LocalBackend(path=str(tmp_path))
+    model2 = art.TrainableModel(name="tiny", project="loop", base_model=str(tiny_model_path))
+    await model2.register(backend2)
+    assert await model2.get_step() == 2
+    assert await greedy_logprobs(model2, "tiny") == pytest.approx(after, abs=1e-4)
+    restored = backend2._services[("loop", "tiny")].trainer.optimizer.state_dict()["state"]
+    assert optimizer_state.keys() == restored.keys()
+    assert all(torch.equal(optimizer_state[k], restored[k]["exp_avg"]) for k in optimizer_state)
+    await one_step(model2, 2)
+    assert await model2.get_step() == 3
+
+    deleted = await model2.delete_checkpoints(best_checkpoint_metric="train/reward")
+    best = max((row for row in history), key=lambda row: row["train/reward"])["step"]
+    remaining = sorted(int(p.name) for p in (run / "checkpoints").iterdir())
+    assert remaining == sorted({3, best}) and sorted(deleted + remaining) == [0, 1, 2, 3]
+    await backend2.close()
+
+
+async def test_step_with_nothing_to_train_says_why_and_advances(tiny_model_path, tmp_path, caplog):
+    backend = art.LocalBackend(path=str(tmp_path))
+    model = art.TrainableModel(name="flat", project="loop", base_model=str(tiny_model_path))
+    await model.register(backend)
+    client = model.openai_client()
+    completion = await client.chat.completions.create(
+        model="flat", messages=[{"role": "user", "content": "hi"}], max_tokens=3, n=2)
+    group = art.TrajectoryGroup([
+        art.Trajectory(messages_and_choices=[choice], reward=0.5) for choice in completion.choices
+    ])
+    with caplog.at_level(logging.WARNING):
+        result = await backend.train(model, [group], learning_rate=1e-3)
+    assert result.step == 1 and await model.get_step() == 1
+    assert result.metrics["nothing_to_train"] == 1.0
+    assert result.metrics["skipped/group_rewards_all_equal"] == 1.0
+    assert "rewards are all equal" in caplog.text
+    with pytest.raises(art.ArtValueError, match="learning_rate"):
+        await backend.train(model, [group], learning_rate=-1.0)
+    assert await model.get_step() == 1
+    await backend.close()
