@@ -42,7 +42,7 @@ def test_policy_loss_matches_hand_computation():
     mask = torch.tensor([[1.0, 1.0]])
     # token 1: ratio 2.0, A=1 -> clipped to 1.2 -> loss -1.2; token 2: ratio 1 -> loss -1
     terms = policy_loss_terms(new, old, torch.tensor([1.0]), mask, epsilon=0.2)
-    assert float(terms["loss"]) == pytest.approx(-2.2, abs=1e-6)
+    assert float(terms["loss"].detach()) == pytest.approx(-2.2, abs=1e-6)
     assert float(terms["clipped_tokens"]) == 1.0
     # negative advantage: min(2*-1, 1.2*-1) = -2 -> loss +2 (not clipped); token 2 -> +1
     terms = policy_loss_terms(new, old, torch.tensor([-1.0]), mask, epsilon=0.2, epsilon_high=0.5)
