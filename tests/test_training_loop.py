@@ -101,3 +101,18 @@ async def test_step_with_nothing_to_train_says_why_and_advances(tiny_model_path,
         await backend.train(model, [group], learning_rate=-1.0)
     assert await model.get_step() == 1
     await backend.close()
+
+
+async def test_prompted_baseline_keeps_its_endpoint_and_logs_beside_the_runs(tmp_path):
+    backend = art.LocalBackend(path=str(tmp_path))
+    baseline = art.Model(name="gpt-baseline", project="loop", inference_base_url="http://127.0.0.1:9/v1",
+                         inference_model_name="gpt-4o-mini")
+    await baseline.register(backend)
+    assert baseline.openai_client().base_url.host == "127.0.0.1"
+    assert baseline.get_inference_name() == "gpt-4o-mini"
+    group = art.TrajectoryGroup([art.Trajectory(reward=r, metrics={"turns": 2}) for r in (0.0, 1.0)])
+    await baseline.log([group], split="val")
+    (row,) = [json.loads(line) for line in (tmp_path / "loop" / "models" / "gpt-baseline" / "history.jsonl").open()]
+    assert row["step"] == 0 and row["val/reward"] == 0.5 and row["val/turns"] == 2.0
+    assert row["val/reward_std_dev"] == 0.5
+    await backend.close()

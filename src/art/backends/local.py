@@ -62,6 +62,8 @@ class LocalBackend:
                     ModelService, self._root, name=model.name, project=model.project,
                     base_model=model.base_model, internal_config=model._internal_config, user_config=config,
                 )
+        elif model.inference_base_url is not None:
+            return  # a prompted baseline on its own endpoint: only its logs live here
         base_url = await asyncio.to_thread(self._ensure_server)
         model.inference_base_url = f"{base_url}/v1"
         model.inference_api_key = model.inference_api_key or "art-local"
