@@ -30,6 +30,8 @@ class SamplingParams:
     """Makes sampling of this request reproducible whatever else is batched with it."""
     top_logprobs: int = 0
     """Alternatives reported per position; 0 reports only the sampled token's logprob."""
+    ignore_eos: bool = False
+    """Keep sampling after end-of-sequence tokens until max_tokens (for benchmarks)."""
 
 
 @dataclass(frozen=True)

@@ -209,7 +209,7 @@ class TorchSampler:
 
     def _finished(self, row: _Row) -> str | None:
         """Set and return the finish reason once a row is done."""
-        if row.ids[-1] in self.eos_ids:
+        if row.ids[-1] in self.eos_ids and not row.params.ignore_eos:
             row.finish = "stop"
             row.text = self.tokenizer.decode(row.ids, skip_special_tokens=True)
         elif row.params.stop and (cut := self._stop_cut(row)) is not None:

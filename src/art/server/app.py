@@ -76,6 +76,7 @@ async def _complete(served: ServedModel, body: ChatCompletionRequest, default_ma
         max_tokens=max_tokens,
         stop=body.stop_strings,
         seed=body.seed,
+        ignore_eos=body.ignore_eos,
         top_logprobs=(body.top_logprobs or 0) if body.logprobs else 0,
     )
     completions = await engine.generate(prompt, params, served.adapter)

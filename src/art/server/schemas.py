@@ -108,6 +108,7 @@ class ChatCompletionRequest(BaseModel):
     """Wins over `max_tokens` when both are given."""
     stop: str | list[str] | None = None
     seed: int | None = None
+    ignore_eos: bool = False  # vLLM extension: keep sampling past end-of-sequence (benchmarks)
     logprobs: bool = False
     """Only decides `top_logprobs`; the sampled tokens' logprobs are always returned."""
     top_logprobs: int | None = Field(None, ge=0, le=20)
