@@ -32,10 +32,10 @@ def tokenizer(tiny_model_path):
 def server(tiny_model_path, tokenizer):
     from transformers import AutoModelForCausalLM
 
-    from art.engine.torch_sampler import TorchSampler
+    from art.engine.llm_engine import LLMEngine
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_path).eval()
-    engine = TorchSampler(model, tokenizer)
+    engine = LLMEngine(model, tokenizer)
     with ServerThread(create_app(SingleModelRegistry(engine, MODEL))) as thread:
         yield thread
 

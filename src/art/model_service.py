@@ -18,9 +18,9 @@ from dataclasses import dataclass
 import torch
 
 from art import base_models
-from art.engine.adapters import AdapterSwitcher
+from art.engine.adapters import AdapterSet
 from art.engine.base import AdapterRef
-from art.engine.torch_sampler import TorchSampler
+from art.engine.llm_engine import LLMEngine
 from art.errors import ModelNotFoundError
 from art.server.registry import ServedModel
 from art.storage import CheckpointStore, ModelDir
@@ -68,11 +68,9 @@ class ModelService:
         self.model = get_peft_model(base, LoraConfig(task_type="CAUSAL_LM", **lora))
         self.model.eval()
         self.lock = threading.RLock()
-        engine_args = internal.get("engine_args", {})
-        self.engine = TorchSampler(
-            self.model, self.tokenizer, lock=self.lock, adapters=AdapterSwitcher(self.model),
-            max_model_len=engine_args.get("max_model_len"), max_batch_size=engine_args.get("max_batch_size", 64),
-        )
+        engine_args = dict(internal.get("engine_args", {}))
+        self.adapters = AdapterSet(self.model)
+        self.engine = LLMEngine(self.model, self.tokenizer, lock=self.lock, adapters=self.adapters, **engine_args)
         self.trainer = Trainer(self.model, self.tokenizer, lock=self.lock)
         self.store = CheckpointStore(self.dir.checkpoints)
         latest = self.store.latest_step()
@@ -82,6 +80,7 @@ class ModelService:
         else:
             self.trainer.restore(self.store.path(latest))
         self.step = latest
+        self.adapters.live_step = latest
         self.dir.write_model_json({
             "name": name, "project": project, "base_model": base_model, "config": user_config,
             "internal_config": internal, "lora": lora, "updated_at": time.time(),
@@ -94,20 +93,18 @@ class ModelService:
         """`name` -> latest step, `name@N` -> step N, the base model id -> no adapter."""
         if requested == self.base_model:
             return ServedModel(requested, self.engine, None, 0)
-        name, _, step_text = requested.partition("@")
+        name, at, step_text = requested.partition("@")
         if name != self.name:
             raise ModelNotFoundError(f"model {requested!r} not found")
-        step = self.step
-        if step_text:
-            if not step_text.isdigit():
-                raise ModelNotFoundError(f"model {requested!r}: the step after '@' must be a number")
-            step = int(step_text)
-        if step == self.step:
-            return ServedModel(requested, self.engine, AdapterRef(f"{self.name}@{step}", None, step), step)
+        if not at:  # the engine picks the live weights when sampling starts
+            return ServedModel(requested, self.engine, AdapterRef(self.name, None, None), self.step)
+        if not step_text.isdigit():
+            raise ModelNotFoundError(f"model {requested!r}: the step after '@' must be a number")
+        step = int(step_text)
         if step not in self.store.steps():
             raise ModelNotFoundError(
                 f"model {requested!r}: no checkpoint for step {step} (available: {self.store.steps()})")
-        return ServedModel(requested, self.engine, AdapterRef(f"{self.name}@{step}", self.store.path(step), step), step)
+        return ServedModel(requested, self.engine, AdapterRef(requested, self.store.path(step), step), step)
 
     def served_names(self) -> list[str]:
         return [self.name] + [f"{self.name}@{s}" for s in self.store.steps()]
@@ -118,14 +115,17 @@ class ModelService:
             return await asyncio.to_thread(self._train, groups, options)
 
     def _train(self, groups, options: TrainOptions) -> TrainResult:
-        try:
-            metrics = self.trainer.step(groups, options, desc=f"train step {self.step + 1}")
-            self.store.write(self.step + 1, self.trainer.save)
-        except BaseException:
-            # The in-memory weights may be ahead of disk: go back to the last saved step.
-            self.trainer.restore(self.store.path(self.step))
-            raise
-        self.step += 1
+        # Running requests finish on the old weights; new ones wait for the new weights.
+        with self.engine.paused():
+            try:
+                metrics = self.trainer.step(groups, options, desc=f"train step {self.step + 1}")
+                self.store.write(self.step + 1, self.trainer.save)
+            except BaseException:
+                # The in-memory weights may be ahead of disk: go back to the last saved step.
+                self.trainer.restore(self.store.path(self.step))
+                raise
+            self.step += 1
+            self.engine.weights_updated(self.step)
         return TrainResult(self.step, metrics)
 
     def delete_checkpoints(self, keep: set[int]) -> list[int]:

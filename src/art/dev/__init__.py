@@ -30,8 +30,12 @@ class PeftArgs(TypedDict, total=False):
 class EngineArgs(TypedDict, total=False):
     max_model_len: int
     """Context length served (prompt + completion); defaults to the model's."""
-    max_batch_size: int
-    """Sequences decoded together at most. Default 64."""
+    max_num_seqs: int
+    """Samples decoded together at most; more wait in a queue. Default 64."""
+    kv_cache_bytes: int
+    """Memory for running samples' KV cache; requests beyond it wait. Default 4 GiB."""
+    prefix_cache_tokens: int
+    """Prompt tokens whose KV is kept for reuse by later prompts. Default 16384."""
 
 
 class InternalModelConfig(TypedDict, total=False):

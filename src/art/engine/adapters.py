@@ -1,65 +1,85 @@
-"""Switches the LoRA weights of a shared PeftModel per request.
+"""Which LoRA weights each row of a batch uses, on a PeftModel shared with the trainer.
 
-On CPU the engine and the trainer share one PeftModel: the adapter being trained is the
-"live" one (peft's adapter name `default`), older checkpoints are loaded on demand under their
-own names, and the base model is served with adapters disabled. Callers hold the model lock.
+The adapter being trained is the "live" one (peft's adapter name `default`); older checkpoints
+are loaded on demand under their own names and kept in a small LRU (never evicted while a
+running request uses them); `__base__` is the base model. peft's `adapter_names` forward
+argument lets one batch mix all of them. Callers hold the model lock.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from contextlib import contextmanager
 from typing import Iterator
 
 from art.engine.base import AdapterRef
 from art.errors import ModelNotFoundError
 
-LIVE_ADAPTER = "default"
+LIVE = "default"
+BASE = "__base__"
 
 
-def _is_peft(model) -> bool:
+def is_peft(model) -> bool:
     return hasattr(model, "peft_config") and hasattr(model, "disable_adapter")
 
 
-class AdapterSwitcher:
-    def __init__(self, model, *, max_loaded: int = 4) -> None:
+class AdapterSet:
+    def __init__(self, model, *, live_step: int = 0, max_loaded: int = 4) -> None:
         self.model = model
+        self.live_step = live_step
+        """The training step whose weights the live adapter holds."""
         self.max_loaded = max_loaded
-        self._loaded: OrderedDict[str, None] = OrderedDict()  # LRU of checkpoint adapters
+        self._loaded: OrderedDict[str, None] = OrderedDict()  # checkpoint adapters, LRU order
+        self._in_use: Counter[str] = Counter()
+
+    def acquire(self, ref: AdapterRef | None) -> tuple[str, int | None]:
+        """The peft name serving `ref` now, and the step it holds; pair with `release`."""
+        if ref is None:
+            return BASE, None
+        if not is_peft(self.model):
+            raise ModelNotFoundError(f"adapter {ref.key!r} requested but the model has no LoRA adapters")
+        if ref.step is None or ref.step == self.live_step or ref.path is None:
+            name, step = LIVE, self.live_step
+        else:
+            name, step = self._load(ref), ref.step
+        self._in_use[name] += 1
+        return name, step
+
+    def release(self, name: str) -> None:
+        if name != BASE:
+            self._in_use[name] -= 1
+        self._evict()
 
     @contextmanager
-    def use(self, adapter: AdapterRef | None) -> Iterator[None]:
-        """Make `adapter` the active weights for the duration of the block."""
-        model = self.model
-        if not _is_peft(model):
-            if adapter is not None:
-                raise ModelNotFoundError(f"adapter {adapter.key!r} requested but the model has no LoRA adapters")
-            yield
-            return
-        if adapter is None:
-            with model.disable_adapter():
-                yield
-            return
-        if adapter.path is None:
-            yield
-            return
-        name = self._ensure_loaded(adapter)
-        model.set_adapter(name)
-        try:
-            yield
-        finally:
-            model.set_adapter(LIVE_ADAPTER)
+    def activate(self, names: list[str]) -> Iterator[dict]:
+        """Set up the model for a forward pass whose rows use `names`; yields forward kwargs."""
+        unique = set(names)
+        if not is_peft(self.model):
+            yield {}
+        elif unique == {BASE}:
+            with self.model.disable_adapter():
+                yield {}
+        elif unique == {LIVE}:
+            yield {}
+        else:
+            yield {"adapter_names": list(names)}
 
-    def _ensure_loaded(self, adapter: AdapterRef) -> str:
-        name = "ckpt_" + adapter.key.replace(".", "_").replace("@", "_at_")
+    def _load(self, ref: AdapterRef) -> str:
+        name = "ckpt_" + ref.key.replace(".", "_").replace("@", "_at_")
         if name in self._loaded:
             self._loaded.move_to_end(name)
             return name
-        if not adapter.path.exists():
-            raise ModelNotFoundError(f"checkpoint for {adapter.key!r} not found at {adapter.path}")
-        self.model.load_adapter(str(adapter.path), adapter_name=name, is_trainable=False)
+        if not ref.path.exists():
+            raise ModelNotFoundError(f"checkpoint for {ref.key!r} not found at {ref.path}")
+        self.model.load_adapter(str(ref.path), adapter_name=name, is_trainable=False)
+        self.model.set_adapter(LIVE)  # loading must not change what the trainer trains
         self._loaded[name] = None
-        while len(self._loaded) > self.max_loaded:
-            old, _ = self._loaded.popitem(last=False)
-            self.model.delete_adapter(old)
         return name
+
+    def _evict(self) -> None:
+        for name in list(self._loaded):
+            if len(self._loaded) <= self.max_loaded:
+                return
+            if self._in_use[name] <= 0:
+                del self._loaded[name]
+                self.model.delete_adapter(name)

@@ -40,8 +40,9 @@ class AdapterRef:
 
     key: str
     path: Path | None = None
-    """Checkpoint folder to load from; None means the live adapter being trained."""
-    step: int = 0
+    """Checkpoint folder of `step`; None means the live adapter being trained."""
+    step: int | None = 0
+    """The step asked for; None means whatever the live adapter holds when sampling starts."""
 
 
 @dataclass
@@ -56,6 +57,8 @@ class Completion:
     finish_reason: Literal["stop", "length"]
     top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
     """Per position, the `top_logprobs` most likely (token id, logprob); empty when not asked."""
+    step: int | None = None
+    """Training step of the weights that sampled it, when the engine knows (None: base model)."""
 
 
 class Engine(Protocol):

@@ -5,6 +5,8 @@ given and samples with that engine. It turns chat messages into prompt ids (the 
 sees messages) and answers in OpenAI's JSON, plus what RL training needs and OpenAI omits:
 every choice carries its exact completion `token_ids`, the `prompt_token_ids` (vLLM's
 `return_token_ids` names) and per-token logprobs, whether or not the client asked for them.
+With `tools`, `art.server.tools` shapes the prompt and parses `<tool_call>` blocks into
+`message.tool_calls`; the ids and logprobs stay exactly as sampled.
 Errors leave in OpenAI's shape `{"error": {message, type, param, code}}`; a failure in one
 request is answered with a 500 and never takes the server down.
 """
@@ -28,6 +30,7 @@ from art.engine.base import Completion, SamplingParams
 from art.errors import ArtError, ArtValueError, ContextLengthError, ModelNotFoundError
 from art.server.registry import ModelRegistry, ServedModel
 from art.server.schemas import ChatCompletionRequest
+from art.server.tools import split_completion, stream_deltas, template_messages, tools_active
 
 log = logging.getLogger(__name__)
 
@@ -90,28 +93,37 @@ async def _complete(served: ServedModel, body: ChatCompletionRequest, default_ma
     usage = {"prompt_tokens": len(prompt), "completion_tokens": generated,
              "total_tokens": len(prompt) + generated}
     tokens = _TokenText(tokenizer)
+    parse = tools_active(body.tools, body.tool_choice)
     if not body.stream:
-        choices = [
-            {"index": i, "message": {"role": "assistant", "content": c.text},
-             "finish_reason": c.finish_reason,
-             "logprobs": {"content": [tokens.entry(c, k) for k in range(len(c.token_ids))]},
-             "token_ids": c.token_ids, "prompt_token_ids": prompt}
-            for i, c in enumerate(completions)
-        ]
+        choices = [_choice(i, c, prompt, tokens, parse) for i, c in enumerate(completions)]
         return {**head, "object": "chat.completion", "choices": choices, "usage": usage,
                 "prompt_token_ids": prompt}
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     # The engine returns whole completions, so every chunk is built before the response
     # starts: a failure is still an ordinary error response, never a broken stream.
-    chunks = list(_chunks(head, prompt, completions, tokens, usage if include_usage else None))
+    chunks = list(_chunks(head, prompt, completions, tokens, usage if include_usage else None, parse))
     return StreamingResponse(iter(chunks), media_type="text/event-stream")
 
 
+def _choice(index: int, c: Completion, prompt: list[int], tokens: _TokenText, parse_tools: bool) -> dict[str, Any]:
+    """One non-streamed choice; with `parse_tools`, `<tool_call>` blocks become `tool_calls`."""
+    content, calls = split_completion(c.text, parse_tools)
+    message: dict[str, Any] = {"role": "assistant", "content": content}
+    if calls:
+        message["tool_calls"] = calls
+    return {"index": index, "message": message,
+            "finish_reason": "tool_calls" if calls else c.finish_reason,
+            "logprobs": {"content": [tokens.entry(c, k) for k in range(len(c.token_ids))]},
+            "token_ids": c.token_ids, "prompt_token_ids": prompt}
+
+
 def _prompt_ids(tokenizer, body: ChatCompletionRequest) -> list[int]:
-    messages = [m.for_template() for m in body.messages]
+    messages, tools = template_messages(
+        tokenizer, [m.for_template() for m in body.messages], body.tools, body.tool_choice
+    )
     try:
         ids = tokenizer.apply_chat_template(
-            messages, tools=body.tools or None, add_generation_prompt=True, tokenize=True
+            messages, tools=tools, add_generation_prompt=True, tokenize=True
         )
     except jinja2.TemplateError as exc:
         raise ArtValueError(f"the chat template rejected the messages: {exc}", "messages") from exc
@@ -213,7 +225,9 @@ def _deltas(tokenizer, ids: list[int], text: str) -> list[str]:
     return deltas
 
 
-def _chunks(head, prompt, completions, tokens: _TokenText, usage) -> Iterator[str]:
+def _chunks(head, prompt, completions, tokens: _TokenText, usage, parse_tools: bool = False) -> Iterator[str]:
+    """The SSE stream. A choice with parsed tool calls sends its per-token ids and logprobs
+    with empty content deltas, then its content once and its calls (`tools.stream_deltas`)."""
     def sse(choices: list[dict[str, Any]], **extra: Any) -> str:
         chunk = {**head, "object": "chat.completion.chunk", "choices": choices, **extra}
         if usage is not None:
@@ -227,12 +241,17 @@ def _chunks(head, prompt, completions, tokens: _TokenText, usage) -> Iterator[st
     ]
     yield sse(first, prompt_token_ids=prompt)
     for i, c in enumerate(completions):
-        for k, delta in enumerate(_deltas(tokens.tokenizer, c.token_ids, c.text)):
+        content, calls = split_completion(c.text, parse_tools)
+        texts = [""] * len(c.token_ids) if calls else _deltas(tokens.tokenizer, c.token_ids, c.text)
+        for k, delta in enumerate(texts):
             choice = {"index": i, "delta": {"content": delta},
                       "logprobs": {"content": [tokens.entry(c, k)]},
                       "finish_reason": None, "token_ids": [c.token_ids[k]]}
             yield sse([choice])
-        yield sse([{"index": i, "delta": {}, "logprobs": None, "finish_reason": c.finish_reason}])
+        for delta in stream_deltas(content, calls):
+            yield sse([{"index": i, "delta": delta, "logprobs": None, "finish_reason": None}])
+        finish = "tool_calls" if calls else c.finish_reason
+        yield sse([{"index": i, "delta": {}, "logprobs": None, "finish_reason": finish}])
     if usage is not None:
         yield sse([], usage=usage)
     yield "data: [DONE]\n\n"

@@ -115,7 +115,13 @@ class ChatCompletionRequest(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     tools: list[dict[str, Any]] | None = None
+    """Functions the model may call: [{"type": "function", "function": {"name", "description",
+    "parameters"}}]. Rendered by the chat template, or as a Hermes `<tool_call>` preamble in the
+    system message when the template knows no tools (`art.server.tools`)."""
     tool_choice: str | dict[str, Any] | None = None
+    """One of "auto" (None means the same), "none" (tools left out of the prompt, nothing
+    parsed), "required" or {"type": "function", "function": {"name": ...}}. The last two are
+    asked of the model through the prompt only, not enforced by constrained decoding."""
     parallel_tool_calls: bool | None = None
     user: str | None = None
     metadata: dict[str, Any] | None = None
@@ -134,6 +140,44 @@ class ChatCompletionRequest(BaseModel):
     def _penalty_unsupported(cls, value: float | None) -> float | None:
         if value:
             raise ValueError("unsupported: only 0 is accepted (the sampler applies no penalties)")
+        return value
+
+    @field_validator("tools")
+    @classmethod
+    def _tools_shape(cls, value: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+        problems = []
+        for i, tool in enumerate(value or []):
+            function = tool.get("function")
+            if tool.get("type") != "function":
+                problems.append(f"tools[{i}].type must be 'function'")
+            name = function.get("name") if isinstance(function, dict) else None
+            if not isinstance(name, str) or not name:
+                problems.append(f"tools[{i}].function must be an object with a non-empty string name")
+            elif not isinstance(function.get("parameters", {}), dict):
+                problems.append(f"tools[{i}].function.parameters must be a JSON schema object")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return value
+
+    @field_validator("tool_choice", mode="before")
+    @classmethod
+    def _tool_choice_shape(cls, value: Any, info: ValidationInfo) -> Any:
+        named = (
+            isinstance(value, dict) and value.get("type") == "function"
+            and isinstance(value.get("function"), dict) and isinstance(value["function"].get("name"), str)
+        )
+        if value is not None and value not in ("none", "auto", "required") and not named:
+            raise ValueError(
+                "tool_choice must be 'none', 'auto', 'required' or "
+                "{'type': 'function', 'function': {'name': ...}}"
+            )
+        if "tools" not in info.data:  # tools itself was invalid; that error is reported
+            return value
+        names = [t["function"]["name"] for t in info.data["tools"] or []]
+        if (value == "required" or named) and not names:
+            raise ValueError(f"tool_choice {value!r} requires tools")
+        if named and value["function"]["name"] not in names:
+            raise ValueError(f"tool_choice names {value['function']['name']!r}, which is not among the tools {names}")
         return value
 
     @field_validator("top_logprobs")

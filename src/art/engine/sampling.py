@@ -1,0 +1,63 @@
+"""Choose the next token of every row at once; shared by the engine and the reference sampler.
+
+Sampling uses the exponential race: argmax(p / E) with E ~ Exp(1) drawn from each sample's own
+generator is a draw from p, so a seeded request gets the same tokens whatever else is in the
+batch. Reported logprobs are those of the raw distribution (temperature 1), as vLLM reports.
+"""
+
+from __future__ import annotations
+
+import random
+
+import torch
+
+from art.engine.base import SamplingParams
+
+
+def make_generator(seed: int | None, sample_index: int) -> torch.Generator:
+    generator = torch.Generator()
+    value = random.getrandbits(63) if seed is None else (seed * 1_000_003 + sample_index) % (2**63)
+    generator.manual_seed(value)
+    return generator
+
+
+def sample_next(
+    logits: torch.Tensor,  # [rows, vocab] float32
+    params: list[SamplingParams],
+    generators: list[torch.Generator],
+) -> tuple[torch.Tensor, torch.Tensor, list[list[tuple[int, float]]]]:
+    """Returns (tokens [rows], their raw logprobs [rows], top alternatives per row)."""
+    logprobs = torch.log_softmax(logits, dim=-1)  # [rows, vocab]
+    rows = logits.shape[0]
+    temperature = torch.tensor([p.temperature for p in params], dtype=logits.dtype)  # [rows]
+    greedy = temperature == 0
+    tokens = torch.argmax(logits, dim=-1)  # [rows]
+    sampled = (~greedy).nonzero().flatten().tolist()
+    if sampled:
+        index = torch.tensor(sampled)
+        probs = torch.softmax(logits[index] / temperature[index, None], dim=-1)  # [sampled, vocab]
+        top_p = torch.tensor([params[i].top_p for i in sampled], dtype=logits.dtype)
+        if bool((top_p < 1).any()):
+            probs = _nucleus(probs, top_p)
+        noise = torch.empty_like(probs)
+        for k, i in enumerate(sampled):
+            noise[k].exponential_(generator=generators[i])
+        tokens[index] = torch.argmax(probs / noise, dim=-1)
+    chosen = logprobs.gather(1, tokens[:, None]).squeeze(1)  # [rows]
+    top: list[list[tuple[int, float]]] = [[] for _ in range(rows)]
+    want = max(p.top_logprobs for p in params)
+    if want:
+        values, ids = torch.topk(logprobs, want, dim=-1)
+        for i, p in enumerate(params):
+            if p.top_logprobs:
+                top[i] = list(zip(ids[i, : p.top_logprobs].tolist(), values[i, : p.top_logprobs].tolist()))
+    return tokens, chosen, top
+
+
+def _nucleus(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Keep per row the smallest set of most likely tokens whose mass reaches top_p."""
+    sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
+    drop = sorted_probs.cumsum(-1) - sorted_probs > top_p[:, None]
+    sorted_probs = sorted_probs.masked_fill(drop, 0.0)
+    kept = torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
+    return kept / kept.sum(-1, keepdim=True)

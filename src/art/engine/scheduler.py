@@ -1,0 +1,76 @@
+"""Which requests run next: FIFO admission under a sequence and KV-token budget.
+
+Plain Python, no torch. Requests join the running batch only at step boundaries (the engine
+calls `admit` between decode steps) and leave when all their samples finish. A request that
+could never fit is refused when added; one that does not fit *now* waits in order.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from art.engine.sequence import Request, Sample, Status
+from art.errors import ArtValueError
+
+
+class Scheduler:
+    def __init__(self, *, max_num_seqs: int, max_kv_tokens: int) -> None:
+        self.max_num_seqs = max_num_seqs
+        self.max_kv_tokens = max_kv_tokens
+        self.waiting: deque[Request] = deque()
+        self.running: list[Sample] = []
+        self.reserved_tokens = 0
+        self.paused = False
+        """While paused nothing is admitted (a training step is about to change weights)."""
+
+    def check(self, request: Request) -> None:
+        """Refuse what could never run, with the field to change."""
+        if request.params.n > self.max_num_seqs:
+            raise ArtValueError(
+                f"n={request.params.n} exceeds the engine's max_num_seqs={self.max_num_seqs}", field="n")
+        if request.kv_tokens > self.max_kv_tokens:
+            raise ArtValueError(
+                f"n x (prompt + max_tokens) = {request.kv_tokens} tokens exceeds the engine's KV budget of "
+                f"{self.max_kv_tokens}; lower n or max_tokens", field="max_tokens")
+
+    def add(self, request: Request) -> None:
+        self.check(request)
+        self.waiting.append(request)
+
+    def admit(self) -> list[Request]:
+        """Pop, in order, the waiting requests that fit beside the running ones."""
+        admitted: list[Request] = []
+        while self.waiting and not self.paused:
+            request = self.waiting[0]
+            if len(self.running) + request.params.n > self.max_num_seqs:
+                break
+            if self.reserved_tokens + request.kv_tokens > self.max_kv_tokens:
+                break
+            self.waiting.popleft()
+            self.reserved_tokens += request.kv_tokens
+            for sample in request.samples:
+                sample.status = Status.RUNNING
+            self.running.extend(request.samples)
+            admitted.append(request)
+        return admitted
+
+    def finish(self, samples: list[Sample]) -> list[Request]:
+        """Drop finished samples from the batch; return the requests now complete."""
+        done = set(map(id, samples))
+        for sample in samples:
+            sample.status = Status.FINISHED
+        self.running = [s for s in self.running if id(s) not in done]
+        complete = []
+        for request in {id(s.request): s.request for s in samples}.values():
+            if all(s.status is Status.FINISHED for s in request.samples):
+                self.reserved_tokens -= request.kv_tokens
+                complete.append(request)
+        return complete
+
+    @property
+    def queue_depth(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def idle(self) -> bool:
+        return not self.running and not self.waiting

@@ -1,0 +1,72 @@
+"""Request and sample state of the engine (plain Python, no torch).
+
+A `Request` is one generate() call: a prompt, its sampling params and adapter; it owns
+`params.n` `Sample`s, each one completion being decoded. The scheduler moves samples through
+WAITING -> RUNNING -> FINISHED; the request is answered when all its samples are finished.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Callable
+
+from art.engine.base import AdapterRef, Completion, SamplingParams
+
+_ids = itertools.count()
+
+
+class Status(Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class Request:
+    prompt: list[int]
+    params: SamplingParams
+    adapter: AdapterRef | None
+    deliver: Callable[[Any], None]
+    """Called once, from the engine thread, with list[Completion] or an exception."""
+    id: int = field(default_factory=lambda: next(_ids))
+    samples: list["Sample"] = field(default_factory=list)
+    served_step: int | None = None
+    adapter_name: str = "__base__"
+    """The peft adapter name its samples decode with (set at admission)."""
+
+    @property
+    def kv_tokens(self) -> int:
+        """KV-cache tokens reserved while it runs: every sample at its longest."""
+        return self.params.n * (len(self.prompt) + self.params.max_tokens)
+
+    def completions(self) -> list[Completion]:
+        return [s.completion() for s in self.samples]
+
+
+@dataclass(eq=False)
+class Sample:
+    request: Request
+    index: int
+    generator: Any = None
+    """torch.Generator of this sample (seeded from the request's seed and index)."""
+    ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    top: list[list[tuple[int, float]]] = field(default_factory=list)
+    status: Status = Status.WAITING
+    finish_reason: str | None = None
+    text: str = ""
+
+    @property
+    def params(self) -> SamplingParams:
+        return self.request.params
+
+    @property
+    def position(self) -> int:
+        """Position id of the next input token (the last sampled one)."""
+        return len(self.request.prompt) + len(self.ids) - 1
+
+    def completion(self) -> Completion:
+        return Completion(self.ids, self.logprobs, self.text, self.finish_reason or "length", self.top,
+                          step=self.request.served_step)
