@@ -116,3 +116,39 @@ async def test_prompted_baseline_keeps_its_endpoint_and_logs_beside_the_runs(tmp
     assert row["step"] == 0 and row["val/reward"] == 0.5 and row["val/turns"] == 2.0
     assert row["val/reward_std_dev"] == 0.5
     await backend.close()
+
+
+async def test_requests_during_a_training_step_all_succeed_and_say_their_step(tiny_model_path, tmp_path):
+    import asyncio
+
+    backend = art.LocalBackend(path=str(tmp_path))
+    model = art.TrainableModel(name="swap", project="loop", base_model=str(tiny_model_path))
+    await model.register(backend)
+    client = model.openai_client()
+    first = await client.chat.completions.create(
+        model="swap", messages=[{"role": "user", "content": "go"}], max_tokens=3, n=4, seed=1)
+    group = art.TrajectoryGroup([
+        art.Trajectory(messages_and_choices=[choice], reward=float(i)) for i, choice in enumerate(first.choices)])
+
+    async def ask(i):
+        await asyncio.sleep(0.01 * i)
+        response = await client.chat.completions.create(
+            model="swap", messages=[{"role": "user", "content": f"request {i}"}], max_tokens=24,
+            extra_body={"ignore_eos": True})
+        return response.model_extra["step"], response.choices[0].token_ids
+
+    requests = [asyncio.ensure_future(ask(i)) for i in range(24)]
+    await asyncio.sleep(0.05)
+    result = await backend.train(model, [group], learning_rate=1e-2)
+    after = await ask(0)
+    answers = await asyncio.gather(*requests)
+    assert result.step == 1 and after[0] == 1
+    assert all(len(ids) == 24 for _, ids in answers)
+    steps = [step for step, _ in answers]
+    assert set(steps) <= {0, 1} and 0 in steps  # requests running when training began finished on step 0
+    import httpx
+
+    health = httpx.get(model.inference_base_url.removesuffix("/v1") + "/health").json()
+    stats = health["engines"]["loop/swap"]
+    assert stats["step"] == 1 and stats["engine/queue_depth"] == 0 and stats["engine/decode_steps"] > 0
+    await backend.close()

@@ -106,6 +106,17 @@ class ModelService:
                 f"model {requested!r}: no checkpoint for step {step} (available: {self.store.steps()})")
         return ServedModel(requested, self.engine, AdapterRef(requested, self.store.path(step), step), step)
 
+    def stats(self) -> dict[str, float]:
+        engine = self.engine
+        return {
+            "step": self.step,
+            "engine/queue_depth": engine.queue_depth,
+            "engine/running": engine.running,
+            "engine/decode_steps": engine.steps,
+            "engine/prefix_cache_hits": engine.prefix_cache.hits,
+            "engine/prefix_cache_reused_tokens": engine.prefix_cache.reused_tokens,
+        }
+
     def served_names(self) -> list[str]:
         return [self.name] + [f"{self.name}@{s}" for s in self.store.steps()]
 

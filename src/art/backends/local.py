@@ -49,6 +49,10 @@ class LocalBackend:
                 continue
         raise ModelNotFoundError(f"The model `{model}` does not exist; served: {self.served_model_names()}")
 
+    def stats(self) -> dict[str, dict]:
+        """Engine load per model, shown by GET /health."""
+        return {f"{project}/{name}": service.stats() for (project, name), service in self._services.items()}
+
     # -- the protocol models call -----------------------------------------------------------
     async def register(self, model) -> None:
         model.base_path = str(self._root)

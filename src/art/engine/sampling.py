@@ -1,8 +1,7 @@
 """Choose the next token of every row at once; shared by the engine and the reference sampler.
 
-Sampling uses the exponential race: argmax(p / E) with E ~ Exp(1) drawn from each sample's own
-generator is a draw from p, so a seeded request gets the same tokens whatever else is in the
-batch. Reported logprobs are those of the raw distribution (temperature 1), as vLLM reports.
+Sampling draws one uniform per row from that sample's own generator and inverts the row's
+CDF, so a seeded request gets the same tokens whatever else is in the batch. Reported logprobs are those of the raw distribution (temperature 1), as vLLM reports.
 """
 
 from __future__ import annotations
@@ -35,14 +34,20 @@ def sample_next(
     sampled = (~greedy).nonzero().flatten().tolist()
     if sampled:
         index = torch.tensor(sampled)
-        probs = torch.softmax(logits[index] / temperature[index, None], dim=-1)  # [sampled, vocab]
+        temps = temperature[index]
         top_p = torch.tensor([params[i].top_p for i in sampled], dtype=logits.dtype)
-        if bool((top_p < 1).any()):
-            probs = _nucleus(probs, top_p)
-        noise = torch.empty_like(probs)
-        for k, i in enumerate(sampled):
-            noise[k].exponential_(generator=generators[i])
-        tokens[index] = torch.argmax(probs / noise, dim=-1)
+        if bool((temps == 1).all()) and bool((top_p == 1).all()):
+            probs = logprobs[index].exp()  # [sampled, vocab]
+        else:
+            probs = torch.softmax(logits[index] / temps[:, None], dim=-1)
+            if bool((top_p < 1).any()):
+                probs = _nucleus(probs, top_p)
+        # Inverse-CDF draw with one uniform per sample from its own generator.
+        cdf = probs.cumsum(dim=-1)  # [sampled, vocab]
+        u = torch.cat([torch.rand(1, generator=generators[i], dtype=cdf.dtype) for i in sampled])
+        target = (u * cdf[:, -1]).clamp(min=torch.finfo(cdf.dtype).tiny)[:, None]
+        drawn = torch.searchsorted(cdf, target).squeeze(1)
+        tokens[index] = drawn.clamp(max=logits.shape[-1] - 1)
     chosen = logprobs.gather(1, tokens[:, None]).squeeze(1)  # [rows]
     top: list[list[tuple[int, float]]] = [[] for _ in range(rows)]
     want = max(p.top_logprobs for p in params)

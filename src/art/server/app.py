@@ -42,8 +42,10 @@ def create_app(registry: ModelRegistry, *, default_max_tokens: int = 1024) -> Fa
     _install_error_handlers(app)
 
     @app.get("/health")
-    async def health() -> dict[str, str]:
-        return {"status": "ok"}
+    async def health() -> dict[str, Any]:
+        """Liveness plus each engine's load (queue depth, running samples, cache reuse)."""
+        stats = registry.stats() if hasattr(registry, "stats") else {}
+        return {"status": "ok", "engines": stats}
 
     @app.get("/v1/models")
     async def list_models() -> dict[str, Any]:
@@ -87,7 +89,8 @@ async def _complete(served: ServedModel, body: ChatCompletionRequest, default_ma
         "id": f"chatcmpl-{uuid.uuid4().hex}",
         "created": int(time.time()),
         "model": body.model,
-        "step": served.step,
+        # The engine says which weights sampled (a training step may have landed meanwhile).
+        "step": next((c.step for c in completions if c.step is not None), served.step),
     }
     generated = sum(len(c.token_ids) for c in completions)
     usage = {"prompt_tokens": len(prompt), "completion_tokens": generated,

@@ -1,0 +1,117 @@
+"""The batched engine against the plain reference sampler, on a tiny model with adapters."""
+
+import asyncio
+
+import pytest
+import torch
+
+from art.engine.adapters import AdapterSet
+from art.engine.base import AdapterRef, SamplingParams
+from art.engine.llm_engine import LLMEngine
+from art.engine.reference import ReferenceSampler
+from art.errors import ArtValueError
+
+
+def randomize_lora(model, seed):
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_" in name and ".default." in name:
+                param.copy_(torch.randn(param.shape, generator=generator) * 0.2)
+
+
+@pytest.fixture(scope="module")
+def setup(tiny_model_path, tmp_path_factory):
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_path)
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_path)
+    model = get_peft_model(base, LoraConfig(task_type="CAUSAL_LM", r=4, lora_alpha=8,
+                                            target_modules=["q_proj", "v_proj", "down_proj"]))
+    model.eval()
+    checkpoint = tmp_path_factory.mktemp("ckpt") / "0001"
+    randomize_lora(model, seed=1)
+    model.save_pretrained(str(checkpoint))  # step 1's weights on disk
+    randomize_lora(model, seed=2)  # the live adapter now holds step 2
+    adapters = AdapterSet(model, live_step=2)
+    engine = LLMEngine(model, tokenizer, adapters=adapters, max_num_seqs=16, prefix_cache_tokens=4096)
+    reference = ReferenceSampler(model, tokenizer, adapters=adapters)
+    return engine, reference, checkpoint
+
+
+ADAPTERS = {
+    "base": None,
+    "live": AdapterRef("tiny", None, None),
+    "step1": AdapterRef("tiny@1", None, 1),  # path filled in per test
+}
+
+
+def cases(checkpoint):
+    prompts = [[1, 5, 9], list(range(100, 109)), list(range(200, 217)), list(range(300, 330))]
+    greedy = SamplingParams(temperature=0, max_tokens=8)
+    seeded = SamplingParams(n=3, temperature=1.0, max_tokens=6, seed=7)
+    nucleus = SamplingParams(n=2, temperature=0.8, top_p=0.9, max_tokens=5, seed=3, top_logprobs=2)
+    refs = {"base": None, "live": ADAPTERS["live"], "step1": AdapterRef("tiny@1", checkpoint, 1)}
+    out = []
+    for i, prompt in enumerate(prompts):
+        for j, (label, ref) in enumerate(refs.items()):
+            out.append((prompt, [greedy, seeded, nucleus][(i + j) % 3], ref, label))
+    return out
+
+
+async def test_engine_matches_reference_in_mixed_batches(setup):
+    engine, reference, checkpoint = setup
+    work = cases(checkpoint)
+    results = await asyncio.gather(*[engine.generate(p, params, ref) for p, params, ref, _ in work])
+    with engine.lock:
+        expected = [reference.generate(p, params, ref) for p, params, ref, _ in work]
+    served_steps = set()
+    for (prompt, params, ref, label), got, want in zip(work, results, expected):
+        assert len(got) == params.n
+        for g, w in zip(got, want):
+            assert g.token_ids == w.token_ids, (label, prompt[:3], params)
+            assert g.logprobs == pytest.approx(w.logprobs, abs=1e-4)
+            assert g.finish_reason == w.finish_reason and g.text == w.text
+            assert g.step == w.step
+            if params.top_logprobs:
+                assert [[t for t, _ in alt] for alt in g.top_logprobs] == [[t for t, _ in alt] for alt in w.top_logprobs]
+            served_steps.add(g.step)
+    assert served_steps == {None, 1, 2}  # base, checkpoint 1 and the live step 2 were all served
+    # Different adapters really give different outputs for the same prompt.
+    greedy = SamplingParams(temperature=0, max_tokens=8)
+    outs = [await engine.generate([1, 5, 9], greedy, ref) for ref in (None, ADAPTERS["live"], work[2][2])]
+    assert len({tuple(o[0].logprobs) for o in outs}) == 3
+
+
+async def test_shared_prefixes_are_prefilled_once_and_change_nothing(setup):
+    engine, reference, _ = setup
+    prompt = list(range(400, 440))
+    params = SamplingParams(temperature=0, max_tokens=5)
+    hits, reused = engine.prefix_cache.hits, engine.prefix_cache.reused_tokens
+    group = await asyncio.gather(*[engine.generate(prompt, params, ADAPTERS["live"]) for _ in range(4)])
+    longer = await engine.generate(prompt + [7, 8, 9], params, ADAPTERS["live"])
+    assert engine.prefix_cache.hits - hits >= 4
+    assert engine.prefix_cache.reused_tokens - reused >= 3 * (len(prompt) - 1) + len(prompt)
+    with engine.lock:
+        want = reference.generate(prompt, params, ADAPTERS["live"])[0]
+        want_longer = reference.generate(prompt + [7, 8, 9], params, ADAPTERS["live"])[0]
+    assert all(g[0].token_ids == want.token_ids for g in group)
+    assert longer[0].token_ids == want_longer.token_ids
+    assert longer[0].logprobs == pytest.approx(want_longer.logprobs, abs=1e-4)
+
+
+async def test_overload_queues_and_impossible_requests_are_refused(setup):
+    engine, _, _ = setup
+    params = SamplingParams(n=4, temperature=1.0, max_tokens=24, ignore_eos=True)
+    depths = []
+    tasks = [asyncio.ensure_future(engine.generate([1, 2, 3], params, None)) for _ in range(8)]
+    while not all(t.done() for t in tasks):
+        depths.append(engine.queue_depth)
+        assert engine.running <= 16
+        await asyncio.sleep(0.005)
+    assert max(depths) > 0  # 8 x 4 samples > 16 rows: some waited
+    assert all(len(c.token_ids) == 24 for t in tasks for c in t.result())
+    with pytest.raises(ArtValueError) as info:
+        await engine.generate([1, 2, 3], SamplingParams(n=17), None)
+    assert info.value.field == "n"
