@@ -88,17 +88,27 @@ async def test_shared_prefixes_are_prefilled_once_and_change_nothing(setup):
     engine, reference, _ = setup
     prompt = list(range(400, 440))
     params = SamplingParams(temperature=0, max_tokens=5)
-    hits, reused = engine.prefix_cache.hits, engine.prefix_cache.reused_tokens
+    computed, seen = engine.runner.prefill_computed_tokens, engine.prompt_tokens
     group = await asyncio.gather(*[engine.generate(prompt, params, ADAPTERS["live"]) for _ in range(4)])
     longer = await engine.generate(prompt + [7, 8, 9], params, ADAPTERS["live"])
-    assert engine.prefix_cache.hits - hits >= 4
-    assert engine.prefix_cache.reused_tokens - reused >= 3 * (len(prompt) - 1) + len(prompt)
+    assert engine.prompt_tokens - seen == 4 * len(prompt) + len(prompt) + 3
+    # The group's prompt is computed once; the longer prompt only computes its last tokens.
+    assert engine.runner.prefill_computed_tokens - computed <= len(prompt) + 3 + 1
+    others = [list(range(500, 540)) + [i] * 5 for i in range(3)]  # one shared 40-token prefix
+    computed = engine.runner.prefill_computed_tokens
+    varied = await asyncio.gather(*[engine.generate(p, params, ADAPTERS["live"]) for p in others])
+    assert engine.runner.prefill_computed_tokens - computed <= 41 + 3 * 6
     with engine.lock:
         want = reference.generate(prompt, params, ADAPTERS["live"])[0]
         want_longer = reference.generate(prompt + [7, 8, 9], params, ADAPTERS["live"])[0]
     assert all(g[0].token_ids == want.token_ids for g in group)
     assert longer[0].token_ids == want_longer.token_ids
     assert longer[0].logprobs == pytest.approx(want_longer.logprobs, abs=1e-4)
+    with engine.lock:
+        want_varied = [reference.generate(p, params, ADAPTERS["live"])[0] for p in others]
+    for got, want in zip(varied, want_varied):
+        assert got[0].token_ids == want.token_ids
+        assert got[0].logprobs == pytest.approx(want.logprobs, abs=1e-4)
 
 
 async def test_overload_queues_and_impossible_requests_are_refused(setup):

@@ -42,6 +42,7 @@ class LLMEngine:
         max_num_seqs: int = 64,
         kv_cache_bytes: int = 4 << 30,
         prefix_cache_tokens: int = 16384,
+        prefill_tokens: int = 4096,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
@@ -52,9 +53,13 @@ class LLMEngine:
         self.runner = ModelRunner(model, self.adapters)
         self.scheduler = Scheduler(max_num_seqs=max_num_seqs, max_kv_tokens=kv_cache_bytes // _kv_bytes_per_token(model.config))
         self.prefix_cache = PrefixCache(prefix_cache_tokens)
+        self.prefill_tokens = prefill_tokens
+        """Padded prompt tokens per prefill pass (bounds its memory)."""
         self.batch = RunningBatch(model.config)
         self.stopping = StopChecker(model, tokenizer, self.max_model_len)
         self.steps = 0
+        self.prompt_tokens = 0
+        """Prompt tokens of all admitted requests (compare runner.prefill_computed_tokens)."""
         self._cv = threading.Condition()
         self._thread = threading.Thread(target=self._loop, name="art-engine", daemon=True)
         self._thread.start()
@@ -119,8 +124,7 @@ class LLMEngine:
             try:
                 with self.lock, torch.inference_mode():
                     finished = []
-                    for request in admitted:
-                        finished += self._start_or_fail(request)
+                    finished += self._start(admitted)
                     if len(self.batch):
                         finished += self._decode()
             except Exception as exc:
@@ -133,28 +137,67 @@ class LLMEngine:
                 self.adapters.release(request.adapter_name)
                 request.deliver(request.completions())
 
-    def _start_or_fail(self, request: Request) -> list[Sample]:
-        try:
-            return self._start(request)
-        except Exception as exc:  # e.g. a checkpoint that vanished: fail this request only
-            log.warning("request %d failed at prefill: %s", request.id, exc)
-            request.deliver(exc)
-            request.deliver = lambda result: None
-            return list(request.samples)
-
-    def _start(self, request: Request) -> list[Sample]:
-        """Prefill after the cached prefix, sample every first token, join the batch."""
-        request.adapter_name, request.served_step = self.adapters.acquire(request.adapter)
-        weights = _weights_key(request.adapter_name, request.served_step)
-        prefix_len, prefix_kv = self.prefix_cache.longest(weights, request.prompt)
-        logits, kv = self.runner.prefill(request.prompt, prefix_len, prefix_kv, request.adapter_name)
-        self.prefix_cache.put(weights, request.prompt, kv)
-        samples = request.samples
-        finished = self._advance(samples, logits.expand(len(samples), -1))
-        live = [s for s in samples if s not in finished]
-        if live:
-            self.batch.add(live, [(k.expand(len(live), -1, -1, -1), v.expand(len(live), -1, -1, -1)) for k, v in kv])
+    def _start(self, requests: list[Request]) -> list[Sample]:
+        """Prefill the admitted requests after their cached prefixes, sample every first
+        token, and let the unfinished samples join the running batch."""
+        ready, finished = [], []
+        self.prompt_tokens += sum(len(r.prompt) for r in requests)
+        for request in requests:
+            try:
+                request.adapter_name, request.served_step = self.adapters.acquire(request.adapter)
+                ready.append(request)
+            except Exception as exc:  # e.g. a checkpoint that vanished: fail this request only
+                log.warning("request %d failed: %s", request.id, exc)
+                request.deliver(exc)
+                request.deliver = lambda result: None
+                finished += request.samples
+        self._share_common_prefix(ready)
+        for chunk in _prefill_chunks(ready, self.prefill_tokens):
+            finished += self._prefill(chunk)
         return finished
+
+    def _prefill(self, requests: list[Request]) -> list[Sample]:
+        # Identical prompts on the same weights (a GRPO group sent as separate requests) are
+        # computed once; every sample of every request then gets its own first token.
+        unique: dict[tuple[str, tuple[int, ...]], int] = {}
+        row_of_request = []
+        for r in requests:
+            key = (_weights_key(r.adapter_name, r.served_step), tuple(r.prompt))
+            row_of_request.append(unique.setdefault(key, len(unique)))
+        keys = list(unique)
+        prompts = [list(prompt) for _, prompt in keys]
+        prefixes = [self.prefix_cache.longest(w, p) for (w, _), p in zip(keys, prompts)]
+        adapters = [requests[row_of_request.index(i)].adapter_name for i in range(len(keys))]
+        logits, kv, mask = self.runner.prefill(prompts, prefixes, adapters)
+        for i, ((w, _), prompt) in enumerate(zip(keys, prompts)):
+            columns = mask[i].nonzero().squeeze(1)  # this prompt's kv without padding
+            self.prefix_cache.put(w, prompt, [(k[i:i + 1, :, columns], v[i:i + 1, :, columns]) for k, v in kv])
+        samples = [s for r in requests for s in r.samples]
+        row_of = torch.tensor([row_of_request[j] for j, r in enumerate(requests) for _ in r.samples])
+        finished = self._advance(samples, logits[row_of])
+        done = set(map(id, finished))
+        live = [k for k, s in enumerate(samples) if id(s) not in done]
+        if live:
+            index = row_of[live]
+            self.batch.add([samples[k] for k in live], [(k[index], v[index]) for k, v in kv], mask[index])
+        return finished
+
+    def _share_common_prefix(self, requests: list[Request]) -> None:
+        """Prefill once the prefix all these prompts share (a system prompt, a tool list) when
+        it is not cached yet, so the batched prefill that follows reuses it."""
+        by_weights: dict[str, list[Request]] = {}
+        for r in requests:
+            by_weights.setdefault(_weights_key(r.adapter_name, r.served_step), []).append(r)
+        for weights, group in by_weights.items():
+            prompts = {tuple(r.prompt) for r in group}
+            if len(prompts) < 2:
+                continue
+            common = _common_prefix(list(prompts))
+            cached = self.prefix_cache.longest(weights, common)
+            if len(common) - cached[0] < 16:
+                continue
+            _, kv, _ = self.runner.prefill([common + [0]], [cached], [group[0].adapter_name])
+            self.prefix_cache.put(weights, common, [(k[:, :, :len(common)], v[:, :, :len(common)]) for k, v in kv])
 
     def _decode(self) -> list[Sample]:
         ids, mask, positions = self.batch.step_inputs()
@@ -195,6 +238,29 @@ class LLMEngine:
             request.deliver = lambda result: None
         self.batch = RunningBatch(self.model.config)
         return failed
+
+
+def _prefill_chunks(requests: list[Request], max_tokens: int) -> list[list[Request]]:
+    """Group requests so each prefill pass stays within about `max_tokens` padded tokens."""
+    chunks, current, longest = [], [], 0
+    for request in sorted(requests, key=lambda r: len(r.prompt)):
+        longest_if_added = max(longest, len(request.prompt))
+        if current and longest_if_added * (len(current) + 1) > max_tokens:
+            chunks.append(current)
+            current, longest_if_added = [], len(request.prompt)
+        current.append(request)
+        longest = longest_if_added
+    if current:
+        chunks.append(current)
+    return chunks
+
+
+def _common_prefix(prompts: list[tuple[int, ...]]) -> list[int]:
+    shortest = min(prompts, key=len)
+    for i, token in enumerate(shortest):
+        if any(p[i] != token for p in prompts):
+            return list(shortest[:i])
+    return list(shortest)
 
 
 def _weights_key(adapter_name: str, step: int | None) -> str:

@@ -23,6 +23,8 @@ class ModelRunner:
         self.model = model
         self.adapters = adapters
         self.config = model.config
+        self.prefill_computed_tokens = 0
+        """Prompt tokens actually run through the model (the rest came from cached prefixes)."""
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
         # transformers 5.x renamed `past_key_values` to `cache`; accept both.
         self.cache_kw = "cache" if "cache" in inspect.signature(type(base).forward).parameters else "past_key_values"
@@ -34,19 +36,47 @@ class ModelRunner:
                              use_cache=True, logits_to_keep=1, **{self.cache_kw: cache}, **extra)
         return out.logits[:, -1, :].float()
 
-    def prefill(self, prompt: list[int], prefix_len: int, prefix_kv: KV | None, adapter: str):
-        """Run the prompt after its cached prefix; returns (last logits [1, vocab], prompt kv)."""
-        prefix_len = min(prefix_len, len(prompt) - 1)  # always compute the last prompt token
+    def prefill(self, prompts: list[list[int]], prefixes: list[tuple[int, KV | None]], adapters: list[str]):
+        """Run several prompts, each after its cached prefix, in one forward pass.
+
+        Row i's cache holds [pad][prefix_i] and its input [pad][rest of prompt_i]; the mask
+        hides both pads and positions are per row, so every row computes exactly what it would
+        alone. Returns (last logits [rows, vocab], kv per layer [rows, heads, width, dim],
+        mask [rows, width]); the kv has holes where the mask is 0.
+        """
+        used = [min(n, len(p) - 1) if kv is not None else 0 for p, (n, kv) in zip(prompts, prefixes)]
+        width_prefix = max(used)
+        width_new = max(len(p) - n for p, n in zip(prompts, used))
+        rows = len(prompts)
+        self.prefill_computed_tokens += sum(len(p) - n for p, n in zip(prompts, used))
+        ids = torch.zeros(rows, width_new, dtype=torch.long)  # [rows, new]
+        positions = torch.zeros(rows, width_new, dtype=torch.long)
+        mask = torch.zeros(rows, width_prefix + width_new, dtype=torch.long)  # [rows, width]
+        for i, (prompt, n) in enumerate(zip(prompts, used)):
+            rest = prompt[n:]
+            ids[i, width_new - len(rest):] = torch.tensor(rest)
+            positions[i, width_new - len(rest):] = torch.arange(n, len(prompt))
+            mask[i, width_prefix - n:width_prefix] = 1
+            mask[i, width_prefix + width_new - len(rest):] = 1
         cache = DynamicCache(config=self.config)
-        if prefix_len > 0 and prefix_kv is not None:
-            cache = DynamicCache(
-                ddp_cache_data=[(k[:, :, :prefix_len], v[:, :, :prefix_len]) for k, v in prefix_kv],
-                config=self.config)
-        ids = torch.tensor([prompt[prefix_len:]])  # [1, new]
-        positions = torch.arange(prefix_len, len(prompt))[None]  # [1, new]
-        mask = torch.ones(1, len(prompt), dtype=torch.long)
-        logits = self.forward(ids, mask, positions, cache, [adapter])
-        return logits, [(layer.keys, layer.values) for layer in cache.layers]
+        if width_prefix:
+            layers = []
+            for layer in range(self.config.num_hidden_layers):
+                ks, vs = [], []
+                for (n_cached, kv), n in zip(prefixes, used):
+                    k, v = (kv[layer][0][:, :, :n], kv[layer][1][:, :, :n]) if n else self._empty_kv(kv, layer)
+                    ks.append(_pad_left(k, width_prefix))
+                    vs.append(_pad_left(v, width_prefix))
+                layers.append((torch.cat(ks), torch.cat(vs)))
+            cache = DynamicCache(ddp_cache_data=layers, config=self.config)
+        logits = self.forward(ids, mask, positions, cache, adapters)
+        return logits, [(layer.keys, layer.values) for layer in cache.layers], mask
+
+    def _empty_kv(self, kv, layer):
+        heads = getattr(self.config, "num_key_value_heads", None) or self.config.num_attention_heads
+        dim = getattr(self.config, "head_dim", None) or self.config.hidden_size // self.config.num_attention_heads
+        empty = torch.zeros(1, heads, 0, dim)
+        return empty, empty
 
 
 class GrowingLayer(DynamicLayer):
@@ -106,11 +136,12 @@ class RunningBatch:
     def __len__(self) -> int:
         return len(self.rows)
 
-    def add(self, rows: list, kv: KV) -> None:
-        """Append rows whose cache is `kv` (per layer [len(rows), heads, tokens, dim])."""
+    def add(self, rows: list, kv: KV, mask: torch.Tensor) -> None:
+        """Append rows whose cache is `kv` (per layer [len(rows), heads, tokens, dim]) with
+        their attention mask [len(rows), tokens] (0 where the kv holds padding)."""
         new_width = kv[0][0].shape[2]
         width = max(self.mask.shape[1], new_width)
-        new_mask = torch.ones(len(rows), new_width, dtype=torch.long)
+        new_mask = mask
         for layer, (k, v) in zip(self.cache.layers, kv):
             if self.rows:
                 k = torch.cat([_pad_left(layer.keys, width), _pad_left(k, width)])
