@@ -13,7 +13,9 @@ import art
 from art.training.advantages import group_advantages
 from art.training.loss import policy_loss_terms
 from art.training.options import TrainOptions
-from art.training.sequences import ASSISTANT_DICT, NO_LOGPROBS, NO_TOKEN_IDS, sequences_of_trajectory
+from art.training.sequences import (
+    ASSISTANT_DICT, NO_LOGPROBS, NO_TOKEN_IDS, SEQUENCE_BREAK, sequences_of_trajectory,
+)
 from art.training.trainer import EQUAL_REWARDS, micro_batches, prepare_batch
 
 
@@ -93,7 +95,7 @@ def test_non_extending_prompt_starts_a_new_sequence_and_dicts_are_reported():
     issues = Counter()
     seqs = sequences_of_trajectory(trajectory, issues)
     assert [s.token_ids for s in seqs] == [[1, 2, 3], [1, 9, 9, 4, 5]]
-    assert issues == Counter({ASSISTANT_DICT: 1, NO_LOGPROBS: 1})
+    assert issues == Counter({ASSISTANT_DICT: 1, NO_LOGPROBS: 1, SEQUENCE_BREAK: 1})
 
 
 def test_prepare_batch_counts_what_cannot_train():

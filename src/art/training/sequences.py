@@ -18,6 +18,7 @@ NO_TOKEN_IDS = "choice_without_token_ids"
 NO_LOGPROBS = "choice_without_logprobs"
 ASSISTANT_DICT = "assistant_message_dict_not_trained"
 NO_CHOICES = "trajectory_without_trainable_choice"
+SEQUENCE_BREAK = "turn_prompt_does_not_extend_previous_tokens"  # still trained, as a new sequence
 
 
 @dataclass
@@ -55,11 +56,26 @@ def _is_choice(item) -> bool:
     return not isinstance(item, dict) and hasattr(item, "message")
 
 
-def sequences_of_history(messages_and_choices, issues: Counter) -> list[Sequence]:
-    """Token sequences of one conversation; `issues` counts what could not be used."""
+@dataclass(frozen=True)
+class Break:
+    """A turn whose prompt ids do not extend the conversation's ids so far (a new sequence
+    starts there): usually a chat template that re-renders earlier turns differently."""
+
+    choice: int
+    """Index of the choice in messages_and_choices."""
+    position: int
+    """First token position where the prompt differs from the ids so far."""
+    expected: int | None
+    """Token id the earlier turns had there (None: the new prompt is shorter)."""
+    got: int | None
+
+
+def sequences_of_history(messages_and_choices, issues: Counter, breaks: list[Break] | None = None) -> list[Sequence]:
+    """Token sequences of one conversation; `issues` counts what could not be used and
+    `breaks`, when given, collects where a turn did not extend the previous ids."""
     sequences: list[Sequence] = []
     current: Sequence | None = None
-    for item in messages_and_choices:
+    for index, item in enumerate(messages_and_choices):
         if not _is_choice(item):
             if item.get("role") == "assistant":
                 issues[ASSISTANT_DICT] += 1
@@ -72,11 +88,22 @@ def sequences_of_history(messages_and_choices, issues: Counter) -> list[Sequence
         if current is not None and prompt[: len(current.token_ids)] == current.token_ids:
             current.extend(prompt[len(current.token_ids):], None)
         else:
+            if current is not None:
+                issues[SEQUENCE_BREAK] += 1
+                if breaks is not None:
+                    breaks.append(_first_difference(index, current.token_ids, prompt))
             current = Sequence()
             current.extend(prompt, None)
             sequences.append(current)
         current.extend(completion, logprobs)
     return sequences
+
+
+def _first_difference(choice: int, so_far: list[int], prompt: list[int]) -> Break:
+    for position, (a, b) in enumerate(zip(so_far, prompt)):
+        if a != b:
+            return Break(choice, position, a, b)
+    return Break(choice, len(prompt), so_far[len(prompt)], None)
 
 
 def sequences_of_trajectory(trajectory, issues: Counter) -> list[Sequence]:
