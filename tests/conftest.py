@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-os.environ.setdefault("WANDB_MODE", "offline")
+os.environ["WANDB_MODE"] = "disabled"  # tests that use W&B switch it to offline themselves
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, PrivateAttr
 
 from art.errors import ArtValueError
 from art.metrics import summarize
+from art.observability import log_to_wandb
 from art.storage.layout import ModelDir, validate_name
 from art.storage.run_log import write_log
 from art.trajectories import Trajectory, TrajectoryGroup
@@ -94,6 +95,7 @@ class Model(BaseModel):
         for key, value in (metrics or {}).items():
             row[key if "/" in key else f"{split}/{key}"] = value
         step = await self.get_step() if step is None else step
+        log_to_wandb(self, step=step, metrics=row, run_dir=self._run_dir())
         if self._backend is not None and hasattr(self._backend, "_log"):
             await self._backend._log(self, split=split, step=step, metrics=row, groups=groups)
         else:
