@@ -125,3 +125,21 @@ async def test_overload_queues_and_impossible_requests_are_refused(setup):
     with pytest.raises(ArtValueError) as info:
         await engine.generate([1, 2, 3], SamplingParams(n=17), None)
     assert info.value.field == "n"
+
+
+async def test_stop_fails_unfinished_requests_and_ends_the_thread(tiny_model_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from art.errors import BackendError
+
+    engine = LLMEngine(AutoModelForCausalLM.from_pretrained(tiny_model_path),
+                       AutoTokenizer.from_pretrained(tiny_model_path), max_num_seqs=1)
+    params = SamplingParams(max_tokens=400, ignore_eos=True)
+    tasks = [asyncio.ensure_future(engine.generate([1, 2, 3], params, None)) for _ in range(3)]
+    await asyncio.sleep(0.2)
+    await asyncio.to_thread(engine.stop)
+    results = await asyncio.gather(*tasks, return_exceptions=True)
+    assert sum(isinstance(r, BackendError) for r in results) >= 2  # the queued ones at least
+    assert not engine._thread.is_alive()
+    with pytest.raises(BackendError):
+        await engine.generate([1, 2, 3], params, None)

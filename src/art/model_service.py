@@ -139,6 +139,10 @@ class ModelService:
             self.engine.weights_updated(self.step)
         return TrainResult(self.step, metrics)
 
+    def close(self) -> None:
+        """Stop the engine thread so the weights can be freed."""
+        self.engine.stop()
+
     def delete_checkpoints(self, keep: set[int]) -> list[int]:
         deleted = []
         for step in self.store.steps():

@@ -119,9 +119,13 @@ class LocalBackend:
         return self._server.base_url
 
     async def close(self) -> None:
+        """Stop the HTTP server and every model's engine; the backend cannot be reused."""
         if self._server is not None:
             await asyncio.to_thread(self._server.stop)
             self._server = None
+        for service in self._services.values():
+            await asyncio.to_thread(service.close)
+        self._services.clear()
 
     async def __aenter__(self) -> "LocalBackend":
         return self

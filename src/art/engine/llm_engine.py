@@ -24,6 +24,7 @@ from art.engine.sampling import make_generator, sample_next
 from art.engine.scheduler import Scheduler
 from art.engine.sequence import Request, Sample
 from art.engine.stopping import StopChecker
+from art.errors import BackendError
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +62,7 @@ class LLMEngine:
         self.prompt_tokens = 0
         """Prompt tokens of all admitted requests (compare runner.prefill_computed_tokens)."""
         self._cv = threading.Condition()
+        self._stopped = False
         self._thread = threading.Thread(target=self._loop, name="art-engine", daemon=True)
         self._thread.start()
 
@@ -83,6 +85,8 @@ class LLMEngine:
         request = Request(list(prompt_token_ids), params, adapter, deliver)
         request.samples = [Sample(request, i, make_generator(params.seed, i)) for i in range(params.n)]
         with self._cv:
+            if self._stopped:
+                raise BackendError("the engine is stopped (backend closed)")
             self.scheduler.add(request)  # raises ArtValueError for what could never fit
             self._cv.notify_all()
         return await future
@@ -116,10 +120,21 @@ class LLMEngine:
         self.adapters.live_step = step
 
     # -- engine thread ----------------------------------------------------------------------
+    def stop(self) -> None:
+        """End the engine thread; requests still waiting or running get a BackendError."""
+        with self._cv:
+            self._stopped = True
+            self._cv.notify_all()
+        self._thread.join(timeout=30)
+
     def _loop(self) -> None:
         while True:
             with self._cv:
-                self._cv.wait_for(lambda: self.scheduler.running or (self.scheduler.waiting and not self.scheduler.paused))
+                self._cv.wait_for(lambda: self._stopped or self.scheduler.running
+                                  or (self.scheduler.waiting and not self.scheduler.paused))
+                if self._stopped:
+                    self._abandon()
+                    return
                 admitted = self.scheduler.admit()
             try:
                 with self.lock, torch.inference_mode():
@@ -228,6 +243,15 @@ class LLMEngine:
         if result is not None:
             sample.finish_reason, sample.text = result
         return sample.finish_reason
+
+    def _abandon(self) -> None:
+        error = BackendError("the engine was stopped (backend closed) before this request finished")
+        requests = list(self.scheduler.waiting) + list({id(s.request): s.request for s in self.scheduler.running}.values())
+        self.scheduler.waiting.clear()
+        self.scheduler.running.clear()
+        for request in requests:
+            request.deliver(error)
+        self.batch = RunningBatch(self.model.config)
 
     def _fail_all(self, exc: Exception) -> list[Sample]:
         """Answer every running request with the error and start from an empty batch."""
