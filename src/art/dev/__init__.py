@@ -2,18 +2,39 @@
 
 from __future__ import annotations
 
-from typing import TypedDict
+from typing import Literal, TypedDict
 
 
 class TrainConfig(TypedDict, total=False):
     """Options of one `train` call beyond `art.TrainConfig`. Defaults in `art.training.options`."""
 
-    scale_rewards: bool
-    """Divide each group's advantages by its reward std (+1e-6). Default True."""
-    epsilon: float
-    """Lower clip range of the importance ratio: ratios below 1 - epsilon are clipped. Default 0.2."""
+    scale_rewards: bool | Literal["group", "batch", "none"]
+    """True/"group": divide advantages by the group's reward std (+1e-6); "batch": by the std of
+    every reward in the batch; False/"none": no division (Dr. GRPO). Default True."""
+    advantage_balance: float
+    """In [-1, 1]: 1 trains only on positive advantages, -1 only on negative ones (the other side
+    is scaled by 1 - |b|). Default 0.0 (balanced)."""
+    ppo: bool
+    """True: PPO clipped surrogate. False: CISPO (clipped, detached importance weight times
+    A * logp_new; ART's default). Default True."""
+    epsilon: float | None
+    """Lower clip range of the importance ratio: ratios below 1 - epsilon are clipped.
+    Default None: 0.2 with ppo, 1.0 without."""
     epsilon_high: float | None
-    """Upper clip range (DAPO clip-higher); None uses `epsilon`. Default None."""
+    """Upper clip range (DAPO clip-higher). Default None: epsilon with ppo, 4.0 without."""
+    importance_sampling_level: Literal["token", "sequence"]
+    """"sequence": GSPO's per-sequence ratio on every token of the sequence. Default "token"."""
+    loss_normalization: Literal["token", "sequence", "constant"]
+    """"token" (DAPO): sum / trained tokens in the batch; "sequence" (GRPO): mean per sequence,
+    then over sequences; "constant" (Dr. GRPO): sum / (sequences x max_tokens_normalizer).
+    Default "token"."""
+    max_tokens_normalizer: int | None
+    """The constant length of "constant" normalisation (required by it). Default None."""
+    precalculate_logprobs: bool
+    """Take the ratio against the pre-update trainer logprobs, computed for the batch first,
+    instead of the sampler's. Default False."""
+    truncated_importance_sampling: float | None
+    """TIS cap C: token loss x min(exp(logp_trainer - logp_sampler), C). Default None (off)."""
     max_grad_norm: float
     """Gradient-norm clip. Default 0.1."""
     micro_batch_tokens: int

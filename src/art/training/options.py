@@ -23,12 +23,35 @@ class TrainOptions:
     """AdamW learning rate (constant)."""
     beta: float = 0.0
     """KL coefficient (k3 estimator) against the base model; 0 skips the reference pass."""
-    scale_rewards: bool = True
-    """Divide advantages by the group's reward std (+1e-6)."""
-    epsilon: float = 0.2
-    """Importance ratios below 1 - epsilon are clipped (PPO)."""
+    ppo: bool = True
+    """True: PPO clipped surrogate. False: CISPO, the clipped, detached importance weight times
+    A * logp_new (ART's switch; ART's own default is False)."""
+    epsilon: float | None = None
+    """Importance ratios below 1 - epsilon are clipped; None means 0.2 (ppo) or 1.0 (CISPO)."""
     epsilon_high: float | None = None
-    """Ratios above 1 + epsilon_high are clipped; None means epsilon."""
+    """Ratios above 1 + epsilon_high are clipped; None means epsilon (ppo) or 4.0 (CISPO)."""
+    importance_sampling_level: str = "token"
+    """"token": one ratio per token. "sequence": GSPO, the per-sequence geometric-mean ratio
+    on every token of the sequence."""
+    loss_normalization: str = "token"
+    """"token": sum over trained tokens / trained tokens in the batch (DAPO). "sequence": mean
+    over each sequence's tokens, then over sequences (GRPO). "constant": sum / (sequences x
+    max_tokens_normalizer) (Dr. GRPO)."""
+    max_tokens_normalizer: int | None = None
+    """The constant length (tokens) of "constant" normalisation, e.g. the max completion
+    tokens; required by it, unused otherwise."""
+    scale_rewards: bool | str = True
+    """True/"group": divide advantages by the group's reward std (+1e-6). "batch": by the std of
+    all rewards in the batch. False/"none": no division."""
+    advantage_balance: float = 0.0
+    """In [-1, 1]: b > 0 scales negative advantages by 1 - b, b < 0 positive ones by 1 + b;
+    1 trains only on positive advantages, -1 only on negative ones, 0 leaves them as they are."""
+    precalculate_logprobs: bool = False
+    """Compute the pre-update policy's logprobs for the whole batch first (no grad) and take
+    the ratio against them instead of the sampler's; the sampler enters only through TIS."""
+    truncated_importance_sampling: float | None = None
+    """TIS cap C: each token's loss is multiplied by min(exp(logp_trainer - logp_sampler), C);
+    None turns it off."""
     max_grad_norm: float = 0.1
     """Gradient-norm clip before the optimizer step."""
     micro_batch_tokens: int = 4096
@@ -49,19 +72,62 @@ class TrainOptions:
             raise ArtValueError("invalid training config: " + "; ".join(problems), field=problems[0])
         return options
 
+    def clip_range(self) -> tuple[float, float]:
+        """(epsilon, epsilon_high) with the defaults of the chosen objective resolved."""
+        epsilon = self.epsilon if self.epsilon is not None else (0.2 if self.ppo else 1.0)
+        if self.epsilon_high is not None:
+            return epsilon, self.epsilon_high
+        return epsilon, epsilon if self.ppo else 4.0
+
+    @property
+    def reward_scaling(self) -> str:
+        """scale_rewards as one of "group", "batch", "none"."""
+        if self.scale_rewards is True:
+            return "group"
+        return "none" if self.scale_rewards is False else str(self.scale_rewards)
+
     def _problems(self) -> list[str]:
         out = []
-        for name in ("learning_rate", "epsilon", "max_grad_norm"):
+        for name in ("learning_rate", "max_grad_norm"):
             value = getattr(self, name)
-            if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+            if not _number(value) or value <= 0:
                 out.append(f"{name} must be a positive number, got {value!r}")
-        if not isinstance(self.beta, (int, float)) or not math.isfinite(self.beta) or self.beta < 0:
+        if not _number(self.beta) or self.beta < 0:
             out.append(f"beta must be >= 0, got {self.beta!r}")
-        if self.epsilon_high is not None and not (isinstance(self.epsilon_high, (int, float)) and self.epsilon_high > 0):
-            out.append(f"epsilon_high must be a positive number or None, got {self.epsilon_high!r}")
-        if not isinstance(self.micro_batch_tokens, int) or self.micro_batch_tokens < 1:
+        for name in ("epsilon", "epsilon_high", "truncated_importance_sampling"):
+            value = getattr(self, name)
+            if value is not None and not (_number(value) and value > 0):
+                out.append(f"{name} must be a positive number or None, got {value!r}")
+        for name in ("ppo", "precalculate_logprobs"):
+            if not isinstance(getattr(self, name), bool):
+                out.append(f"{name} must be True or False, got {getattr(self, name)!r}")
+        choices = {
+            "importance_sampling_level": ("token", "sequence"),
+            "loss_normalization": ("token", "sequence", "constant"),
+        }
+        for name, allowed in choices.items():
+            if getattr(self, name) not in allowed:
+                out.append(f"{name} must be one of {', '.join(map(repr, allowed))}, got {getattr(self, name)!r}")
+        if not (isinstance(self.scale_rewards, bool) or self.scale_rewards in ("group", "batch", "none")):
+            out.append(f"scale_rewards must be True, False, 'group', 'batch' or 'none', got {self.scale_rewards!r}")
+        if not _number(self.advantage_balance) or not -1 <= self.advantage_balance <= 1:
+            out.append(f"advantage_balance must be a number in [-1, 1], got {self.advantage_balance!r}")
+        tokens = self.max_tokens_normalizer
+        if tokens is not None and not (_int(tokens) and tokens > 0):
+            out.append(f"max_tokens_normalizer must be a positive int or None, got {tokens!r}")
+        elif tokens is None and self.loss_normalization == "constant":
+            out.append('max_tokens_normalizer is required by loss_normalization="constant"')
+        if not _int(self.micro_batch_tokens) or self.micro_batch_tokens < 1:
             out.append(f"micro_batch_tokens must be a positive int, got {self.micro_batch_tokens!r}")
         return out
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)

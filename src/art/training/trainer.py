@@ -15,8 +15,8 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from art.training.advantages import group_advantages
-from art.training.loss import policy_loss_terms, token_logprobs
+from art.training.advantages import balance_advantage, group_advantages, reward_std
+from art.training.loss import Normalizer, policy_loss_terms, token_logprobs
 from art.training.options import ADAMW_BETAS, ADAMW_WEIGHT_DECAY, TrainOptions
 from art.training.sequences import Sequence, sequences_of_trajectory
 
@@ -44,13 +44,15 @@ class Trainer:
         metrics: dict[str, float] = {f"skipped/{k}": float(v) for k, v in sorted(issues.items())}
         metrics.update(stats)
         if issues:
-            log.warning("training input not used: %s", describe(issues))
+            log.warning("training input not used as given: %s", describe(issues))
         if not sequences:
             metrics["nothing_to_train"] = 1.0
             log.warning("nothing to train in this step (%s); the step advances with unchanged weights",
                         describe(issues) or "no groups given")
             return metrics
         total_trained = sum(s.num_trained for s in sequences)
+        normalizer = Normalizer(options.loss_normalization, total_trained, len(sequences),
+                                options.max_tokens_normalizer)
         for group in self.optimizer.param_groups:
             group["lr"] = options.learning_rate
         sums: Counter = Counter()
@@ -58,9 +60,10 @@ class Trainer:
             self.model.train()
             self.optimizer.zero_grad(set_to_none=True)
             batches = micro_batches(sequences, options.micro_batch_tokens)
-            for batch in tqdm(batches, desc=desc, unit="batch", leave=False):
-                terms = self._forward(batch, options)
-                (terms["loss"] / total_trained).backward()
+            before = self._pre_update_logprobs(batches) if options.precalculate_logprobs else None
+            for i, batch in enumerate(tqdm(batches, desc=desc, unit="batch", leave=False)):
+                terms = self._forward(batch, options, normalizer, None if before is None else before[i])
+                terms["loss"].backward()  # this micro-batch's share of the batch loss
                 sums.update({k: float(v.detach()) for k, v in terms.items()})
             grad_norm = torch.nn.utils.clip_grad_norm_(self.params, options.max_grad_norm)
             self.optimizer.step()
@@ -68,7 +71,7 @@ class Trainer:
             self.model.eval()
         computed = sum(len(b) * max(len(s.token_ids) for s in b) for b in batches)
         metrics.update({
-            "loss": sums["loss"] / total_trained,
+            "loss": sums["loss"],
             "policy_loss": sums["policy_loss"] / total_trained,
             "clip_fraction": sums["clipped_tokens"] / total_trained,
             "ratio_mean": sums["ratio"] / total_trained,
@@ -81,9 +84,12 @@ class Trainer:
         })
         if "kl" in sums:
             metrics["kl"] = sums["kl"] / total_trained
+        if "tis_weight" in sums:  # truncated importance sampling: mean weight, share capped
+            metrics["tis_weight_mean"] = sums["tis_weight"] / total_trained
+            metrics["tis_truncated_fraction"] = sums["tis_truncated"] / total_trained
         return metrics
 
-    def _forward(self, batch: list[Sequence], options: TrainOptions) -> dict[str, torch.Tensor]:
+    def _inputs(self, batch: list[Sequence]) -> dict[str, torch.Tensor]:
         width = max(len(s.token_ids) for s in batch)
         ids = torch.full((len(batch), width), self.pad_id, dtype=torch.long)  # [rows, tokens]
         attention = torch.zeros((len(batch), width), dtype=torch.long)
@@ -95,18 +101,36 @@ class Trainer:
             attention[i, :n] = 1
             mask[i, :n] = torch.tensor(s.trained, dtype=torch.float)
             old[i, :n] = torch.tensor(s.sampler_logprobs).nan_to_num(0.0)
+        return {"ids": ids, "attention": attention, "mask": mask, "sampler": old}
+
+    def _logprobs(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        ids = inputs["ids"]
+        logits = self.model(input_ids=ids, attention_mask=inputs["attention"]).logits  # [rows, tokens, vocab]
+        return token_logprobs(logits[:, :-1], ids[:, 1:])  # [rows, tokens-1]
+
+    @torch.no_grad()
+    def _pre_update_logprobs(self, batches: list[list[Sequence]]) -> list[torch.Tensor]:
+        """The current policy's logprobs of every micro-batch, before any gradient (TIS)."""
+        return [self._logprobs(self._inputs(batch)) for batch in batches]
+
+    def _forward(self, batch: list[Sequence], options: TrainOptions, normalizer: Normalizer,
+                 before: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        inputs = self._inputs(batch)
         advantages = torch.tensor([s.advantage for s in batch])  # [rows]
-        logits = self.model(input_ids=ids, attention_mask=attention).logits  # [rows, tokens, vocab]
-        new = token_logprobs(logits[:, :-1], ids[:, 1:])  # [rows, tokens-1]
+        new = self._logprobs(inputs)  # [rows, tokens-1]
         ref = None
         if options.beta > 0:
             with torch.no_grad(), self.model.disable_adapter():
-                ref_logits = self.model(input_ids=ids, attention_mask=attention).logits
-                ref = token_logprobs(ref_logits[:, :-1], ids[:, 1:])
+                ref = self._logprobs(inputs)
+        sampler = inputs["sampler"][:, 1:]
+        epsilon, epsilon_high = options.clip_range()
         return policy_loss_terms(
-            new, old[:, 1:], advantages, mask[:, 1:],
-            epsilon=options.epsilon, epsilon_high=options.epsilon_high,
-            beta=options.beta, ref_logprobs=ref,
+            new, sampler if before is None else before, advantages, inputs["mask"][:, 1:],
+            epsilon=epsilon, epsilon_high=epsilon_high, beta=options.beta, ref_logprobs=ref,
+            ppo=options.ppo, importance_sampling_level=options.importance_sampling_level,
+            sampler_logprobs=None if before is None else sampler,
+            truncated_importance_sampling=options.truncated_importance_sampling,
+            normalizer=normalizer,
         )
 
     # -- checkpoints ----------------------------------------------------------------------
@@ -136,14 +160,17 @@ def prepare_batch(groups, options: TrainOptions) -> tuple[list[Sequence], Counte
     issues: Counter = Counter()
     sequences: list[Sequence] = []
     trained_groups = 0
-    for group in groups:
-        trajectories = list(group.trajectories)
+    groups = [list(group.trajectories) for group in groups]
+    batch_std = reward_std([float(t.reward) for group in groups for t in group])
+    for trajectories in groups:
         rewards = [float(t.reward) for t in trajectories]
         if len(set(rewards)) < 2:
             issues[EQUAL_REWARDS] += 1
             continue
         trained_groups += 1
-        for trajectory, advantage in zip(trajectories, group_advantages(rewards, scale_rewards=options.scale_rewards)):
+        advantages = group_advantages(rewards, scale_rewards=options.reward_scaling, batch_std=batch_std)
+        for trajectory, advantage in zip(trajectories, advantages):
+            advantage = balance_advantage(advantage, options.advantage_balance)
             for sequence in sequences_of_trajectory(trajectory, issues):
                 if advantage == 0.0 and options.beta == 0:
                     continue  # contributes no gradient
@@ -174,6 +201,8 @@ def describe(issues: Counter) -> str:
         "choice_without_logprobs": "choices without logprobs matching their token ids",
         "assistant_message_dict_not_trained": "assistant turns given as dicts are context only; append the Choice to train it",
         "trajectory_without_trainable_choice": "trajectories with no trainable Choice",
+        "turn_prompt_does_not_extend_previous_tokens": "turns whose prompt ids do not extend the earlier "
+        "ids (trained as a new sequence; see art.training.audit)",
     }
     return "; ".join(f"{n} x {hints.get(reason, reason)}" for reason, n in sorted(issues.items()))
 
