@@ -16,7 +16,8 @@ import torch
 from tqdm.auto import tqdm
 
 from art.training.advantages import balance_advantage, group_advantages, reward_std
-from art.training.loss import Normalizer, policy_loss_terms, token_logprobs
+from art.training.logprobs import sequence_logprobs
+from art.training.loss import Normalizer, policy_loss_terms
 from art.training.options import ADAMW_BETAS, ADAMW_WEIGHT_DECAY, TrainOptions
 from art.training.sequences import Sequence, sequences_of_trajectory
 
@@ -104,9 +105,7 @@ class Trainer:
         return {"ids": ids, "attention": attention, "mask": mask, "sampler": old}
 
     def _logprobs(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
-        ids = inputs["ids"]
-        logits = self.model(input_ids=ids, attention_mask=inputs["attention"]).logits  # [rows, tokens, vocab]
-        return token_logprobs(logits[:, :-1], ids[:, 1:])  # [rows, tokens-1]
+        return sequence_logprobs(self.model, inputs["ids"], inputs["attention"])  # [rows, tokens-1]
 
     @torch.no_grad()
     def _pre_update_logprobs(self, batches: list[list[Sequence]]) -> list[torch.Tensor]:
