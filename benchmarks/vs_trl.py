@@ -1,0 +1,290 @@
+"""GRPO on the yes/no/maybe task: TRL's `GRPOTrainer` against our training loop, in one process.
+
+    python benchmarks/vs_trl.py [--steps 10] [--prompts-per-step 4] [--group-size 8] [--max-tokens 48]
+                                [--skip-trl] [--budget-s S] [--plot]
+
+The workload is examples/yes_no_maybe.py (its prompts and its `score` as the reward) on the
+default model, on CPU. Three runs, one after another:
+  trl       TRL `GRPOTrainer` (use_cpu), LoRA r=8 alpha=16 on the 7 projections, learning rate
+            1e-5 (constant), beta 0, temperature 1.0, 4 prompts x 8 generations per optimizer
+            step, max 48 new tokens. Its model is the plain float32 model `art.base_models.load`
+            rebuilds (TRL refuses the GGUF-loaded one as quantized).
+  ours      `art.LocalBackend` + `TrainableModel` with the same settings: rollouts through the
+            openai client, `model.train(groups, TrainConfig(learning_rate, beta=0))`.
+  defaults  our loop with the example's documented defaults (learning rate 1e-3, max_tokens 12),
+            for as many steps as fit in TRL's wall-clock for its steps (its median step x steps).
+Both the trl and ours runs see the same prompts in the same seeded order (the example's
+sampling). A step is rollout + update; the median step time skips the first (warm-up) step.
+Prints a table and the reward curves, then one JSON line. Goals (the issue): ours' step time
+<= 1/3 of TRL's; ours' final reward >= TRL's; the defaults run's final reward > 0.5.
+"Final reward" is the mean reward of the last min(3, steps) steps' rollouts (32 samples a step
+are noisy).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import importlib.util
+import json
+import random
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from _common import environment, ratio, table
+
+import art
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "yes_no_maybe.py"
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+DEFAULTS = {"learning_rate": 1e-3, "max_tokens": 12}  # examples/yes_no_maybe.py
+FINAL_WINDOW = 3
+
+
+def load_example():
+    spec = importlib.util.spec_from_file_location("yes_no_maybe", EXAMPLE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+example = load_example()
+
+
+def step_prompts(step: int, prompts_per_step: int, seed: int) -> tuple[list[str], random.Random]:
+    """The example's prompt sampling for one step; the rng then seeds that step's rollouts."""
+    rng = random.Random(seed * 10_000 + step)
+    return rng.sample(example.make_prompts(), prompts_per_step), rng
+
+
+def final(rewards: list[float]) -> float | None:
+    tail = rewards[-FINAL_WINDOW:]
+    return round(sum(tail) / len(tail), 4) if tail else None
+
+
+def median_step(seconds: list[float]) -> float | None:
+    timed = seconds[1:] or seconds  # the first step warms up (allocations, kernels, adapters)
+    return round(statistics.median(timed), 2) if timed else None
+
+
+def run_trl(args: argparse.Namespace, root: str) -> dict:
+    """TRL's GRPOTrainer on the same prompts, one optimizer step per 4 x 8 completions."""
+    import torch
+    from datasets import Dataset
+    from peft import LoraConfig
+    from transformers import TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    torch.manual_seed(args.seed)
+    model, tokenizer = art.base_models.load(art.DEFAULT_MODEL)  # plain float32 LlamaForCausalLM
+    # One dataset row per prompt in the order our loop uses; TRL's sampler (shuffle off) repeats
+    # each row num_generations times, so step k trains on exactly our step k's prompts.
+    rows = [{"prompt": [{"role": "user", "content": p}]}
+            for step in range(args.steps) for p in step_prompts(step, args.prompts_per_step, args.seed)[0]]
+    rewards: list[float] = []
+
+    def yes_no_maybe_reward(prompts, completions, **_) -> list[float]:
+        scores = [example.score(c[-1]["content"] if isinstance(c, list) else c) for c in completions]
+        rewards.append(sum(scores) / len(scores))
+        return scores
+
+    class StepTimer(TrainerCallback):
+        def __init__(self) -> None:
+            self.seconds: list[float] = []
+
+        def on_step_begin(self, *_, **__):
+            self.start = time.perf_counter()
+
+        def on_step_end(self, *_, **__):
+            self.seconds.append(time.perf_counter() - self.start)
+            print(f"trl step {len(self.seconds) - 1}: {self.seconds[-1]:.1f} s, "
+                  f"mean reward {rewards[-1]:.3f}", flush=True)
+
+    batch = args.prompts_per_step * args.group_size
+    config = GRPOConfig(
+        output_dir=str(Path(root) / "trl"), use_cpu=True, bf16=False, fp16=False, report_to="none",
+        save_strategy="no", logging_steps=1, disable_tqdm=True, seed=args.seed,
+        max_steps=args.steps, per_device_train_batch_size=batch, gradient_accumulation_steps=1,
+        num_generations=args.group_size, max_completion_length=args.max_tokens,
+        learning_rate=args.learning_rate, lr_scheduler_type="constant", warmup_steps=0,  # ours is constant
+        beta=0.0, temperature=args.temperature, top_p=1.0, top_k=0, shuffle_dataset=False,
+        # Recomputation to save memory; a 135M model does not need it and it only slows TRL down.
+        activation_checkpointing=False,  # transformers 5.24's name for gradient_checkpointing
+    )
+    timer = StepTimer()
+    trainer = GRPOTrainer(
+        model=model, processing_class=tokenizer, reward_funcs=[yes_no_maybe_reward], args=config,
+        train_dataset=Dataset.from_list(rows), callbacks=[timer],
+        peft_config=LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules=LORA_TARGETS,
+                               task_type="CAUSAL_LM"),
+    )
+    trainer.train()
+    del trainer, model
+    gc.collect()
+    return {"step_seconds": timer.seconds, "rewards": rewards[:len(timer.seconds)]}
+
+
+async def run_ours(args: argparse.Namespace, root: str, name: str, *, learning_rate: float, max_tokens: int,
+                   temperature: float | None, steps: int, budget_s: float | None = None) -> dict:
+    """The example's loop with the given settings; with budget_s, stop before a step would overrun it."""
+    backend = art.LocalBackend(path=str(Path(root) / name))
+    model = art.TrainableModel(name=name, project="vs-trl", base_model=art.DEFAULT_MODEL,
+                               _internal_config={"peft_args": {"r": 8, "lora_alpha": 16}})
+    await model.register(backend)
+    client = model.openai_client()
+    sampling = {"max_tokens": max_tokens} | ({"temperature": temperature} if temperature is not None else {})
+
+    async def rollout(prompt: str, seed: int) -> art.Trajectory:
+        messages: art.Messages = [{"role": "user", "content": prompt}]
+        completion = await client.chat.completions.create(
+            model=model.get_inference_name(), messages=messages, seed=seed, **sampling)
+        choice = completion.choices[0]
+        return art.Trajectory(messages_and_choices=[*messages, choice],
+                              reward=example.score(choice.message.content or ""))
+
+    seconds: list[float] = []
+    update_seconds: list[float] = []
+    rewards: list[float] = []
+    try:
+        for step in range(steps):
+            if budget_s is not None and seconds and sum(seconds) + seconds[-1] > budget_s:
+                break
+            start = time.perf_counter()
+            batch, rng = step_prompts(step, args.prompts_per_step, args.seed)
+            groups = await art.gather_trajectory_groups(
+                (art.TrajectoryGroup(rollout(p, seed=rng.randrange(2**31)) for _ in range(args.group_size))
+                 for p in batch),
+                pbar_desc=None)
+            update_start = time.perf_counter()
+            await model.train(groups, config=art.TrainConfig(learning_rate=learning_rate, beta=0.0))
+            seconds.append(time.perf_counter() - start)
+            update_seconds.append(time.perf_counter() - update_start)
+            rewards.append(sum(t.reward for g in groups for t in g.trajectories)
+                           / sum(len(g.trajectories) for g in groups))
+            print(f"{name} step {step}: {seconds[-1]:.1f} s (update {update_seconds[-1]:.1f} s), "
+                  f"mean reward {rewards[-1]:.3f}", flush=True)
+    finally:
+        await backend.close()
+    return {"step_seconds": seconds, "update_seconds": update_seconds, "rewards": rewards}
+
+
+def summary(run: dict | None) -> dict | None:
+    if run is None:
+        return None
+    return {"steps": len(run["rewards"]), "median_step_s": median_step(run["step_seconds"]),
+            "total_s": round(sum(run["step_seconds"]), 1), "final_reward": final(run["rewards"]),
+            "rewards": [round(r, 4) for r in run["rewards"]],
+            "step_seconds": [round(s, 2) for s in run["step_seconds"]],
+            # ours only: the model.train part of each step (the rest is rollouts)
+            **({"median_update_s": median_step(run["update_seconds"])} if "update_seconds" in run else {})}
+
+
+def plot(runs: dict[str, dict], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (by_step, by_time) = plt.subplots(1, 2, figsize=(10, 3.5))
+    for label, run in runs.items():
+        if run and run["rewards"]:
+            elapsed = [sum(run["step_seconds"][:i + 1]) for i in range(len(run["rewards"]))]
+            by_step.plot(range(len(run["rewards"])), run["rewards"], marker="o", label=label)
+            by_time.plot(elapsed, run["rewards"], marker="o", label=label)
+    by_step.set_xlabel("step")
+    by_time.set_xlabel("wall-clock seconds (end of step)")
+    for ax in (by_step, by_time):
+        ax.set_ylabel("mean reward")
+        ax.grid(alpha=0.3)
+    by_step.legend()
+    fig.suptitle("yes/no/maybe: TRL GRPOTrainer vs ours")
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    print(f"reward curves: {out}")
+
+
+async def main(args: argparse.Namespace) -> None:
+    with tempfile.TemporaryDirectory(prefix="art-vs-trl-") as root:
+        trl, trl_status = None, "skipped (--skip-trl)"
+        if not args.skip_trl:
+            try:
+                import trl as _  # noqa: F401  (only the import is checked here)
+            except ImportError as exc:
+                trl_status = f"unavailable: {exc} (pip install -e '.[bench]')"
+                print(trl_status, flush=True)
+            else:
+                trl, trl_status = run_trl(args, root), "ok"
+        ours = await run_ours(args, root, "ours-same-settings", learning_rate=args.learning_rate,
+                              max_tokens=args.max_tokens, temperature=args.temperature, steps=args.steps)
+        # TRL's wall-clock for its steps at its steady pace (median x steps): its warm-up step can
+        # take minutes on a busy machine, and counting that would hand the defaults run extra time.
+        budget = median_step(trl["step_seconds"]) * len(trl["step_seconds"]) if trl else args.budget_s
+        defaults = await run_ours(args, root, "ours-defaults", **DEFAULTS, temperature=None,
+                                  steps=args.max_default_steps if budget else args.steps, budget_s=budget)
+
+    s_trl, s_ours, s_def = summary(trl), summary(ours), summary(defaults)
+    print()
+    rows = [[label, s["steps"], s["median_step_s"], s["total_s"], s["final_reward"]]
+            for label, s in [("trl (same settings)", s_trl), ("ours (same settings)", s_ours),
+                             ("ours (defaults, TRL's wall-clock)", s_def)] if s]
+    print(table(["run", "steps", "median s/step", "total s", "final reward"], rows))
+    print()
+    for label, s in [("trl", s_trl), ("ours", s_ours), ("ours defaults", s_def)]:
+        if s:
+            print(f"rewards {label}: " + " ".join(f"{r:.3f}" for r in s["rewards"]))
+    if args.plot:
+        plot({"trl": trl, "ours (same settings)": ours, "ours (defaults)": defaults},
+             Path(__file__).resolve().parent / "vs_trl_rewards.png")
+
+    step_ratio = ratio(s_ours["median_step_s"], s_trl["median_step_s"]) if s_trl else None
+    report = {
+        "benchmark": "vs_trl",
+        "trl": s_trl, "ours_same_settings": s_ours, "ours_defaults_same_wallclock": s_def,
+        "ratio_step_time": step_ratio,  # ours / trl: <= 0.33 is the goal
+        "speedup": ratio(s_trl["median_step_s"], s_ours["median_step_s"]) if s_trl else None,
+        "goals": {  # None where TRL was skipped
+            "step_time_le_third_of_trl": step_ratio <= 1 / 3 if step_ratio is not None else None,
+            "reward_not_below_trl": s_ours["final_reward"] >= s_trl["final_reward"] if s_trl else None,
+            "defaults_reward_above_0_5_in_trl_wallclock": (s_def["final_reward"] or 0) > 0.5 if s_trl else None,
+        },
+        "settings": {
+            "model": art.DEFAULT_MODEL, "steps": args.steps, "prompts_per_step": args.prompts_per_step,
+            "group_size": args.group_size, "max_tokens": args.max_tokens, "learning_rate": args.learning_rate,
+            "beta": 0.0, "temperature": args.temperature, "seed": args.seed,
+            "lora": {"r": 8, "lora_alpha": 16, "lora_dropout": 0.0, "target_modules": LORA_TARGETS},
+            "defaults_run": {**DEFAULTS, "budget_s": budget},
+            "trl_config": "use_cpu, lr_scheduler constant, activation (gradient) checkpointing off, shuffle_dataset off; "
+                          "other GRPOConfig fields at TRL's defaults",
+            "final_reward": f"mean of the last {FINAL_WINDOW} steps' rollout rewards",
+            "step": "rollout + update; median skips the first step",
+        },
+    }
+    report["trl_status"] = trl_status
+    try:
+        import trl as trl_module
+
+        report["trl_version"] = trl_module.__version__
+    except ImportError:
+        report["trl_version"] = None
+    report.update(environment())
+    print(json.dumps(report))
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=10, help="training steps for trl and ours (first is warm-up)")
+    parser.add_argument("--prompts-per-step", type=int, default=4)
+    parser.add_argument("--group-size", type=int, default=8, help="completions per prompt (num_generations)")
+    parser.add_argument("--max-tokens", type=int, default=48, help="max new tokens per completion")
+    parser.add_argument("--learning-rate", type=float, default=1e-5)
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--skip-trl", action="store_true", help="run only our two loops")
+    parser.add_argument("--budget-s", type=float, default=None,
+                        help="wall-clock for the defaults run when TRL is skipped (else --steps steps)")
+    parser.add_argument("--max-default-steps", type=int, default=200, help="cap on the defaults run's steps")
+    parser.add_argument("--plot", action="store_true", help="write benchmarks/vs_trl_rewards.png")
+    asyncio.run(main(parser.parse_args()))
