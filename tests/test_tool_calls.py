@@ -325,7 +325,7 @@ def test_server_takes_a_tool_conversation_and_streams(client, tokenizer):
     for chunk in stream:
         prompt = prompt or chunk.model_extra.get("prompt_token_ids")
         ids += [i for c in chunk.choices for i in (c.model_extra or {}).get("token_ids") or []]
-    assert 1 <= len(ids) <= 4
+    assert len(ids) in range(1, 5)  # at least one token, at most max_tokens
     assert "<tool_response>\nsunny\n</tool_response>" in tokenizer.decode(prompt)
 
 
