@@ -81,7 +81,7 @@ async def test_train_two_steps_then_resume(tiny_model_path, tmp_path):
     await backend2.close()
 
 
-async def test_step_with_nothing_to_train_says_why_and_advances(tiny_model_path, tmp_path, caplog):
+async def test_step_with_nothing_to_train_says_why_and_advances(tiny_model_path, tmp_path, caplog, capsys):
     backend = art.LocalBackend(path=str(tmp_path))
     model = art.TrainableModel(name="flat", project="loop", base_model=str(tiny_model_path))
     await model.register(backend)
@@ -97,6 +97,10 @@ async def test_step_with_nothing_to_train_says_why_and_advances(tiny_model_path,
     assert result.metrics["nothing_to_train"] == 1.0
     assert result.metrics["skipped/group_rewards_all_equal"] == 1.0
     assert "rewards are all equal" in caplog.text
+    printed = capsys.readouterr().out
+    assert "training config" in printed and '"learning_rate": 0.001' in printed and '"ppo": true' in printed
+    saved = json.loads((tmp_path / "loop" / "models" / "flat" / "model.json").read_text())
+    assert saved["train_options"]["learning_rate"] == 1e-3 and saved["train_options"]["max_grad_norm"] == 0.1
     with pytest.raises(art.ArtValueError, match="learning_rate"):
         await backend.train(model, [group], learning_rate=-1.0)
     assert await model.get_step() == 1

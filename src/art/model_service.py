@@ -7,6 +7,7 @@ next request with no reload) and one lock (so sampling and a training step never
 from __future__ import annotations
 
 import asyncio
+import json
 import ctypes
 import logging
 import os
@@ -16,6 +17,7 @@ import time
 from dataclasses import dataclass
 
 import torch
+from tqdm.auto import tqdm
 
 from art import base_models
 from art.engine.adapters import AdapterSet
@@ -81,10 +83,12 @@ class ModelService:
             self.trainer.restore(self.store.path(latest))
         self.step = latest
         self.adapters.live_step = latest
-        self.dir.write_model_json({
+        self._model_json = {
             "name": name, "project": project, "base_model": base_model, "config": user_config,
             "internal_config": internal, "lora": lora, "updated_at": time.time(),
-        })
+        }
+        self.dir.write_model_json(self._model_json)
+        self._shown_options: TrainOptions | None = None
         self._train_lock = asyncio.Lock()
         log.info("%s/%s ready at step %d", project, name, self.step)
 
@@ -123,7 +127,18 @@ class ModelService:
     # -- training ---------------------------------------------------------------------------
     async def train(self, groups, options: TrainOptions) -> TrainResult:
         async with self._train_lock:  # one update at a time per model
+            if options != self._shown_options:
+                self._show_options(options)
             return await asyncio.to_thread(self._train, groups, options)
+
+    def _show_options(self, options: TrainOptions) -> None:
+        """Print the resolved training config (every default filled in) when it changes, and
+        keep it in model.json, so a run's settings are never a guess."""
+        resolved = {**options.as_dict(), "epsilon, epsilon_high": options.clip_range()}
+        tqdm.write(f"[art] {self.project}/{self.name} training config: " + json.dumps(resolved, default=str))
+        self._model_json.update(train_options=resolved, updated_at=time.time())
+        self.dir.write_model_json(self._model_json)
+        self._shown_options = options
 
     def _train(self, groups, options: TrainOptions) -> TrainResult:
         # Running requests finish on the old weights; new ones wait for the new weights.
