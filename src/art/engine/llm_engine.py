@@ -18,7 +18,7 @@ import torch
 
 from art.engine.adapters import LIVE, AdapterSet
 from art.engine.base import AdapterRef, Completion, SamplingParams
-from art.engine.model_runner import ModelRunner, RunningBatch
+from art.engine.model_runner import ModelRunner, RunningBatch, kv_heads_and_dim
 from art.engine.prefix_cache import PrefixCache
 from art.engine.sampling import make_generator, sample_next
 from art.engine.scheduler import Scheduler
@@ -163,8 +163,7 @@ class LLMEngine:
                 ready.append(request)
             except Exception as exc:  # e.g. a checkpoint that vanished: fail this request only
                 log.warning("request %d failed: %s", request.id, exc)
-                request.deliver(exc)
-                request.deliver = lambda result: None
+                _fail(request, exc)
                 finished += request.samples
         self._share_common_prefix(ready)
         for chunk in _prefill_chunks(ready, self.prefill_tokens):
@@ -175,14 +174,16 @@ class LLMEngine:
         # Identical prompts on the same weights (a GRPO group sent as separate requests) are
         # computed once; every sample of every request then gets its own first token.
         unique: dict[tuple[str, tuple[int, ...]], int] = {}
-        row_of_request = []
+        row_of_request, adapters = [], []
         for r in requests:
             key = (_weights_key(r.adapter_name, r.served_step), tuple(r.prompt))
-            row_of_request.append(unique.setdefault(key, len(unique)))
+            if key not in unique:
+                unique[key] = len(unique)
+                adapters.append(r.adapter_name)
+            row_of_request.append(unique[key])
         keys = list(unique)
         prompts = [list(prompt) for _, prompt in keys]
         prefixes = [self.prefix_cache.longest(w, p) for (w, _), p in zip(keys, prompts)]
-        adapters = [requests[row_of_request.index(i)].adapter_name for i in range(len(keys))]
         logits, kv, mask = self.runner.prefill(prompts, prefixes, adapters)
         for i, ((w, _), prompt) in enumerate(zip(keys, prompts)):
             columns = mask[i].nonzero().squeeze(1)  # this prompt's kv without padding
@@ -258,10 +259,15 @@ class LLMEngine:
         failed = list(self.scheduler.running)
         requests = {id(s.request): s.request for s in failed}.values()
         for request in requests:
-            request.deliver(exc)
-            request.deliver = lambda result: None
+            _fail(request, exc)
         self.batch = RunningBatch(self.model.config)
         return failed
+
+
+def _fail(request: Request, exc: BaseException) -> None:
+    """Answer with the error now; the completion delivered when its samples retire is dropped."""
+    request.deliver(exc)
+    request.deliver = lambda result: None
 
 
 def _prefill_chunks(requests: list[Request], max_tokens: int) -> list[list[Request]]:
@@ -292,6 +298,5 @@ def _weights_key(adapter_name: str, step: int | None) -> str:
 
 
 def _kv_bytes_per_token(config) -> int:
-    heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    return 2 * config.num_hidden_layers * heads * head_dim * 4
+    heads, head_dim = kv_heads_and_dim(config)
+    return 2 * config.num_hidden_layers * heads * head_dim * 4  # keys and values, float32

@@ -64,19 +64,17 @@ class ModelRunner:
             for layer in range(self.config.num_hidden_layers):
                 ks, vs = [], []
                 for (n_cached, kv), n in zip(prefixes, used):
-                    k, v = (kv[layer][0][:, :, :n], kv[layer][1][:, :, :n]) if n else self._empty_kv(kv, layer)
+                    if n:
+                        k, v = kv[layer][0][:, :, :n], kv[layer][1][:, :, :n]
+                    else:
+                        heads, dim = kv_heads_and_dim(self.config)
+                        k = v = torch.zeros(1, heads, 0, dim)  # no cached prefix: all padding
                     ks.append(_pad_left(k, width_prefix))
                     vs.append(_pad_left(v, width_prefix))
                 layers.append((torch.cat(ks), torch.cat(vs)))
             cache = DynamicCache(ddp_cache_data=layers, config=self.config)
         logits = self.forward(ids, mask, positions, cache, adapters)
         return logits, [(layer.keys, layer.values) for layer in cache.layers], mask
-
-    def _empty_kv(self, kv, layer):
-        heads = getattr(self.config, "num_key_value_heads", None) or self.config.num_attention_heads
-        dim = getattr(self.config, "head_dim", None) or self.config.hidden_size // self.config.num_attention_heads
-        empty = torch.zeros(1, heads, 0, dim)
-        return empty, empty
 
 
 class GrowingLayer(DynamicLayer):
@@ -180,6 +178,13 @@ def _set(layer, keys: torch.Tensor, values: torch.Tensor) -> None:
     else:
         layer.keys, layer.values = keys.contiguous(), values.contiguous()
         layer.is_initialized, layer.device = True, keys.device
+
+
+def kv_heads_and_dim(config) -> tuple[int, int]:
+    """(key/value heads, head dim) of one layer's cache."""
+    heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return heads, head_dim
 
 
 def _pad_left(t: torch.Tensor, width: int) -> torch.Tensor:
