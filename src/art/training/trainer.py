@@ -19,6 +19,7 @@ from art.training.advantages import balance_advantage, group_advantages, reward_
 from art.training.logprobs import sequence_logprobs
 from art.training.loss import Normalizer, policy_loss_terms
 from art.training.options import ADAMW_BETAS, ADAMW_WEIGHT_DECAY, TrainOptions
+from art.training import sequences
 from art.training.sequences import Sequence, sequences_of_trajectory
 
 log = logging.getLogger(__name__)
@@ -196,11 +197,11 @@ def micro_batches(sequences: list[Sequence], max_tokens: int) -> list[list[Seque
 def describe(issues: Counter) -> str:
     hints = {
         EQUAL_REWARDS: "groups whose rewards are all equal carry no signal",
-        "choice_without_token_ids": "choices without prompt_token_ids/token_ids (not from an art backend?)",
-        "choice_without_logprobs": "choices without logprobs matching their token ids",
-        "assistant_message_dict_not_trained": "assistant turns given as dicts are context only; append the Choice to train it",
-        "trajectory_without_trainable_choice": "trajectories with no trainable Choice",
-        "turn_prompt_does_not_extend_previous_tokens": "turns whose prompt ids do not extend the earlier "
+        sequences.NO_TOKEN_IDS: "choices without prompt_token_ids/token_ids (not from an art backend?)",
+        sequences.NO_LOGPROBS: "choices without logprobs matching their token ids",
+        sequences.ASSISTANT_DICT: "assistant turns given as dicts are context only; append the Choice to train it",
+        sequences.NO_CHOICES: "trajectories with no trainable Choice",
+        sequences.SEQUENCE_BREAK: "turns whose prompt ids do not extend the earlier "
         "ids (trained as a new sequence; see art.training.audit)",
     }
     return "; ".join(f"{n} x {hints.get(reason, reason)}" for reason, n in sorted(issues.items()))
