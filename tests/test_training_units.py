@@ -16,7 +16,7 @@ from art.training.options import TrainOptions
 from art.training.sequences import (
     ASSISTANT_DICT, NO_LOGPROBS, NO_TOKEN_IDS, SEQUENCE_BREAK, sequences_of_trajectory,
 )
-from art.training.trainer import EQUAL_REWARDS, micro_batches, prepare_batch
+from art.training.trainer import EQUAL_REWARDS, prepare_batch
 
 
 def make_choice(prompt_ids, completion_ids, logprobs=None, with_logprobs=True):
@@ -117,15 +117,6 @@ def test_prepare_batch_counts_what_cannot_train():
     assert sorted(s.advantage for s in sequences) == pytest.approx([-1.0, 1.0], abs=1e-5)
     assert issues[EQUAL_REWARDS] == 1 and issues[NO_TOKEN_IDS] == 2
     assert stats["groups_trained"] == 2.0
-
-
-def test_micro_batches_respect_token_budget():
-    from art.training.sequences import Sequence
-
-    seqs = [Sequence(token_ids=[0] * n, trained=[True] * n, sampler_logprobs=[0.0] * n) for n in (5, 9, 3, 7)]
-    batches = micro_batches(seqs, max_tokens=16)
-    assert all(len(b) * max(len(s.token_ids) for s in b) <= 16 for b in batches)
-    assert sorted(len(s.token_ids) for b in batches for s in b) == [3, 5, 7, 9]
 
 
 def test_train_options_report_every_bad_field():

@@ -6,7 +6,7 @@ import math
 
 
 def reward_std(rewards: list[float]) -> float:
-    """Population standard deviation (as ART and TRL's group std); 0.0 for no rewards."""
+    """Population standard deviation (ART's np.std); 0.0 for no rewards."""
     if not rewards:
         return 0.0
     mean = sum(rewards) / len(rewards)
@@ -19,8 +19,9 @@ def group_advantages(
 ) -> list[float]:
     """A_i = r_i - mean(r), divided by (std + 1e-6) unless scaling is off.
 
-    Shao et al. 2024, "DeepSeekMath" (GRPO), eq. for outcome supervision; population std as in
-    ART and TRL. A group whose rewards are all equal yields all-zero advantages (no signal).
+    Shao et al. 2024, "DeepSeekMath" (GRPO), eq. for outcome supervision; the population std as
+    in ART. (TRL and verl divide by the sample std, torch.std: their |A| is larger by
+    sqrt(n / (n - 1)), 1.07 for groups of 8; tests/test_peer_losses.py pins the gap.) A group whose rewards are all equal yields all-zero advantages (no signal).
     scale_rewards: True/"group" — std of this group's rewards (GRPO);
     "batch" — `batch_std`, the std of every reward in the batch (Hu et al. 2025, REINFORCE++;
     TRL's scale_rewards="batch"); False/"none" — no division (Dr. GRPO, Liu et al. 2025).

@@ -15,6 +15,7 @@ LORA_DEFAULTS = {
 }
 ADAMW_BETAS = (0.9, 0.99)
 ADAMW_WEIGHT_DECAY = 0.1
+PACKING_MODES = ("shared_prefix", "packed", "padded")  # see art.training.packing
 
 
 @dataclass(frozen=True)
@@ -55,7 +56,25 @@ class TrainOptions:
     max_grad_norm: float = 0.1
     """Gradient-norm clip before the optimizer step."""
     micro_batch_tokens: int = 4096
-    """Padded tokens per forward pass; bounds memory, not the update."""
+    """Tokens per forward pass (rows x widest row); bounds memory, not the update."""
+    packing: str = "shared_prefix"
+    """How sequences are laid out for the forward pass (the update is the same):
+    "shared_prefix": a group's common prompt is computed once, its samples attend to it
+    (group/parent attention mask) and rows are packed without padding; "packed": whole
+    sequences packed into rows; "padded": one right-padded row per sequence."""
+    packed_row_tokens: int = 512
+    """Longest packed row. Attention within a row costs row length per token, so very long
+    rows trade padding for attention work."""
+    gradient_checkpointing: bool = False
+    """Recompute each decoder layer's activations in the backward pass: less memory for
+    long sequences, about a third more compute."""
+    mini_batches: int = 1
+    """Optimizer steps per epoch: the batch is split into this many parts (whole groups
+    where possible), each one AdamW step (PPO-style mini-batches)."""
+    epochs: int = 1
+    """Passes over the batch (PPO epochs; TRL's num_iterations). With more than one optimizer
+    step the importance ratio and clipping act against the sampler's logprobs (or the
+    precalculated ones)."""
 
     @classmethod
     def build(cls, config=None, dev: dict | None = None) -> "TrainOptions":
@@ -98,12 +117,13 @@ class TrainOptions:
             value = getattr(self, name)
             if value is not None and not (_number(value) and value > 0):
                 out.append(f"{name} must be a positive number or None, got {value!r}")
-        for name in ("ppo", "precalculate_logprobs"):
+        for name in ("ppo", "precalculate_logprobs", "gradient_checkpointing"):
             if not isinstance(getattr(self, name), bool):
                 out.append(f"{name} must be True or False, got {getattr(self, name)!r}")
         choices = {
             "importance_sampling_level": ("token", "sequence"),
             "loss_normalization": ("token", "sequence", "constant"),
+            "packing": PACKING_MODES,
         }
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
@@ -117,9 +137,19 @@ class TrainOptions:
             out.append(f"max_tokens_normalizer must be a positive int or None, got {tokens!r}")
         elif tokens is None and self.loss_normalization == "constant":
             out.append('max_tokens_normalizer is required by loss_normalization="constant"')
-        if not _int(self.micro_batch_tokens) or self.micro_batch_tokens < 1:
-            out.append(f"micro_batch_tokens must be a positive int, got {self.micro_batch_tokens!r}")
+        for name in ("micro_batch_tokens", "packed_row_tokens", "mini_batches", "epochs"):
+            value = getattr(self, name)
+            if not _int(value) or value < 1:
+                out.append(f"{name} must be a positive int, got {value!r}")
+        several_steps = _int(self.mini_batches) and _int(self.epochs) and self.mini_batches * self.epochs > 1
+        if several_steps and self.truncated_importance_sampling is not None and self.precalculate_logprobs is False:
+            out.append("truncated_importance_sampling with several optimizer steps (mini_batches x epochs > 1) "
+                       "needs precalculate_logprobs=True: the weight compares the pre-update policy with the sampler")
         return out
+
+    @property
+    def optimizer_steps(self) -> int:
+        return self.mini_batches * self.epochs
 
     def as_dict(self) -> dict:
         return asdict(self)

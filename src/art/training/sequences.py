@@ -29,6 +29,8 @@ class Sequence:
     trained: list[bool] = field(default_factory=list)  # [tokens] True for sampled tokens
     sampler_logprobs: list[float] = field(default_factory=list)  # [tokens] NaN where not trained
     advantage: float = 0.0
+    group: int = -1
+    """Index of the trajectory group it came from (its samples share a prompt)."""
 
     def extend(self, ids: list[int], logprobs: list[float] | None) -> None:
         self.token_ids += ids

@@ -1,6 +1,7 @@
 """One GRPO update of the live LoRA adapter from trajectory groups.
 
-The spine: groups -> advantages -> token sequences -> micro-batches -> loss -> one AdamW step.
+The spine: groups -> advantages -> token sequences -> mini-batches (one AdamW step each, per
+epoch) -> packed micro-batches (`art.training.packing`) -> loss -> gradient accumulation.
 It shares the model with the engine (CPU): it holds the model lock while it runs. It knows
 nothing about HTTP or storage layout; `save`/`restore` write and read one checkpoint folder.
 """
@@ -11,15 +12,18 @@ import logging
 import threading
 from collections import Counter
 from pathlib import Path
+from typing import Callable
 
 import torch
 from tqdm.auto import tqdm
 
 from art.training.advantages import balance_advantage, group_advantages, reward_std
-from art.training.logprobs import sequence_logprobs
+from art.training import packing
+from art.training.logprobs import gathered_logprobs
 from art.training.loss import Normalizer, policy_loss_terms
 from art.training.options import ADAMW_BETAS, ADAMW_WEIGHT_DECAY, TrainOptions
 from art.training import sequences
+from art.training.packing import MicroBatch, attention_mask, row_tensors
 from art.training.sequences import Sequence, sequences_of_trajectory
 
 log = logging.getLogger(__name__)
@@ -39,9 +43,12 @@ class Trainer:
         )
 
     # -- the update -----------------------------------------------------------------------
-    def step(self, groups, options: TrainOptions, *, desc: str = "train") -> dict[str, float]:
-        """Apply one update; returns metrics (with `skipped/<reason>` counts and, when nothing
-        could be trained, `nothing_to_train` = 1 and a warning that says why)."""
+    def step(self, groups, options: TrainOptions, *, desc: str = "train",
+             on_optimizer_step: Callable[[int, int, dict[str, float]], None] | None = None) -> dict[str, float]:
+        """Apply one update (`options.optimizer_steps` AdamW steps); returns metrics (with
+        `skipped/<reason>` counts and, when nothing could be trained, `nothing_to_train` = 1
+        and a warning that says why). `on_optimizer_step(done, total, metrics)` follows each
+        optimizer step."""
         sequences, issues, stats = prepare_batch(groups, options)
         metrics: dict[str, float] = {f"skipped/{k}": float(v) for k, v in sorted(issues.items())}
         metrics.update(stats)
@@ -52,36 +59,42 @@ class Trainer:
             log.warning("nothing to train in this step (%s); the step advances with unchanged weights",
                         describe(issues) or "no groups given")
             return metrics
-        total_trained = sum(s.num_trained for s in sequences)
-        normalizer = Normalizer(options.loss_normalization, total_trained, len(sequences),
-                                options.max_tokens_normalizer)
+        parts = [part for part in split_mini_batches(sequences, options.mini_batches) if part]
+        plans = [plan_micro_batches(part, options) for part in parts]
         for group in self.optimizer.param_groups:
             group["lr"] = options.learning_rate
         sums: Counter = Counter()
+        norms: list[float] = []
+        total_steps = len(parts) * options.epochs
+        bar = tqdm(total=total_steps * sum(map(len, plans)), desc=desc, unit="batch", leave=False)
         with self.lock:
+            self._set_gradient_checkpointing(options.gradient_checkpointing)
             self.model.train()
-            self.optimizer.zero_grad(set_to_none=True)
-            batches = micro_batches(sequences, options.micro_batch_tokens)
-            before = self._pre_update_logprobs(batches) if options.precalculate_logprobs else None
-            for i, batch in enumerate(tqdm(batches, desc=desc, unit="batch", leave=False)):
-                terms = self._forward(batch, options, normalizer, None if before is None else before[i])
-                terms["loss"].backward()  # this micro-batch's share of the batch loss
-                sums.update({k: float(v.detach()) for k, v in terms.items()})
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.params, options.max_grad_norm)
-            self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
-            self.model.eval()
-        computed = sum(len(b) * max(len(s.token_ids) for s in b) for b in batches)
+            try:
+                before = [self._pre_update_logprobs(p) for p in plans] if options.precalculate_logprobs else None
+                for epoch in range(options.epochs):
+                    for index, (part, micro) in enumerate(zip(parts, plans)):
+                        step_sums = self._optimizer_step(part, micro, options, None if before is None else before[index], bar)
+                        sums.update(step_sums)
+                        norms.append(step_sums["grad_norm"])
+                        if on_optimizer_step is not None:
+                            on_optimizer_step(len(norms), total_steps, {"loss": step_sums["loss"], "grad_norm": norms[-1]})
+            finally:
+                self.optimizer.zero_grad(set_to_none=True)
+                self.model.eval()
+                bar.close()
+        total_trained = sum(s.num_trained for s in sequences) * options.epochs  # token terms seen
         metrics.update({
-            "loss": sums["loss"],
+            "loss": sums["loss"] / len(norms),
             "policy_loss": sums["policy_loss"] / total_trained,
             "clip_fraction": sums["clipped_tokens"] / total_trained,
             "ratio_mean": sums["ratio"] / total_trained,
-            "grad_norm": float(grad_norm),
+            "grad_norm": sum(norms) / len(norms),
             "learning_rate": options.learning_rate,
-            "trained_tokens": float(total_trained),
+            "optimizer_steps": float(len(norms)),
+            "trained_tokens": float(sum(s.num_trained for s in sequences)),
             "tokens_in_batch": float(sum(len(s.token_ids) for s in sequences)),
-            "tokens_computed": float(computed),
+            "tokens_computed": float(sum(m.tokens_computed for micro in plans for m in micro)),
             "sequences": float(len(sequences)),
         })
         if "kl" in sums:
@@ -91,41 +104,85 @@ class Trainer:
             metrics["tis_truncated_fraction"] = sums["tis_truncated"] / total_trained
         return metrics
 
-    def _inputs(self, batch: list[Sequence]) -> dict[str, torch.Tensor]:
-        width = max(len(s.token_ids) for s in batch)
-        ids = torch.full((len(batch), width), self.pad_id, dtype=torch.long)  # [rows, tokens]
-        attention = torch.zeros((len(batch), width), dtype=torch.long)
-        mask = torch.zeros((len(batch), width))
-        old = torch.zeros((len(batch), width))
-        for i, s in enumerate(batch):
-            n = len(s.token_ids)
-            ids[i, :n] = torch.tensor(s.token_ids)
-            attention[i, :n] = 1
-            mask[i, :n] = torch.tensor(s.trained, dtype=torch.float)
-            old[i, :n] = torch.tensor(s.sampler_logprobs).nan_to_num(0.0)
-        return {"ids": ids, "attention": attention, "mask": mask, "sampler": old}
+    def _optimizer_step(self, part: list[Sequence], micro: list[MicroBatch], options: TrainOptions,
+                        before: list[torch.Tensor] | None, bar) -> Counter:
+        """Gradient accumulation over `micro`, then one clipped AdamW step; sums for metrics."""
+        normalizer = Normalizer(options.loss_normalization, sum(s.num_trained for s in part), len(part),
+                                options.max_tokens_normalizer)
+        sums: Counter = Counter()
+        self.optimizer.zero_grad(set_to_none=True)
+        for i, batch in enumerate(micro):
+            terms = self._forward(batch, options, normalizer, None if before is None else before[i])
+            terms["loss"].backward()  # this micro-batch's share of the mini-batch loss
+            sums.update({k: float(v.detach()) for k, v in terms.items()})
+            bar.update(1)
+        sums["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.params, options.max_grad_norm))
+        self.optimizer.step()
+        return sums
+
+    def _set_gradient_checkpointing(self, enabled: bool) -> None:
+        """transformers >= 5 names it activation checkpointing; older ones gradient checkpointing."""
+        base = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
+        new_names = hasattr(type(base), "is_activation_checkpointing")
+        if (base.is_activation_checkpointing if new_names else base.is_gradient_checkpointing) == enabled:
+            return
+        if enabled and new_names:
+            base.activation_checkpointing_enable({"use_reentrant": False})
+        elif enabled:
+            base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            (base.activation_checkpointing_disable if new_names else base.gradient_checkpointing_disable)()
+
+    def _inputs(self, batch: MicroBatch) -> dict[str, torch.Tensor]:
+        """Packed rows for the trunk, and per-sequence tensors [sequences, tokens-1] for the loss
+        (position t holds token t+1, the way `policy_loss_terms` reads them)."""
+        ids, positions = row_tensors(batch.rows, self.pad_id)
+        dtype = next(self.model.parameters()).dtype
+        length = max(len(s.token_ids) for s in batch.sequences) - 1
+        mask = torch.zeros((len(batch.sequences), length))
+        sampler = torch.zeros((len(batch.sequences), length))
+        out_row, out_col, src_row, src_col, targets = [], [], [], [], []
+        for i, (s, slots) in enumerate(zip(batch.sequences, batch.slots)):
+            for t in range(1, len(s.token_ids)):
+                if s.trained[t]:
+                    out_row.append(i)
+                    out_col.append(t - 1)
+                    src_row.append(slots[t - 1][0])
+                    src_col.append(slots[t - 1][1])
+                    targets.append(s.token_ids[t])
+                    sampler[i, t - 1] = s.sampler_logprobs[t]
+            mask[i, :len(s.token_ids) - 1] = torch.tensor(s.trained[1:], dtype=torch.float)
+        return {
+            "ids": ids, "positions": positions, "attention": attention_mask(batch.rows, ids.shape[1], dtype),
+            "sources": (torch.tensor(src_row), torch.tensor(src_col)), "targets": torch.tensor(targets),
+            "scatter": (torch.tensor(out_row), torch.tensor(out_col)), "mask": mask, "sampler": sampler,
+            "advantages": torch.tensor([s.advantage for s in batch.sequences]),
+        }
 
     def _logprobs(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
-        return sequence_logprobs(self.model, inputs["ids"], inputs["attention"])  # [rows, tokens-1]
+        """Trainer logprobs of the trained tokens, laid out like inputs["mask"]; 0 elsewhere."""
+        values = gathered_logprobs(self.model, inputs["ids"], inputs["attention"], inputs["sources"],
+                                   inputs["targets"], position_ids=inputs["positions"])
+        out = torch.zeros(inputs["mask"].shape, dtype=values.dtype)
+        return out.index_put(inputs["scatter"], values)
 
     @torch.no_grad()
-    def _pre_update_logprobs(self, batches: list[list[Sequence]]) -> list[torch.Tensor]:
-        """The current policy's logprobs of every micro-batch, before any gradient (TIS)."""
+    def _pre_update_logprobs(self, batches: list[MicroBatch]) -> list[torch.Tensor]:
+        """The current policy's logprobs of every micro-batch, before any gradient."""
         return [self._logprobs(self._inputs(batch)) for batch in batches]
 
-    def _forward(self, batch: list[Sequence], options: TrainOptions, normalizer: Normalizer,
+    def _forward(self, batch: MicroBatch, options: TrainOptions, normalizer: Normalizer,
                  before: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
         inputs = self._inputs(batch)
-        advantages = torch.tensor([s.advantage for s in batch])  # [rows]
-        new = self._logprobs(inputs)  # [rows, tokens-1]
+        new = self._logprobs(inputs)  # [sequences, tokens-1]
         ref = None
         if options.beta > 0:
             with torch.no_grad(), self.model.disable_adapter():
                 ref = self._logprobs(inputs)
-        sampler = inputs["sampler"][:, 1:]
+        sampler = inputs["sampler"]
         epsilon, epsilon_high = options.clip_range()
         return policy_loss_terms(
-            new, sampler if before is None else before, advantages, inputs["mask"][:, 1:],
+            new, sampler if before is None else before, inputs["advantages"], inputs["mask"],
             epsilon=epsilon, epsilon_high=epsilon_high, beta=options.beta, ref_logprobs=ref,
             ppo=options.ppo, importance_sampling_level=options.importance_sampling_level,
             sampler_logprobs=None if before is None else sampler,
@@ -162,7 +219,7 @@ def prepare_batch(groups, options: TrainOptions) -> tuple[list[Sequence], Counte
     trained_groups = 0
     groups = [list(group.trajectories) for group in groups]
     batch_std = reward_std([float(t.reward) for group in groups for t in group])
-    for trajectories in groups:
+    for index, trajectories in enumerate(groups):
         rewards = [float(t.reward) for t in trajectories]
         if len(set(rewards)) < 2:
             issues[EQUAL_REWARDS] += 1
@@ -175,23 +232,30 @@ def prepare_batch(groups, options: TrainOptions) -> tuple[list[Sequence], Counte
                 if advantage == 0.0 and options.beta == 0:
                     continue  # contributes no gradient
                 sequence.advantage = advantage
+                sequence.group = index
                 sequences.append(sequence)
     return sequences, issues, {"groups_trained": float(trained_groups)}
 
 
-def micro_batches(sequences: list[Sequence], max_tokens: int) -> list[list[Sequence]]:
-    """Length-sorted rows, each batch's padded size (rows x longest) within `max_tokens`."""
-    ordered = sorted(sequences, key=lambda s: len(s.token_ids))
-    batches: list[list[Sequence]] = []
-    current: list[Sequence] = []
-    for s in ordered:
-        if current and (len(current) + 1) * len(s.token_ids) > max_tokens:
-            batches.append(current)
-            current = []
-        current.append(s)
-    if current:
-        batches.append(current)
-    return batches
+def split_mini_batches(sequences: list[Sequence], parts: int) -> list[list[Sequence]]:
+    """`parts` contiguous slices of near-equal size, in group order (so groups stay together
+    when there are at least as many groups as parts)."""
+    ordered = sorted(sequences, key=lambda s: s.group)
+    size, extra = divmod(len(ordered), parts)
+    out, start = [], 0
+    for i in range(parts):
+        end = start + size + (1 if i < extra else 0)
+        out.append(ordered[start:end])
+        start = end
+    return out
+
+
+def plan_micro_batches(sequences: list[Sequence], options: TrainOptions) -> list[MicroBatch]:
+    groups: dict[int, list[Sequence]] = {}
+    for s in sequences:
+        groups.setdefault(s.group, []).append(s)
+    return packing.plan(list(groups.values()), mode=options.packing, row_tokens=options.packed_row_tokens,
+                        batch_tokens=options.micro_batch_tokens)
 
 
 def describe(issues: Counter) -> str:

@@ -1,0 +1,203 @@
+"""Lay training sequences out in rows so the trunk computes as few tokens as possible.
+
+A GRPO group's samples share their prompt. With `packing="shared_prefix"` the longest common
+prefix of a group's sequences is laid out once and each sequence's remaining tokens follow it
+as a branch that attends to the prefix and to itself only (ART's group/parent mask); position
+ids restart after the prefix for every branch, so each token sees exactly the context it was
+sampled with. Units (a prefix and its branches) are then packed into rows without padding,
+and rows into micro-batches. `"packed"` packs whole sequences without sharing; `"padded"` gives
+each sequence its own row (the plain layout, kept to check the others against).
+
+Every sequence token gets a slot (row, column). A token is predicted by the hidden state of
+the slot of the token before it, so the output head runs only on the positions whose target
+is trained, never on prompt positions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from art.training.sequences import Sequence
+
+
+@dataclass
+class Unit:
+    """A shared prefix (maybe empty) and the sequences continuing it."""
+
+    prefix: list[int]
+    sequences: list[Sequence] = field(default_factory=list)
+
+    @property
+    def size(self) -> int:
+        return len(self.prefix) + sum(len(s.token_ids) - len(self.prefix) for s in self.sequences)
+
+
+@dataclass
+class Row:
+    token_ids: list[int] = field(default_factory=list)
+    position_ids: list[int] = field(default_factory=list)
+    branch: list[int] = field(default_factory=list)
+    """Per token: the branch it belongs to; a unit's prefix tokens carry `-1 - unit`."""
+    unit: list[int] = field(default_factory=list)
+
+
+@dataclass
+class MicroBatch:
+    """Rows for one forward pass and where each of its sequences' tokens sit in them."""
+
+    rows: list[Row]
+    sequences: list[Sequence]
+    slots: list[list[tuple[int, int]]]
+    """slots[i][t]: the (row, column) holding token t of sequences[i]."""
+
+    @property
+    def width(self) -> int:
+        return max(len(r.token_ids) for r in self.rows)
+
+    @property
+    def tokens_computed(self) -> int:
+        """Tokens the trunk runs on, padding included."""
+        return len(self.rows) * self.width
+
+
+def common_prefix_length(sequences: list[Sequence]) -> int:
+    first = sequences[0].token_ids
+    length = min(len(s.token_ids) for s in sequences)
+    for s in sequences[1:]:
+        ids = s.token_ids
+        n = 0
+        while n < length and ids[n] == first[n]:
+            n += 1
+        length = n
+    return length
+
+
+def units_of(groups: list[list[Sequence]], mode: str, row_tokens: int) -> list[Unit]:
+    """One unit per sequence, or (shared_prefix) per group, split where a unit outgrows a row."""
+    if mode != "shared_prefix":
+        return [Unit([], [s]) for group in groups for s in group]
+    units: list[Unit] = []
+    for group in groups:
+        if not group:
+            continue
+        # Keep at least one token per branch: a branch's first token is predicted from the
+        # prefix's last slot, and an empty branch would leave nothing to attach to.
+        shared = common_prefix_length(group) if len(group) > 1 else 0
+        shared = min(shared, min(len(s.token_ids) for s in group) - 1)
+        prefix = group[0].token_ids[:max(shared, 0)]
+        unit = Unit(prefix)
+        for s in group:
+            branch = len(s.token_ids) - len(prefix)
+            if unit.sequences and unit.size + branch > row_tokens:
+                units.append(unit)
+                unit = Unit(prefix)
+            unit.sequences.append(s)
+        units.append(unit)
+    return units
+
+
+def pack(units: list[Unit], mode: str, row_tokens: int) -> list[list[Unit]]:
+    """Units per row: first fit by decreasing size ("padded": one unit per row)."""
+    if mode == "padded":
+        return [[u] for u in units]
+    rows: list[list[Unit]] = []
+    sizes: list[int] = []
+    for unit in sorted(units, key=lambda u: -u.size):
+        for i, used in enumerate(sizes):
+            if used + unit.size <= row_tokens:
+                rows[i].append(unit)
+                sizes[i] += unit.size
+                break
+        else:
+            rows.append([unit])
+            sizes.append(unit.size)
+    return rows
+
+
+def lay_out(row_units: list[list[Unit]]) -> tuple[list[Row], dict[int, list[tuple[int, int]]]]:
+    """Token ids, positions and mask labels of each row, and every sequence's slots (by id())."""
+    rows: list[Row] = []
+    slots: dict[int, list[tuple[int, int]]] = {}
+    branch_id = 0
+    for r, units in enumerate(row_units):
+        row = Row()
+        for u, unit in enumerate(units):
+            start = len(row.token_ids)
+            n = len(unit.prefix)
+            row.token_ids += unit.prefix
+            row.position_ids += list(range(n))
+            row.branch += [-1 - u] * n
+            row.unit += [u] * n
+            for s in unit.sequences:
+                tail = s.token_ids[n:]
+                column = len(row.token_ids)
+                row.token_ids += tail
+                row.position_ids += list(range(n, n + len(tail)))
+                row.branch += [branch_id] * len(tail)
+                row.unit += [u] * len(tail)
+                branch_id += 1
+                slots[id(s)] = [(r, start + t) for t in range(n)] + [(r, column + t) for t in range(len(tail))]
+        rows.append(row)
+    return rows, slots
+
+
+def plan(groups: list[list[Sequence]], *, mode: str, row_tokens: int, batch_tokens: int) -> list[MicroBatch]:
+    """Micro-batches covering every sequence once, each within `batch_tokens` computed tokens
+    (rows x widest row) unless a single row is wider."""
+    rows, slots = lay_out(pack(units_of(groups, mode, row_tokens), mode, row_tokens))
+    members: dict[int, list[Sequence]] = {}
+    for group in groups:
+        for s in group:
+            members.setdefault(slots[id(s)][0][0], []).append(s)
+    order = sorted(range(len(rows)), key=lambda r: len(rows[r].token_ids))
+    batches: list[list[int]] = []
+    for r in order:
+        if batches and (len(batches[-1]) + 1) * len(rows[r].token_ids) <= batch_tokens:
+            batches[-1].append(r)
+        else:
+            batches.append([r])
+    out = []
+    for chosen in batches:
+        local = {r: i for i, r in enumerate(chosen)}
+        sequences = [s for r in chosen for s in members.get(r, [])]
+        out.append(MicroBatch(
+            rows=[rows[r] for r in chosen],
+            sequences=sequences,
+            slots=[[(local[r], c) for r, c in slots[id(s)]] for s in sequences],
+        ))
+    return out
+
+
+def attention_mask(rows: list[Row], width: int, dtype: torch.dtype) -> torch.Tensor:
+    """Additive mask [rows, 1, width, width]: a token sees earlier tokens of its own branch and
+    its unit's prefix. Padding sees only itself, so no softmax row is empty."""
+    count = len(rows)
+    branch = torch.full((count, width), -(1 << 30), dtype=torch.long)
+    unit = torch.full((count, width), -1, dtype=torch.long)
+    for i, row in enumerate(rows):
+        n = len(row.token_ids)
+        branch[i, :n] = torch.tensor(row.branch)
+        unit[i, :n] = torch.tensor(row.unit)
+    q_branch, k_branch = branch[:, :, None], branch[:, None, :]
+    same_unit = unit[:, :, None] == unit[:, None, :]
+    prefix_key = k_branch < 0
+    visible = same_unit & ((q_branch == k_branch) | prefix_key)
+    causal = torch.ones(width, width, dtype=torch.bool).tril()
+    allowed = (visible & causal) | torch.eye(width, dtype=torch.bool)
+    mask = torch.zeros(allowed.shape, dtype=dtype)
+    mask.masked_fill_(~allowed, torch.finfo(dtype).min)
+    return mask[:, None]
+
+
+def row_tensors(rows: list[Row], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """ids and position ids [rows, width], right-padded."""
+    width = max(len(r.token_ids) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    positions = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, row in enumerate(rows):
+        n = len(row.token_ids)
+        ids[i, :n] = torch.tensor(row.token_ids)
+        positions[i, :n] = torch.tensor(row.position_ids)
+    return ids, positions
