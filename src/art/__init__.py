@@ -6,6 +6,7 @@ parts (install the `[backend]` extra) only when a trainable model is registered.
 
 from art import dev, utils
 from art.backends.local import LocalBackend
+from art.backends.remote import RemoteBackend
 from art.base_models import DEFAULT_MODEL
 from art.errors import (
     ArtError,
@@ -22,12 +23,15 @@ from art.retry import retry
 from art.trajectories import History, Trajectory, TrajectoryGroup
 from art.types import Messages, MessagesAndChoices, Tools, TrainConfig
 
+Backend = RemoteBackend  # ART's name for the client of its HTTP server
+
 __version__ = "0.1.0"
 
 __all__ = [
     "DEFAULT_MODEL",
     "ArtError",
     "ArtValueError",
+    "Backend",
     "BackendError",
     "ContextLengthError",
     "History",
@@ -36,6 +40,7 @@ __all__ = [
     "MessagesAndChoices",
     "Model",
     "ModelNotFoundError",
+    "RemoteBackend",
     "TooManyExceptionsError",
     "Tools",
     "TrainConfig",

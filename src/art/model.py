@@ -64,6 +64,8 @@ class Model(BaseModel):
                 api_key=self.inference_api_key or "none",
                 timeout=httpx.Timeout(timeout=1800.0, connect=10.0),
                 max_retries=0,
+                # A backend that reaches its server through a custom transport supplies the client.
+                http_client=getattr(self._backend, "_openai_http_client", lambda model: None)(self),
             )
         return self._client
 

@@ -125,11 +125,13 @@ class ModelService:
         return [self.name] + [f"{self.name}@{s}" for s in self.store.steps()]
 
     # -- training ---------------------------------------------------------------------------
-    async def train(self, groups, options: TrainOptions) -> TrainResult:
+    async def train(self, groups, options: TrainOptions, progress=None) -> TrainResult:
+        """`progress(event)`, when given, is called from the training thread after each optimizer
+        step with {"type": "gradient_step", "step", "done", "total", "metrics"}."""
         async with self._train_lock:  # one update at a time per model
             if options != self._shown_options:
                 self._show_options(options)
-            return await asyncio.to_thread(self._train, groups, options)
+            return await asyncio.to_thread(self._train, groups, options, progress)
 
     def _show_options(self, options: TrainOptions) -> None:
         """Print the resolved training config (every default filled in) when it changes, and
@@ -140,11 +142,15 @@ class ModelService:
         self.dir.write_model_json(self._model_json)
         self._shown_options = options
 
-    def _train(self, groups, options: TrainOptions) -> TrainResult:
+    def _train(self, groups, options: TrainOptions, progress=None) -> TrainResult:
+        def on_optimizer_step(done: int, total: int, metrics: dict) -> None:
+            progress({"type": "gradient_step", "step": self.step + 1, "done": done, "total": total, "metrics": metrics})
+
         # Running requests finish on the old weights; new ones wait for the new weights.
         with self.engine.paused():
             try:
-                metrics = self.trainer.step(groups, options, desc=f"train step {self.step + 1}")
+                metrics = self.trainer.step(groups, options, desc=f"train step {self.step + 1}",
+                                            on_optimizer_step=on_optimizer_step if progress else None)
                 self.store.write(self.step + 1, self.trainer.save)
             except BaseException:
                 # The in-memory weights may be ahead of disk: go back to the last saved step.

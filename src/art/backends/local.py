@@ -10,6 +10,7 @@ import asyncio
 import logging
 import math
 from pathlib import Path
+from typing import Callable
 
 from art.errors import ModelNotFoundError
 from art.server.registry import ServedModel
@@ -23,14 +24,16 @@ log = logging.getLogger(__name__)
 
 class LocalBackend:
     def __init__(self, *, in_process: bool = True, path: str | None = None, host: str = "127.0.0.1",
-                 port: int = 0) -> None:
-        """`path`: run storage root (default `./.art`). `port` 0 picks a free port."""
+                 port: int = 0, served_at: str | None = None) -> None:
+        """`path`: run storage root (default `./.art`). `port` 0 picks a free port. `served_at`:
+        the base URL of an app that already serves this backend (`art serve`); no server is started."""
         if not in_process:
             log.warning("LocalBackend(in_process=False) is not supported yet; running in process")
         self._root = Path(path) if path is not None else Path(".art")
         self._host, self._port = host, port
         self._services: dict[tuple[str, str], object] = {}
         self._server = None
+        self._served_at = served_at
 
     # -- the registry the HTTP app resolves names with --------------------------------------
     def served_model_names(self) -> list[str]:
@@ -78,14 +81,15 @@ class LocalBackend:
         return service.step if service is not None else 0
 
     async def train(self, model, trajectory_groups, *, config: TrainConfig | None = None,
-                    _config: dict | None = None, **options):
+                    _config: dict | None = None, progress: Callable[[dict], None] | None = None, **options):
         """Newer ART's entry point: one update; returns a result with `step` and `metrics`.
-        Extra keyword options (learning_rate, beta, epsilon, ...) override `config`."""
+        Extra keyword options (learning_rate, beta, epsilon, ...) override `config`. `progress`
+        receives event dicts while the step runs (see `ModelService.train`)."""
         from art.training.options import TrainOptions
 
         merged = {**(config.model_dump() if config else {}), **(_config or {}), **options}
         service = self._service(model)
-        return await service.train(list(trajectory_groups), TrainOptions.build(None, merged))
+        return await service.train(list(trajectory_groups), TrainOptions.build(None, merged), progress=progress)
 
     async def _train_model(self, model, groups, config: TrainConfig, dev_config: dict, verbose: bool = False):
         return await self.train(model, groups, config=config, _config=dev_config)
@@ -102,6 +106,13 @@ class LocalBackend:
             log.warning("no %r in history: keeping only the latest checkpoint", best_checkpoint_metric)
         return await asyncio.to_thread(service.delete_checkpoints, keep)
 
+    async def _list_checkpoints(self, model) -> list[int]:
+        return await asyncio.to_thread(self._service(model).store.steps)
+
+    async def _get_history(self, model) -> list[dict]:
+        """The model's history.jsonl rows (empty when nothing was logged)."""
+        return await asyncio.to_thread(read_history, ModelDir(self._root, model.project, model.name).history)
+
     def _service(self, model):
         service = self._services.get((model.project, model.name))
         if service is None:
@@ -110,6 +121,8 @@ class LocalBackend:
 
     # -- server lifecycle -------------------------------------------------------------------
     def _ensure_server(self) -> str:
+        if self._served_at is not None:
+            return self._served_at
         if self._server is None:
             from art.server.app import create_app
             from art.server.thread import ServerThread

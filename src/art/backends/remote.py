@@ -1,0 +1,227 @@
+"""`RemoteBackend`: the HTTP client of `art serve` (ART's `art.Backend`).
+
+It speaks the same protocol as `LocalBackend` to `art.Model` (register, _get_step, train,
+_train_model, _log, _delete_checkpoints, close), so a training script switches machines by
+changing one line. It holds no model state and imports no torch: trajectories leave as JSON
+(`for_logging()` dumps, Choices whole with their token ids and logprobs), rollouts go
+straight to the server's OpenAI routes, and server errors come back as `art.errors`
+exceptions carrying the server's message.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Any, Callable, NoReturn
+
+import httpx
+from pydantic_core import to_jsonable_python
+from tqdm.auto import tqdm
+
+from art.errors import ArtValueError, BackendError, ContextLengthError, ModelNotFoundError
+from art.storage.layout import validate_name
+from art.types import TrainConfig
+
+API_KEY_ENV = "ART_API_KEY"
+
+
+@dataclass
+class TrainResult:
+    step: int
+    """The step now served (the checkpoint this update wrote)."""
+    metrics: dict[str, float]
+
+
+class RemoteBackend:
+    """`RemoteBackend("http://gpu-box:7999", api_key=...)`; the key defaults to $ART_API_KEY.
+
+    `transport` replaces the network (e.g. `httpx.ASGITransport(app)` to run the server app in
+    this process); `timeout` bounds each request in seconds (loading a model or a training
+    step can take minutes; the train stream sends a heartbeat line every few seconds).
+    """
+
+    def __init__(self, base_url: str = "http://127.0.0.1:7999", api_key: str | None = None, *,
+                 transport: httpx.AsyncBaseTransport | None = None, timeout: float = 1800.0) -> None:
+        self.base_url = base_url.rstrip("/")
+        self._api_key = api_key if api_key is not None else os.environ.get(API_KEY_ENV) or None
+        self._transport = transport
+        self._timeout = httpx.Timeout(timeout, connect=10.0)
+        headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
+        self._client = httpx.AsyncClient(base_url=self.base_url, headers=headers, transport=transport,
+                                         timeout=self._timeout)
+        self._openai_clients: list[httpx.AsyncClient] = []
+
+    def __repr__(self) -> str:  # never shows the key
+        return f"RemoteBackend({self.base_url!r})"
+
+    # -- the protocol models call -----------------------------------------------------------
+    async def register(self, model) -> None:
+        config = model.config.model_dump() if hasattr(model.config, "model_dump") else model.config
+        body = {
+            "name": model.name, "project": model.project, "trainable": bool(getattr(model, "trainable", False)),
+            "base_model": getattr(model, "base_model", None),
+            "config": to_jsonable_python(config, serialize_unknown=True),
+            "internal_config": getattr(model, "_internal_config", None),
+        }
+        if not body["trainable"]:
+            body.update(inference_base_url=model.inference_base_url, inference_model_name=model.inference_model_name)
+        await self._request("POST", "/art/models", body)
+        if not body["trainable"] and model.inference_base_url is not None:
+            return  # a prompted baseline on its own endpoint: only its logs live on the server
+        model.inference_base_url = f"{self.base_url}/v1"
+        model.inference_api_key = self._api_key or "art-remote"
+        model.inference_model_name = model.name
+
+    async def _get_step(self, model) -> int:
+        return (await self._request("GET", _path(model, "step")))["step"]
+
+    async def train(self, model, trajectory_groups, *, config: TrainConfig | None = None,
+                    _config: dict | None = None, progress: Callable[[dict], None] | None = None,
+                    **options) -> TrainResult:
+        """One update on the server, with a progress bar fed by its NDJSON stream; returns the
+        new step and its metrics. Options as for `LocalBackend.train`."""
+        body = {
+            "trajectory_groups": [group.for_logging() for group in trajectory_groups],
+            "config": config.model_dump() if config is not None else None,
+            "dev_config": dict(_config or {}),
+            "options": options,
+        }
+        bar = tqdm(total=None, desc=f"train {model.name}", unit="step", leave=False)
+        try:
+            async with self._client.stream("POST", _path(model, "train"), **_json_body(body)) as response:
+                if response.status_code >= 400:
+                    await response.aread()
+                    _raise_for_response(response)
+                async for line in response.aiter_lines():
+                    if not line.strip():
+                        continue
+                    event = _parse(line, response)
+                    if progress is not None:
+                        progress(event)
+                    result = _on_event(event, bar)
+                    if result is not None:
+                        return result
+        except httpx.HTTPError as exc:
+            raise BackendError(
+                f"the connection to {self.base_url} broke during training ({type(exc).__name__}: {exc}); "
+                "the step may still complete on the server: check `await model.get_step()`") from exc
+        finally:
+            bar.close()
+        raise BackendError(f"{self.base_url} ended the training stream without a result; the step may still "
+                           "complete on the server: check `await model.get_step()`")
+
+    async def _train_model(self, model, groups, config: TrainConfig, dev_config: dict, verbose: bool = False):
+        return await self.train(model, groups, config=config, _config=dev_config)
+
+    async def _log(self, model, *, split: str, step: int, metrics: dict, groups) -> None:
+        body = {"split": split, "step": step, "metrics": to_jsonable_python(metrics, serialize_unknown=True),
+                "trajectory_groups": [group.for_logging() for group in groups]}
+        await self._request("POST", _path(model, "log"), body)
+
+    async def _delete_checkpoints(self, model, best_checkpoint_metric: str) -> list[int]:
+        answer = await self._request("DELETE", _path(model, "checkpoints"),
+                                     params={"best_checkpoint_metric": best_checkpoint_metric})
+        return answer["deleted"]
+
+    async def _list_checkpoints(self, model) -> list[int]:
+        return (await self._request("GET", _path(model, "checkpoints")))["steps"]
+
+    async def _get_history(self, model) -> list[dict]:
+        return (await self._request("GET", _path(model, "metrics")))["rows"]
+
+    def _openai_http_client(self, model) -> httpx.AsyncClient | None:
+        """With a custom transport, `model.openai_client()` must use it too (for our URL only)."""
+        if self._transport is None or not (model.inference_base_url or "").startswith(self.base_url):
+            return None
+        client = httpx.AsyncClient(transport=self._transport, timeout=self._timeout)
+        self._openai_clients.append(client)
+        return client
+
+    # -- lifecycle ------------------------------------------------------------------------
+    async def close(self) -> None:
+        """Close the HTTP connections. The server and its models keep running."""
+        for client in [self._client, *self._openai_clients]:
+            await client.aclose()
+        self._openai_clients.clear()
+
+    async def __aenter__(self) -> RemoteBackend:
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    async def _request(self, method: str, path: str, body: Any = None, params: dict | None = None) -> Any:
+        try:
+            response = await self._client.request(method, path, params=params,
+                                                  **(_json_body(body) if body is not None else {}))
+        except httpx.HTTPError as exc:
+            raise BackendError(f"cannot reach the art server at {self.base_url}: {type(exc).__name__}: {exc}") from exc
+        if response.status_code >= 400:
+            _raise_for_response(response)
+        return _parse(response.content, response)
+
+
+def _path(model, action: str) -> str:
+    project, name = validate_name(model.project, "project"), validate_name(model.name, "name")
+    return f"/art/models/{project}/{name}/{action}"
+
+
+def _json_body(body: Any) -> dict[str, Any]:
+    # Python's json keeps every float exactly (repr round-trips) and the server reads it back.
+    return {"content": json.dumps(body, default=str).encode(), "headers": {"Content-Type": "application/json"}}
+
+
+def _parse(text: str | bytes, response: httpx.Response) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        raise BackendError(f"{response.request.method} {response.request.url}: the answer is not JSON "
+                           f"(is this an art server?): {text[:200]!r}") from None
+
+
+def _on_event(event: dict[str, Any], bar: tqdm) -> TrainResult | None:
+    kind = event.get("type")
+    if kind == "accepted":
+        bar.set_description(f"train step {event['step']}")
+        bar.set_postfix_str(f"{event.get('trajectories', '?')} trajectories sent")
+    elif kind == "gradient_step":
+        bar.set_description(f"train step {event['step']}")
+        bar.total = event.get("total")
+        bar.update(1)
+        bar.set_postfix({k: f"{v:.4g}" for k, v in (event.get("metrics") or {}).items() if isinstance(v, float)})
+    elif kind == "heartbeat":
+        bar.refresh()
+    elif kind == "result":
+        return TrainResult(step=int(event["step"]), metrics=event.get("metrics") or {})
+    elif kind == "error":
+        _raise_error(event.get("error") or {}, int((event.get("error") or {}).get("status", 500)))
+    return None
+
+
+def _raise_for_response(response: httpx.Response) -> NoReturn:
+    try:
+        error = json.loads(response.content).get("error")
+    except (ValueError, AttributeError):
+        error = None
+    if not isinstance(error, dict):
+        text = response.text[:300].strip() or response.reason_phrase
+        where = f"{response.request.method} {response.request.url.path}"
+        error = {"message": f"{where}: HTTP {response.status_code}: {text}"}
+    _raise_error(error, response.status_code)
+
+
+def _raise_error(error: dict[str, Any], status: int) -> NoReturn:
+    """One mapping from the server's answer to our error tree (the inverse of the app's)."""
+    message = str(error.get("message") or f"HTTP {status}")
+    code, param = error.get("code"), error.get("param")
+    if status == 404 and code == "model_not_found":
+        raise ModelNotFoundError(message)
+    if status == 401:
+        raise BackendError(f"{message} (set the key with RemoteBackend(api_key=...) or {API_KEY_ENV})")
+    if status == 413:
+        raise ArtValueError(message, field="trajectory_groups")
+    if 400 <= status < 500 and status != 404:
+        cls = ContextLengthError if code == "context_length_exceeded" else ArtValueError
+        raise cls(message, field=param)
+    raise BackendError(f"art server error (HTTP {status}): {message}")

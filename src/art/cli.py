@@ -1,0 +1,80 @@
+"""The `art` command (also `python -m art`). One subcommand so far: `art serve`.
+
+Importing this module is cheap; the server and its heavy dependencies load only when a
+subcommand runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import os
+import sys
+
+API_KEY_ENV = "ART_API_KEY"
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="art", description="Agent Reinforcement Trainer.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    serve = commands.add_parser(
+        "serve", help="serve and train models over HTTP (for art.RemoteBackend)",
+        description="Run a backend that art.RemoteBackend (art.Backend) clients register, train and "
+                    "sample models on: the OpenAI routes under /v1 and the management routes under /art.",
+    )
+    serve.add_argument("--host", default="127.0.0.1",
+                       help="address to bind (default 127.0.0.1; 0.0.0.0 for every interface, needs a key)")
+    serve.add_argument("--port", type=int, default=7999, help="port (default 7999; 0 picks a free one)")
+    serve.add_argument("--path", default=".art", help="storage root for runs (default ./.art)")
+    serve.add_argument("--api-key", default=None,
+                       help=f"bearer key clients must send (default: ${API_KEY_ENV}); prefer the environment "
+                            "variable, since command lines are visible to other users")
+    serve.add_argument("--max-body-mb", type=float, default=256.0,
+                       help="largest request body accepted, in MiB (default 256); larger ones get a 413")
+    return parser
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a host name: it may resolve to anything
+
+
+def _serve(args: argparse.Namespace) -> int:
+    api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
+    if api_key is None and not is_loopback(args.host):
+        print(
+            f"art serve: refusing to listen on {args.host} without an API key: anyone who can reach the "
+            f"port could sample and train your models. Set a key with `export {API_KEY_ENV}=$(python -c "
+            "'import secrets; print(secrets.token_urlsafe(32))')` (or --api-key KEY) and give the same key "
+            "to art.RemoteBackend(url, api_key=...) or the client's ART_API_KEY; or bind to 127.0.0.1 and "
+            "reach it through an SSH tunnel.",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        from art.server.serve import serve
+    except ImportError as exc:
+        print(f"art serve: missing {exc.name or exc}: install the backend extra, "
+              "pip install 'agent-rl-trainer[backend]'", file=sys.stderr)
+        return 1
+    try:
+        serve(host=args.host, port=args.port, path=args.path, api_key=api_key, max_body_mb=args.max_body_mb)
+    except OSError as exc:
+        print(f"art serve: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command == "serve":
+        return _serve(args)
+    return 2  # argparse rejects unknown commands before this
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,54 @@
+"""The `art` command: `art serve` refuses an open bind without a key; the client stays light."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from art.cli import is_loopback
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    """`python *args` with our sources and without ART_API_KEY."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")])}
+    env.pop("ART_API_KEY", None)
+    return subprocess.run([sys.executable, *args], env=env, capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "gpu-box.example"])
+def test_open_bind_without_a_key_is_refused(host, tmp_path):
+    result = run("-m", "art", "serve", "--host", host, "--port", "0", "--path", str(tmp_path / "runs"))
+    assert result.returncode == 2
+    assert "refusing" in result.stderr and "ART_API_KEY" in result.stderr and "--api-key" in result.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def test_loopback_hosts():
+    assert all(is_loopback(h) for h in ("127.0.0.1", "127.0.0.2", "::1", "localhost"))
+    assert not any(is_loopback(h) for h in ("0.0.0.0", "::", "10.0.0.1", "example.com"))
+
+
+def test_help_and_console_script():
+    result = run("-m", "art", "serve", "--help")
+    assert result.returncode == 0 and "--api-key" in result.stdout and "ART_API_KEY" in result.stdout
+    script = Path(sys.executable).parent / "art"
+    if script.exists():  # installed by `pip install -e .` ([project.scripts])
+        assert subprocess.run([str(script), "--help"], capture_output=True, text=True, timeout=60).returncode == 0
+
+
+def test_remote_client_imports_no_server_or_torch():
+    code = (
+        "import sys, art\n"
+        "backend = art.Backend(base_url='http://127.0.0.1:9', api_key='sekrit-42')\n"
+        "assert type(backend) is art.RemoteBackend and 'sekrit-42' not in repr(backend)\n"
+        "heavy = sorted(m for m in ('torch', 'transformers', 'peft', 'fastapi', 'uvicorn') if m in sys.modules)\n"
+        "assert not heavy, f'imported {heavy}'\n"
+    )
+    result = run("-c", code)
+    assert result.returncode == 0, result.stderr
