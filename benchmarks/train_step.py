@@ -4,11 +4,11 @@ The workload is vs_trl.py's update: 4 prompts of the yes/no/maybe example (chat 
 applied) x 8 samples, completions of up to 48 tokens (half of them the full 48, the rest
 shorter), LoRA r=8 on all linear projections. The baseline is our own trainer with
 `packing="padded"` (what every peer does: each sample its own padded row, prompt included);
-ours is the default `packing="shared_prefix"`. Both apply the same update (tests/test_packing.py
+ours is `packing="shared_prefix"` at a few row lengths (the default is 512). Both apply the same update (tests/test_packing.py
 checks loss and gradients match), so only the time differs. Prints the table, the ratio and
 one JSON line.
 
-    python benchmarks/train_step.py [--repeats 3]
+    python benchmarks/train_step.py [--repeats 3] [--row-tokens 256 512 1024]
 """
 
 from __future__ import annotations
@@ -49,22 +49,27 @@ def workload(tokenizer, seed: int = 0, prompts: int = 4, samples: int = 8, max_t
     return groups
 
 
-def time_update(trainer, sequences, options, repeats: int) -> tuple[float, dict]:
-    """Median seconds of forward + backward over the whole batch (no optimizer step)."""
+def time_updates(trainer, sequences, layouts: dict, repeats: int) -> dict[str, dict]:
+    """Median seconds of forward + backward over the whole batch (no optimizer step) for each
+    layout, the layouts interleaved so that a change in machine load hits them alike."""
     from art.training.loss import Normalizer
     from art.training.trainer import plan_micro_batches
 
-    seconds = []
-    micro = plan_micro_batches(sequences, options)
-    normalizer = Normalizer(options.loss_normalization, sum(s.num_trained for s in sequences), len(sequences))
+    plans = {name: plan_micro_batches(sequences, options) for name, options in layouts.items()}
+    seconds: dict[str, list[float]] = {name: [] for name in layouts}
+    normalizer = Normalizer("token", sum(s.num_trained for s in sequences), len(sequences))
     for _ in range(repeats):
-        trainer.model.zero_grad(set_to_none=True)
-        start = time.perf_counter()
-        for batch in micro:
-            trainer._forward(batch, options, normalizer)["loss"].backward()
-        seconds.append(time.perf_counter() - start)
-    stats = {"tokens_computed": sum(m.tokens_computed for m in micro), "micro_batches": len(micro)}
-    return statistics.median(seconds), stats
+        for name, options in layouts.items():
+            trainer.model.zero_grad(set_to_none=True)
+            start = time.perf_counter()
+            for batch in plans[name]:
+                trainer._forward(batch, options, normalizer)["loss"].backward()
+            seconds[name].append(time.perf_counter() - start)
+            print(f"{name}: {seconds[name][-1]:.2f} s", flush=True)
+    return {name: {"seconds": round(statistics.median(seconds[name]), 2),
+                   "tokens_computed": sum(m.tokens_computed for m in plans[name]),
+                   "rows": sum(len(m.rows) for m in plans[name]), "micro_batches": len(plans[name])}
+            for name in layouts}
 
 
 def main(args: argparse.Namespace) -> None:
@@ -82,17 +87,16 @@ def main(args: argparse.Namespace) -> None:
     trainer = Trainer(model, SimpleNamespace(pad_token_id=tokenizer.pad_token_id or 0))
     sequences = workload(tokenizer, max_tokens=args.max_tokens)
     in_batch = sum(len(s.token_ids) for s in sequences)
-    results = {}
-    for layout in ("padded", "shared_prefix"):
-        options = TrainOptions(packing=layout, gradient_checkpointing=args.gradient_checkpointing)
-        trainer._set_gradient_checkpointing(options.gradient_checkpointing)
-        seconds, stats = time_update(trainer, sequences, options, args.repeats)
-        results[layout] = {"seconds": round(seconds, 2), **stats}
-        print(f"{layout}: {seconds:.2f} s, {stats}", flush=True)
-    rows = [[name, r["seconds"], r["tokens_computed"], r["micro_batches"]] for name, r in results.items()]
-    print(table(["layout", "s / update", "tokens computed", "micro-batches"], rows))
-    speedup = ratio(results["padded"]["seconds"], results["shared_prefix"]["seconds"])
-    print(f"tokens in batch {in_batch}; shared_prefix is {speedup}x faster than padded")
+    layouts = {"padded": TrainOptions(packing="padded")}
+    for row_tokens in args.row_tokens:
+        layouts[f"shared_prefix/{row_tokens}"] = TrainOptions(packing="shared_prefix", packed_row_tokens=row_tokens)
+    trainer._set_gradient_checkpointing(args.gradient_checkpointing)
+    results = time_updates(trainer, sequences, layouts, args.repeats)
+    rows = [[name, r["seconds"], r["tokens_computed"], r["rows"]] for name, r in results.items()]
+    print(table(["layout", "s / update", "tokens computed", "rows"], rows))
+    default = f"shared_prefix/{TrainOptions().packed_row_tokens}"
+    speedup = ratio(results["padded"]["seconds"], results[default]["seconds"]) if default in results else None
+    print(f"tokens in batch {in_batch}; the default layout ({default}) is {speedup}x as fast as padded")
     print(json.dumps({"benchmark": "train_step", "tokens_in_batch": in_batch, "results": results,
                       "speedup_vs_padded": speedup, "env": environment()}))
 
@@ -102,4 +106,6 @@ if __name__ == "__main__":
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--gradient-checkpointing", action="store_true")
+    parser.add_argument("--row-tokens", type=int, nargs="+", default=[256, 512, 1024],
+                        help="packed_row_tokens values to time (the default is 512)")
     main(parser.parse_args())

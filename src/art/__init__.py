@@ -14,6 +14,7 @@ from art.errors import (
     BackendError,
     ContextLengthError,
     ModelNotFoundError,
+    StepConflictError,
     TooManyExceptionsError,
     TrajectoryError,
 )
@@ -41,6 +42,7 @@ __all__ = [
     "Model",
     "ModelNotFoundError",
     "RemoteBackend",
+    "StepConflictError",
     "TooManyExceptionsError",
     "Tools",
     "TrainConfig",

@@ -31,6 +31,12 @@ def _parser() -> argparse.ArgumentParser:
                             "variable, since command lines are visible to other users")
     serve.add_argument("--max-body-mb", type=float, default=256.0,
                        help="largest request body accepted, in MiB (default 256); larger ones get a 413")
+    serve.add_argument("--watchdog-s", type=float, default=60.0,
+                       help="report an engine loop stuck when it has pending requests and makes no progress for "
+                            "this many seconds (default 60; 0 turns it off): a WARNING with its stack, and "
+                            "/health says degraded")
+    serve.add_argument("--watchdog-train-s", type=float, default=1800.0,
+                       help="report a training step running longer than this many seconds (default 1800; 0 off)")
     return parser
 
 
@@ -62,7 +68,8 @@ def _serve(args: argparse.Namespace) -> int:
               "pip install 'agent-rl-trainer[backend]'", file=sys.stderr)
         return 1
     try:
-        serve(host=args.host, port=args.port, path=args.path, api_key=api_key, max_body_mb=args.max_body_mb)
+        serve(host=args.host, port=args.port, path=args.path, api_key=api_key, max_body_mb=args.max_body_mb,
+              watchdog_s=args.watchdog_s, watchdog_train_s=args.watchdog_train_s)
     except OSError as exc:
         print(f"art serve: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
         return 1

@@ -6,9 +6,13 @@
     │   └── TrajectoryError                a trajectory that cannot be trained as given
     ├── ModelNotFoundError (LookupError)   unknown model name or step
     ├── BackendError (RuntimeError)        the backend failed to do what it was asked
+    │   ├── StepConflictError              a train call expected another step (a retry of a done step)
+    │   ├── BackendUnavailableError        stopped or shutting down: try again later
+    │   └── WeightSyncError                served logprobs differ from the trainer's after an update
     └── TooManyExceptionsError (RuntimeError)  gather saw more rollout exceptions than allowed
 
-The HTTP server maps these once: ArtValueError -> 400, ModelNotFoundError -> 404.
+The HTTP server maps these once: ArtValueError -> 400, ModelNotFoundError -> 404,
+StepConflictError -> 409, BackendUnavailableError -> 503, any other ArtError -> 500.
 """
 
 from __future__ import annotations
@@ -40,6 +44,40 @@ class ModelNotFoundError(ArtError, LookupError):
 
 class BackendError(ArtError, RuntimeError):
     """The backend failed to carry out a request."""
+
+
+class StepConflictError(BackendError):
+    """A train call was sent for `expected_step` but the model is at `current_step`.
+
+    Usually a retry of a call whose connection broke after the server had accepted it: that
+    step completed, and training the same groups again would apply them twice.
+    """
+
+    def __init__(self, message: str, expected_step: int | None = None, current_step: int | None = None) -> None:
+        super().__init__(message)
+        self.expected_step = expected_step
+        self.current_step = current_step
+
+    @classmethod
+    def between(cls, model: str, expected: int, current: int) -> StepConflictError:
+        if current > expected:
+            message = (f"{model} is already at step {current}, but this update was sent to train from step "
+                       f"{expected}: an earlier train call (most likely this same one, whose connection broke) "
+                       "has completed on the server. It is not applied twice; continue from "
+                       "`await model.get_step()` with new trajectories.")
+        else:
+            message = (f"{model} is at step {current} on the server, but this update was sent to train from "
+                       f"step {expected} (a rolled-back step, deleted checkpoints, or another --path?); "
+                       "check `await model.get_step()`.")
+        return cls(message, expected_step=expected, current_step=current)
+
+
+class BackendUnavailableError(BackendError):
+    """The backend cannot take the request now (stopped, shutting down); retrying later may work."""
+
+
+class WeightSyncError(BackendError):
+    """After a weight update the engine served logprobs that differ from the trainer's."""
 
 
 class TooManyExceptionsError(ArtError, RuntimeError):

@@ -1,7 +1,7 @@
 """Everything the backend holds for one trainable model: weights, engine, trainer, storage.
 
-On CPU the engine and the trainer share one PeftModel (so a weight update is visible to the
-next request with no reload) and one lock (so sampling and a training step never overlap).
+On CPU the engine and the trainer share one model, a PeftModel or, with `full_finetune`, the
+plain model (so a weight update is visible to the next request with no reload) and one lock (so sampling and a training step never overlap).
 """
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ from dataclasses import dataclass
 import torch
 from tqdm.auto import tqdm
 
-from art import base_models
+from art import base_models, weight_sync
 from art.engine.adapters import AdapterSet
 from art.engine.base import AdapterRef
 from art.engine.llm_engine import LLMEngine
-from art.errors import ModelNotFoundError
+from art.errors import ArtValueError, ModelNotFoundError, StepConflictError, WeightSyncError
 from art.server.registry import ServedModel
 from art.storage import CheckpointStore, ModelDir
 from art.training.options import LORA_DEFAULTS, TrainOptions
@@ -56,6 +56,11 @@ def bound_malloc_growth() -> None:
 
 
 class ModelService:
+    training_since: float | None = None
+    """time.monotonic() when the running update started (None: none running); the watchdog reads it."""
+    training_thread: int | None = None
+    """The thread running that update."""
+
     def __init__(self, root, *, name: str, project: str, base_model: str, internal_config: dict | None = None,
                  user_config: dict | None = None) -> None:
         from peft import LoraConfig, get_peft_model
@@ -64,16 +69,27 @@ class ModelService:
         internal = dict(internal_config or {})
         self.name, self.project, self.base_model = name, project, base_model
         self.dir = ModelDir(root, project, name)
+        self.full_finetune = internal.get("full_finetune", False)
+        if self.full_finetune not in (True, False):
+            raise ArtValueError(f"full_finetune must be True or False, got {self.full_finetune!r}",
+                                field="full_finetune")
+        if self.full_finetune and "peft_args" in internal:
+            raise ArtValueError("peft_args has no effect with full_finetune=True; drop one of them",
+                                field="peft_args")
         base, self.tokenizer = base_models.load(base_model)
-        lora = {**LORA_DEFAULTS, **internal.get("peft_args", {})}
+        lora = None if self.full_finetune else {**LORA_DEFAULTS, **internal.get("peft_args", {})}
         torch.manual_seed(internal.get("seed", 0))  # reproducible adapter init at step 0
-        self.model = get_peft_model(base, LoraConfig(task_type="CAUSAL_LM", **lora))
+        if self.full_finetune:
+            self.model = base.requires_grad_(True)
+        else:
+            self.model = get_peft_model(base, LoraConfig(task_type="CAUSAL_LM", **lora))
         self.model.eval()
         self.lock = threading.RLock()
         engine_args = dict(internal.get("engine_args", {}))
         self.adapters = AdapterSet(self.model)
         self.engine = LLMEngine(self.model, self.tokenizer, lock=self.lock, adapters=self.adapters, **engine_args)
-        self.trainer = Trainer(self.model, self.tokenizer, lock=self.lock)
+        reference = (lambda: base_models.load(base_model)[0]) if self.full_finetune else None
+        self.trainer = Trainer(self.model, self.tokenizer, lock=self.lock, load_reference=reference)
         self.store = CheckpointStore(self.dir.checkpoints)
         latest = self.store.latest_step()
         if latest is None:
@@ -96,6 +112,9 @@ class ModelService:
     def resolve(self, requested: str) -> ServedModel:
         """`name` -> latest step, `name@N` -> step N, the base model id -> no adapter."""
         if requested == self.base_model:
+            if self.full_finetune:
+                raise ModelNotFoundError(f"model {requested!r}: a fully fine-tuned model keeps no separate base "
+                                         f"weights; ask for {self.name!r}")
             return ServedModel(requested, self.engine, None, 0)
         name, at, step_text = requested.partition("@")
         if name != self.name:
@@ -105,6 +124,9 @@ class ModelService:
         if not step_text.isdigit():
             raise ModelNotFoundError(f"model {requested!r}: the step after '@' must be a number")
         step = int(step_text)
+        if self.full_finetune and step != self.step:
+            raise ModelNotFoundError(f"model {requested!r}: only the latest step ({self.step}) of a fully "
+                                     "fine-tuned model is served")
         if step not in self.store.steps():
             raise ModelNotFoundError(
                 f"model {requested!r}: no checkpoint for step {step} (available: {self.store.steps()})")
@@ -122,16 +144,45 @@ class ModelService:
         }
 
     def served_names(self) -> list[str]:
-        return [self.name] + [f"{self.name}@{s}" for s in self.store.steps()]
+        steps = [self.step] if self.full_finetune else self.store.steps()
+        return [self.name] + [f"{self.name}@{s}" for s in steps]
 
     # -- training ---------------------------------------------------------------------------
-    async def train(self, groups, options: TrainOptions, progress=None) -> TrainResult:
+    async def train(self, groups, options: TrainOptions, progress=None, expected_step: int | None = None) -> TrainResult:
         """`progress(event)`, when given, is called from the training thread after each optimizer
-        step with {"type": "gradient_step", "step", "done", "total", "metrics"}."""
+        step with {"type": "gradient_step", "step", "done", "total", "metrics"}. With
+        `expected_step`, a model at another step raises StepConflictError and trains nothing.
+        After the update the weight-sync probe runs; a mismatch rolls the step back and raises
+        WeightSyncError."""
         async with self._train_lock:  # one update at a time per model
+            if expected_step is not None and expected_step != self.step:
+                raise StepConflictError.between(f"{self.project}/{self.name}", expected_step, self.step)
             if options != self._shown_options:
                 self._show_options(options)
-            return await asyncio.to_thread(self._train, groups, options, progress)
+            result = await asyncio.to_thread(self._train_watched, groups, options, progress)
+            try:
+                result.metrics.update(await weight_sync.check(self))
+            except WeightSyncError as exc:
+                log.error("%s", exc)
+                await asyncio.to_thread(self._roll_back, result.step - 1)
+                raise
+            return result
+
+    def _train_watched(self, groups, options: TrainOptions, progress=None) -> TrainResult:
+        self.training_since, self.training_thread = time.monotonic(), threading.get_ident()
+        try:
+            return self._train(groups, options, progress)
+        finally:
+            self.training_since = self.training_thread = None
+
+    def _roll_back(self, step: int) -> None:
+        """Undo the published step: weights, optimizer and engine back to checkpoint `step`."""
+        with self.engine.paused():
+            self.trainer.restore(self.store.path(step))
+            if self.step != step:
+                self.store.delete(self.step)
+            self.step = step
+            self.engine.weights_updated(step)
 
     def _show_options(self, options: TrainOptions) -> None:
         """Print the resolved training config (every default filled in) when it changes, and

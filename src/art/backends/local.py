@@ -9,13 +9,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import time
 from pathlib import Path
 from typing import Callable
 
 from art.errors import ModelNotFoundError
 from art.server.registry import ServedModel
 from art.storage.history import read_history
-from art.storage.layout import ModelDir
+from art.storage.layout import ModelDir, stored_runs
 from art.storage.run_log import write_log
 from art.types import TrainConfig
 
@@ -40,21 +41,48 @@ class LocalBackend:
         names: list[str] = []
         for service in self._services.values():
             names += service.served_names()
-            if service.base_model not in names:
+            if service.base_model not in names and not service.full_finetune:
                 names.append(service.base_model)
         return names
 
     def resolve(self, model: str) -> ServedModel:
+        specific = None  # a service that knows the name says why it cannot serve it
         for service in self._services.values():
             try:
                 return service.resolve(model)
-            except ModelNotFoundError:
-                continue
+            except ModelNotFoundError as exc:
+                if model.partition("@")[0] in (service.name, service.base_model):
+                    specific = specific or exc
+        if specific is not None:
+            raise specific
         raise ModelNotFoundError(f"The model `{model}` does not exist; served: {self.served_model_names()}")
 
     def stats(self) -> dict[str, dict]:
         """Engine load per model, shown by GET /health."""
         return {f"{project}/{name}": service.stats() for (project, name), service in self._services.items()}
+
+    def activities(self) -> list:
+        """What a watchdog (`art.server.watchdog`) checks: each model's engine loop (seconds
+        without progress while it has work) and its running training step (seconds running)."""
+        from art.server.watchdog import Activity
+
+        now, out = time.monotonic(), []
+        for (project, name), service in list(self._services.items()):
+            engine = service.engine
+            out.append(Activity("engine", f"{project}/{name}", engine.stalled_s(), engine.thread_id))
+            since, thread = service.training_since, service.training_thread
+            if since is not None:
+                out.append(Activity("training step", f"{project}/{name}", now - since, thread))
+        return out
+
+    # -- runs stored under the root (a restarted server finds its models here) ---------------
+    def stored_model(self, project: str, name: str) -> dict | None:
+        """The model.json of a trainable model's run under this backend's root, or None."""
+        return ModelDir(self._root, project, name).read_model_json()
+
+    def stored_models(self, name: str) -> list[tuple[str, str]]:
+        """(project, name) of every stored run of a trainable model called `name`."""
+        return [key for key in stored_runs(self._root) if key[1] == name]
 
     # -- the protocol models call -----------------------------------------------------------
     async def register(self, model) -> None:
@@ -81,15 +109,18 @@ class LocalBackend:
         return service.step if service is not None else 0
 
     async def train(self, model, trajectory_groups, *, config: TrainConfig | None = None,
-                    _config: dict | None = None, progress: Callable[[dict], None] | None = None, **options):
+                    _config: dict | None = None, progress: Callable[[dict], None] | None = None,
+                    expected_step: int | None = None, **options):
         """Newer ART's entry point: one update; returns a result with `step` and `metrics`.
         Extra keyword options (learning_rate, beta, epsilon, ...) override `config`. `progress`
-        receives event dicts while the step runs (see `ModelService.train`)."""
+        receives event dicts while the step runs (see `ModelService.train`). With
+        `expected_step`, a model at another step raises StepConflictError and trains nothing."""
         from art.training.options import TrainOptions
 
         merged = {**(config.model_dump() if config else {}), **(_config or {}), **options}
         service = self._service(model)
-        return await service.train(list(trajectory_groups), TrainOptions.build(None, merged), progress=progress)
+        return await service.train(list(trajectory_groups), TrainOptions.build(None, merged), progress=progress,
+                                   expected_step=expected_step)
 
     async def _train_model(self, model, groups, config: TrainConfig, dev_config: dict, verbose: bool = False):
         return await self.train(model, groups, config=config, _config=dev_config)

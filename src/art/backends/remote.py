@@ -6,10 +6,19 @@ changing one line. It holds no model state and imports no torch: trajectories le
 (`for_logging()` dumps, Choices whole with their token ids and logprobs), rollouts go
 straight to the server's OpenAI routes, and server errors come back as `art.errors`
 exceptions carrying the server's message.
+
+No batch is trained twice. Every train call carries `expected_step`, the step this client last
+saw for the model (from register, get_step or the previous result); the server refuses another
+step with a 409, raised here as `art.StepConflictError`. A call whose outcome is unknown (the
+connection broke mid-step: the step may still complete on the server) is remembered with a
+digest of its body: sending the same body again sends the step it was first sent for, so a
+blind retry of a step that did complete gets the 409 instead of a second update, while a retry
+of one that did not complete trains normally.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from dataclasses import dataclass
@@ -19,7 +28,8 @@ import httpx
 from pydantic_core import to_jsonable_python
 from tqdm.auto import tqdm
 
-from art.errors import ArtValueError, BackendError, ContextLengthError, ModelNotFoundError
+from art.errors import (ArtValueError, BackendError, BackendUnavailableError, ContextLengthError, ModelNotFoundError,
+                        StepConflictError)
 from art.storage.layout import validate_name
 from art.types import TrainConfig
 
@@ -51,6 +61,8 @@ class RemoteBackend:
         self._client = httpx.AsyncClient(base_url=self.base_url, headers=headers, transport=transport,
                                          timeout=self._timeout)
         self._openai_clients: list[httpx.AsyncClient] = []
+        self._steps: dict[tuple[str, str], int] = {}  # the step last seen per model
+        self._in_doubt: dict[tuple[str, str], tuple[str, int | None]] = {}  # body digest, step sent
 
     def __repr__(self) -> str:  # never shows the key
         return f"RemoteBackend({self.base_url!r})"
@@ -66,7 +78,9 @@ class RemoteBackend:
         }
         if not body["trainable"]:
             body.update(inference_base_url=model.inference_base_url, inference_model_name=model.inference_model_name)
-        await self._request("POST", "/art/models", body)
+        info = await self._request("POST", "/art/models", body)
+        if isinstance(info, dict) and isinstance(info.get("step"), int):
+            self._steps[(model.project, model.name)] = info["step"]
         if not body["trainable"] and model.inference_base_url is not None:
             return  # a prompted baseline on its own endpoint: only its logs live on the server
         model.inference_base_url = f"{self.base_url}/v1"
@@ -74,24 +88,32 @@ class RemoteBackend:
         model.inference_model_name = model.name
 
     async def _get_step(self, model) -> int:
-        return (await self._request("GET", _path(model, "step")))["step"]
+        step = (await self._request("GET", _path(model, "step")))["step"]
+        self._steps[(model.project, model.name)] = step
+        return step
 
     async def train(self, model, trajectory_groups, *, config: TrainConfig | None = None,
                     _config: dict | None = None, progress: Callable[[dict], None] | None = None,
                     **options) -> TrainResult:
         """One update on the server, with a progress bar fed by its NDJSON stream; returns the
-        new step and its metrics. Options as for `LocalBackend.train`."""
+        new step and its metrics. Options as for `LocalBackend.train`. Raises StepConflictError
+        when the server's step is not the one this client last saw (see the module docstring)."""
+        key = (model.project, model.name)
         body = {
             "trajectory_groups": [group.for_logging() for group in trajectory_groups],
             "config": config.model_dump() if config is not None else None,
             "dev_config": dict(_config or {}),
             "options": options,
         }
+        digest = hashlib.sha256(json.dumps(body, default=str, sort_keys=True).encode()).hexdigest()
+        doubt = self._in_doubt.get(key)
+        body["expected_step"] = doubt[1] if doubt is not None and doubt[0] == digest else self._steps.get(key)
         bar = tqdm(total=None, desc=f"train {model.name}", unit="step", leave=False)
         try:
             async with self._client.stream("POST", _path(model, "train"), **_json_body(body)) as response:
                 if response.status_code >= 400:
                     await response.aread()
+                    self._in_doubt.pop(key, None)  # refused before anything started
                     _raise_for_response(response)
                 async for line in response.aiter_lines():
                     if not line.strip():
@@ -99,15 +121,22 @@ class RemoteBackend:
                     event = _parse(line, response)
                     if progress is not None:
                         progress(event)
+                    if event.get("type") == "error" and (event.get("error") or {}).get("status") != 409:
+                        self._in_doubt.pop(key, None)  # the server says the step failed: nothing in doubt
                     result = _on_event(event, bar)
                     if result is not None:
+                        self._in_doubt.pop(key, None)
+                        self._steps[key] = result.step
                         return result
         except httpx.HTTPError as exc:
+            self._in_doubt[key] = (digest, body["expected_step"])
             raise BackendError(
                 f"the connection to {self.base_url} broke during training ({type(exc).__name__}: {exc}); "
-                "the step may still complete on the server: check `await model.get_step()`") from exc
+                "the step may still complete on the server: check `await model.get_step()` (sending the same "
+                "groups again is safe: a step that did complete is not trained twice)") from exc
         finally:
             bar.close()
+        self._in_doubt[key] = (digest, body["expected_step"])
         raise BackendError(f"{self.base_url} ended the training stream without a result; the step may still "
                            "complete on the server: check `await model.get_step()`")
 
@@ -221,6 +250,10 @@ def _raise_error(error: dict[str, Any], status: int) -> NoReturn:
         raise BackendError(f"{message} (set the key with RemoteBackend(api_key=...) or {API_KEY_ENV})")
     if status == 413:
         raise ArtValueError(message, field="trajectory_groups")
+    if status == 409 and code == "step_conflict":
+        raise StepConflictError(message, expected_step=error.get("expected_step"), current_step=error.get("current_step"))
+    if status == 503:
+        raise BackendUnavailableError(f"art server unavailable (HTTP 503): {message}")
     if 400 <= status < 500 and status != 404:
         cls = ContextLengthError if code == "context_length_exceeded" else ArtValueError
         raise cls(message, field=param)

@@ -38,7 +38,21 @@ class TrainConfig(TypedDict, total=False):
     max_grad_norm: float
     """Gradient-norm clip. Default 0.1."""
     micro_batch_tokens: int
-    """Padded tokens per forward pass (memory bound; the update is the same). Default 4096."""
+    """Tokens per forward pass, rows x widest row (memory bound; the update is the same).
+    Default 4096."""
+    packing: Literal["shared_prefix", "packed", "padded"]
+    """Layout of the forward pass (the update is the same): "shared_prefix" computes a group's
+    common prompt once (group/parent attention mask) and packs rows without padding; "packed"
+    packs whole sequences; "padded" is one padded row per sequence. Default "shared_prefix"."""
+    packed_row_tokens: int
+    """Longest packed row (attention work grows with it). Default 512."""
+    gradient_checkpointing: bool
+    """Recompute decoder-layer activations in the backward: less memory, ~1/3 more compute.
+    Default False."""
+    mini_batches: int
+    """AdamW steps per epoch; the batch is split into this many parts. Default 1."""
+    epochs: int
+    """Passes over the batch (PPO epochs, TRL's num_iterations). Default 1."""
 
 
 class PeftArgs(TypedDict, total=False):
@@ -66,6 +80,11 @@ class InternalModelConfig(TypedDict, total=False):
     engine_args: EngineArgs
     seed: int
     """Seeds the LoRA initialisation at step 0. Default 0."""
+    full_finetune: bool
+    """Train every weight instead of a LoRA adapter (small models: memory is ~4x the weights
+    for AdamW). Checkpoints hold the whole model; only the latest step is served, and the
+    base model is not served beside it. Use a lower learning_rate than for LoRA (e.g. 1e-5).
+    Default False."""
 
 
 __all__ = ["EngineArgs", "InternalModelConfig", "PeftArgs", "TrainConfig"]

@@ -2,7 +2,8 @@
 
 The adapter being trained is the "live" one (peft's adapter name `default`); older checkpoints
 are loaded on demand under their own names and kept in a small LRU (never evicted while a
-running request uses them); `__base__` is the base model. peft's `adapter_names` forward
+running request uses them); `__base__` is the base model. A fully fine-tuned model (no peft)
+serves its live weights only. peft's `adapter_names` forward
 argument lets one batch mix all of them. Callers hold the model lock.
 """
 
@@ -36,9 +37,14 @@ class AdapterSet:
         """The peft name serving `ref` now, and the step it holds; pair with `release`."""
         if ref is None:
             return BASE, None
+        live = ref.step is None or ref.step == self.live_step or ref.path is None
         if not is_peft(self.model):
-            raise ModelNotFoundError(f"adapter {ref.key!r} requested but the model has no LoRA adapters")
-        if ref.step is None or ref.step == self.live_step or ref.path is None:
+            if not live:  # full fine-tuning: only the weights in memory exist
+                raise ModelNotFoundError(f"{ref.key!r}: only the latest step ({self.live_step}) of a fully "
+                                         "fine-tuned model is served")
+            self._in_use[LIVE] += 1
+            return LIVE, self.live_step
+        if live:
             name, step = LIVE, self.live_step
         else:
             name, step = self._load(ref), ref.step

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from contextlib import contextmanager
 from typing import Iterator
 
@@ -24,7 +25,7 @@ from art.engine.sampling import make_generator, sample_next
 from art.engine.scheduler import Scheduler
 from art.engine.sequence import Request, Sample
 from art.engine.stopping import StopChecker
-from art.errors import BackendError
+from art.errors import BackendUnavailableError
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +62,8 @@ class LLMEngine:
         self.steps = 0
         self.prompt_tokens = 0
         """Prompt tokens of all admitted requests (compare runner.prefill_computed_tokens)."""
+        self.progress_at = time.monotonic()
+        """When the loop last finished a step, or work reached an idle engine (`stalled_s`)."""
         self._cv = threading.Condition()
         self._stopped = False
         self._thread = threading.Thread(target=self._loop, name="art-engine", daemon=True)
@@ -86,7 +89,9 @@ class LLMEngine:
         request.samples = [Sample(request, i, make_generator(params.seed, i)) for i in range(params.n)]
         with self._cv:
             if self._stopped:
-                raise BackendError("the engine is stopped (backend closed)")
+                raise BackendUnavailableError("the engine is stopped (backend closed)")
+            if self.scheduler.idle:
+                self.progress_at = time.monotonic()
             self.scheduler.add(request)  # raises ArtValueError for what could never fit
             self._cv.notify_all()
         return await future
@@ -98,6 +103,19 @@ class LLMEngine:
     @property
     def running(self) -> int:
         return len(self.scheduler.running)
+
+    @property
+    def thread_id(self) -> int | None:
+        """The engine thread's id (a watchdog reads its stack with `sys._current_frames`)."""
+        return self._thread.ident
+
+    def stalled_s(self) -> float:
+        """Seconds without progress while there is work the loop could do; 0 when it has none.
+        Requests held back while a weight update pauses the engine are not the loop's stall.
+        Reads without the lock: a watchdog must not wait on what it watches."""
+        scheduler = self.scheduler
+        pending = bool(scheduler.running) or (bool(scheduler.waiting) and not scheduler.paused)
+        return time.monotonic() - self.progress_at if pending and not self._stopped else 0.0
 
     @contextmanager
     def paused(self) -> Iterator[None]:
@@ -112,6 +130,7 @@ class LLMEngine:
         finally:
             with self._cv:
                 self.scheduler.paused = False
+                self.progress_at = time.monotonic()  # what waited meanwhile is not a stall
                 self._cv.notify_all()
 
     def weights_updated(self, step: int) -> None:
@@ -121,7 +140,7 @@ class LLMEngine:
 
     # -- engine thread ----------------------------------------------------------------------
     def stop(self) -> None:
-        """End the engine thread; requests still waiting or running get a BackendError."""
+        """End the engine thread; requests still waiting or running get a BackendUnavailableError."""
         with self._cv:
             self._stopped = True
             self._cv.notify_all()
@@ -147,6 +166,7 @@ class LLMEngine:
                 finished = self._fail_all(exc)
             with self._cv:
                 done = self.scheduler.finish(finished)
+                self.progress_at = time.monotonic()
                 self._cv.notify_all()
             for request in done:
                 self.adapters.release(request.adapter_name)
@@ -246,7 +266,7 @@ class LLMEngine:
         return sample.finish_reason
 
     def _abandon(self) -> None:
-        error = BackendError("the engine was stopped (backend closed) before this request finished")
+        error = BackendUnavailableError("the engine was stopped (backend closed) before this request finished")
         requests = list(self.scheduler.waiting) + list({id(s.request): s.request for s in self.scheduler.running}.values())
         self.scheduler.waiting.clear()
         self.scheduler.running.clear()

@@ -7,8 +7,14 @@ every choice carries its exact completion `token_ids`, the `prompt_token_ids` (v
 `return_token_ids` names) and per-token logprobs, whether or not the client asked for them.
 With `tools`, `art.server.tools` shapes the prompt and parses `<tool_call>` blocks into
 `message.tool_calls`; the ids and logprobs stay exactly as sampled.
-Errors leave in OpenAI's shape `{"error": {message, type, param, code}}`; a failure in one
-request is answered with a 500 and never takes the server down.
+Errors leave in OpenAI's shape `{"error": {message, type, param, code}}`, mapped once from
+`art.errors` (`error_object`); a failure in one request is answered with a 500 and never
+takes the server down.
+
+A backend whose models may be known only on disk (`art serve` after a restart) passes
+`recover`: a model name that does not resolve is offered to it once, and resolved again if it
+loaded the model. A `watchdog` (`art.server.watchdog`) turns /health "degraded" while
+something is stuck.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import jinja2
@@ -27,7 +33,8 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from art.engine.base import Completion, SamplingParams
-from art.errors import ArtError, ArtValueError, ContextLengthError, ModelNotFoundError
+from art.errors import (ArtError, ArtValueError, BackendUnavailableError, ContextLengthError, ModelNotFoundError,
+                        StepConflictError)
 from art.server.registry import ModelRegistry, ServedModel
 from art.server.schemas import ChatCompletionRequest
 from art.server.tools import split_completion, stream_deltas, template_messages, tools_active
@@ -35,17 +42,25 @@ from art.server.tools import split_completion, stream_deltas, template_messages,
 log = logging.getLogger(__name__)
 
 
-def create_app(registry: ModelRegistry, *, default_max_tokens: int = 1024) -> FastAPI:
-    """Build the app. `default_max_tokens` caps completions whose request sets no limit."""
+def create_app(registry: ModelRegistry, *, default_max_tokens: int = 1024,
+               recover: Callable[[str], Awaitable[bool]] | None = None, watchdog=None) -> FastAPI:
+    """Build the app. `default_max_tokens` caps completions whose request sets no limit.
+    `recover(model)`: loads a model the registry does not know yet, True if it did.
+    `watchdog`: anything with `stuck() -> list[dict]`, shown by /health."""
     app = FastAPI(title="art", docs_url=None, redoc_url=None)
     created = int(time.time())
     _install_error_handlers(app)
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
-        """Liveness plus each engine's load (queue depth, running samples, cache reuse)."""
+        """Liveness plus each engine's load (queue depth, running samples, cache reuse); with a
+        watchdog, "degraded" and what is stuck (which thread, for how long, where) while it is."""
         stats = registry.stats() if hasattr(registry, "stats") else {}
-        return {"status": "ok", "engines": stats}
+        stuck = watchdog.stuck() if watchdog is not None else []
+        body: dict[str, Any] = {"status": "degraded" if stuck else "ok", "engines": stats}
+        if watchdog is not None:
+            body["stuck"] = stuck
+        return body
 
     @app.get("/v1/models")
     async def list_models() -> dict[str, Any]:
@@ -58,7 +73,12 @@ def create_app(registry: ModelRegistry, *, default_max_tokens: int = 1024) -> Fa
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest):
         try:
-            served = registry.resolve(body.model)
+            try:
+                served = registry.resolve(body.model)
+            except ModelNotFoundError:
+                if recover is None or not await recover(body.model):
+                    raise
+                served = registry.resolve(body.model)  # stored on disk, loaded again just now
             return await _complete(served, body, default_max_tokens)
         except (ArtError, StarletteHTTPException):
             raise
@@ -269,6 +289,29 @@ def _error(status: int, message: str, type_: str, param: str | None = None,
     return JSONResponse(body, status_code=status)
 
 
+def error_object(exc: BaseException) -> dict[str, Any]:
+    """OpenAI's error object for `exc`, with the HTTP `status` it is answered with (the one
+    mapping of `art.errors` to HTTP; `art.RemoteBackend` inverts it)."""
+    extra: dict[str, Any] = {}
+    if isinstance(exc, ModelNotFoundError):
+        status, kind, param, code = 404, "invalid_request_error", "model", "model_not_found"
+    elif isinstance(exc, ArtValueError):
+        code = "context_length_exceeded" if isinstance(exc, ContextLengthError) else None
+        field = getattr(exc, "field", None)
+        status, kind, param = 400, "invalid_request_error", field if isinstance(field, str) else None
+    elif isinstance(exc, StepConflictError):
+        status, kind, param, code = 409, "invalid_request_error", "expected_step", "step_conflict"
+        extra = {"expected_step": exc.expected_step, "current_step": exc.current_step}
+    elif isinstance(exc, BackendUnavailableError):
+        status, kind, param, code = 503, "server_error", None, "unavailable"
+    elif isinstance(exc, ArtError):
+        status, kind, param, code = 500, "server_error", None, None
+    else:
+        return {"message": f"internal error: {type(exc).__name__}: {exc}", "type": "server_error",
+                "param": None, "code": None, "status": 500}
+    return {"message": str(exc), "type": kind, "param": param, "code": code, **extra, "status": status}
+
+
 def _loc(loc: tuple) -> str | None:
     """('body', 'messages', 0, 'content') -> 'messages[0].content'."""
     out = ""
@@ -297,19 +340,13 @@ def _install_error_handlers(app: FastAPI) -> None:
         param = _loc(tuple(errors[0].get("loc", ()))) if errors else None
         return _error(400, "invalid request: " + "; ".join(parts), "invalid_request_error", param)
 
-    @app.exception_handler(ModelNotFoundError)
-    async def not_found(request: Request, exc: ModelNotFoundError) -> JSONResponse:
-        return _error(404, str(exc), "invalid_request_error", "model", "model_not_found")
-
-    @app.exception_handler(ArtValueError)
-    async def bad_value(request: Request, exc: ArtValueError) -> JSONResponse:
-        code = "context_length_exceeded" if isinstance(exc, ContextLengthError) else None
-        return _error(400, str(exc), "invalid_request_error", exc.field, code)
-
     @app.exception_handler(ArtError)
     async def art_error(request: Request, exc: ArtError) -> JSONResponse:
-        log.error("request failed: %s", exc)
-        return _error(500, str(exc), "server_error")
+        body = error_object(exc)
+        status = body.pop("status")
+        if status >= 500:
+            log.error("request failed: %s", exc)
+        return JSONResponse({"error": body}, status_code=status)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:

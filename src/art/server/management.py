@@ -28,6 +28,16 @@ Input that can be checked up front (names, payload shape, training options) is r
 with an ordinary 4xx before the stream starts. The update runs as its own task: a client
 that disconnects mid-step does not cancel it; the step completes and is checkpointed
 atomically, and the client sees it on its next `get_step`.
+
+A train body may carry `expected_step`, the step the client believes it trains from. If the
+model is elsewhere (usually: the same call already completed after its connection broke) the
+answer is a 409 `step_conflict` and nothing is trained, so a retry never applies a batch twice.
+The check is made again under the model's training lock, so two racing calls cannot both pass;
+the loser then ends its stream with an `error` line carrying status 409.
+
+After a restart (even `kill -9`) the server knows no registrations, but the runs are on disk:
+a request that names a model with a `model.json` under the storage root registers it again
+from that file (`Registrations.recover`), at its latest complete checkpoint, before answering.
 """
 
 from __future__ import annotations
@@ -47,9 +57,10 @@ from openai.types.chat.chat_completion import Choice
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from art.errors import (ArtError, ArtValueError, BackendError, ContextLengthError, ModelNotFoundError,
+from art.errors import (ArtError, ArtValueError, BackendUnavailableError, ModelNotFoundError, StepConflictError,
                         TrajectoryError)
 from art.model import Model, TrainableModel
+from art.server.app import error_object
 from art.storage.layout import validate_name
 from art.trajectories import ExceptionRecord, Trajectory, TrajectoryGroup
 from art.types import TrainConfig
@@ -165,6 +176,9 @@ class TrainRequest(_Strict):
     config: TrainConfig | None = Field(None, description="`art.TrainConfig` (learning_rate, beta).")
     dev_config: dict[str, Any] = Field({}, description="`art.dev.TrainConfig` options (the `_config` argument).")
     options: dict[str, Any] = Field({}, description="Keyword options of `backend.train`; they override both.")
+    expected_step: int | None = Field(
+        None, ge=0, description="The step the client trains from; another step on the server gets a 409 "
+                                "(`step_conflict`) and trains nothing. None skips the check.")
 
 
 class LogRequest(_Strict):
@@ -235,21 +249,6 @@ def _named(exc: ValidationError, where: str) -> TrajectoryError:
     return TrajectoryError(f"{where}{loc}: {first.get('msg', 'invalid')}", field=f"{where}{loc}")
 
 
-def error_object(exc: BaseException) -> dict[str, Any]:
-    """OpenAI's error object for `exc`, with the HTTP status the app would answer it with."""
-    if isinstance(exc, ModelNotFoundError):
-        status, kind, param, code = 404, "invalid_request_error", "model", "model_not_found"
-    elif isinstance(exc, ArtValueError):
-        code = "context_length_exceeded" if isinstance(exc, ContextLengthError) else None
-        status, kind, param = 400, "invalid_request_error", exc.field
-    elif isinstance(exc, ArtError):
-        status, kind, param, code = 500, "server_error", None, None
-    else:
-        return {"message": f"internal error: {type(exc).__name__}: {exc}", "type": "server_error",
-                "param": None, "code": None, "status": 500}
-    return {"message": str(exc), "type": kind, "param": param, "code": code, "status": status}
-
-
 def _line(event: dict[str, Any]) -> bytes:
     # Python's json: a diverged loss arrives as NaN rather than failing the whole stream.
     return (json.dumps(event, default=str) + "\n").encode()
@@ -291,26 +290,79 @@ def model_key(project: str, name: str) -> tuple[str, str]:
     return validate_name(project, "project"), validate_name(name, "name")
 
 
+class Registrations:
+    """The models this server process has registered, and their recovery from disk.
+
+    `backend` is a `LocalBackend`: `stored_model(project, name)` gives a run's model.json and
+    `stored_models(name)` the (project, name) pairs stored under a model name.
+    """
+
+    def __init__(self, backend) -> None:
+        self.backend = backend
+        self.models: dict[tuple[str, str], Model] = {}
+        self._locks: dict[tuple[str, str], asyncio.Lock] = {}
+
+    def lock(self, key: tuple[str, str]) -> asyncio.Lock:
+        """Held while `key` is loaded: one load per model, however many requests name it."""
+        return self._locks.setdefault(key, asyncio.Lock())
+
+    async def recover(self, key: tuple[str, str]) -> Model | None:
+        """The registered model, or the stored run registered again from its model.json (a
+        restart); None when this server has neither."""
+        if key in self.models:
+            return self.models[key]
+        async with self.lock(key):
+            if key in self.models:
+                return self.models[key]
+            stored = await asyncio.to_thread(self.backend.stored_model, *key)
+            if not stored or not isinstance(stored.get("base_model"), str):
+                return None
+            internal = stored.get("internal_config")
+            model = TrainableModel(name=key[1], project=key[0], base_model=stored["base_model"],
+                                   config=stored.get("config"),
+                                   _internal_config=internal if isinstance(internal, dict) else None)
+            log.warning("%s/%s was not registered in this server process: loading it from its stored run "
+                        "(a restart?)", *key)
+            await self.backend.register(model)
+            self.models[key] = model
+            return model
+
+    async def recover_served(self, requested: str) -> bool:
+        """For the OpenAI routes: `name` or `name@step` of a stored run not loaded yet; True
+        when it was loaded. A name stored under several projects is not guessed."""
+        name = requested.partition("@")[0]
+        try:
+            validate_name(name, "model")
+        except ArtValueError:
+            return False
+        keys = [key for key in await asyncio.to_thread(self.backend.stored_models, name) if key not in self.models]
+        if len(keys) > 1:
+            raise ModelNotFoundError(
+                f"The model `{requested}` is not loaded, and runs named {name!r} are stored in several projects "
+                f"({', '.join(p for p, _ in keys)}): register the one you mean with `await model.register(backend)`")
+        return bool(keys) and await self.recover(keys[0]) is not None
+
+
 # -- the routes ------------------------------------------------------------------------------
 
 
-def management_router(backend, *, heartbeat_s: float = 10.0) -> APIRouter:
+def management_router(backend, *, heartbeat_s: float = 10.0, registrations: Registrations | None = None) -> APIRouter:
     """Routes under `/art` backed by `backend` (a `LocalBackend` in this process)."""
     router = APIRouter(prefix="/art", tags=["management"])
-    models: dict[tuple[str, str], Model] = {}
-    register_locks: dict[tuple[str, str], asyncio.Lock] = {}
+    registrations = registrations or Registrations(backend)
+    models = registrations.models
     running: set[asyncio.Task] = set()  # train tasks outlive their requests; keep them referenced
 
-    def registered(key: tuple[str, str]) -> Model:
-        model = models.get(key)
+    async def registered(key: tuple[str, str]) -> Model:
+        model = await registrations.recover(key)
         if model is None:
             raise ModelNotFoundError(
-                f"model {key[0]}/{key[1]} is not registered on this server (it may have restarted): "
-                "call `await model.register(backend)` again")
+                f"model {key[0]}/{key[1]} is not registered on this server and no run of it is stored under "
+                "its storage path: call `await model.register(backend)`")
         return model
 
-    def trainable(key: tuple[str, str]) -> TrainableModel:
-        model = registered(key)
+    async def trainable(key: tuple[str, str]) -> TrainableModel:
+        model = await registered(key)
         if not getattr(model, "trainable", False):
             raise ArtValueError(f"model {key[0]}/{key[1]} was registered as not trainable", field="trainable")
         return model
@@ -323,7 +375,7 @@ def management_router(backend, *, heartbeat_s: float = 10.0) -> APIRouter:
     @_answer_errors
     async def register(body: RegisterRequest) -> ModelInfo:
         key = (body.project, body.name)
-        async with register_locks.setdefault(key, asyncio.Lock()):  # one load per model
+        async with registrations.lock(key):  # one load per model
             common = dict(name=body.name, project=body.project, config=body.config)
             if body.trainable:
                 model = TrainableModel(base_model=body.base_model, _internal_config=body.internal_config, **common)
@@ -346,7 +398,7 @@ def management_router(backend, *, heartbeat_s: float = 10.0) -> APIRouter:
     @router.get("/models/{project}/{name}/step", response_model=StepInfo, summary="Latest step")
     @_answer_errors
     async def get_step(key: tuple[str, str] = Depends(model_key)) -> StepInfo:
-        model = models.get(key) or _ModelRef(*key)
+        model = await registrations.recover(key) or _ModelRef(*key)
         return StepInfo(step=await backend._get_step(model))
 
     @router.post(
@@ -360,11 +412,14 @@ def management_router(backend, *, heartbeat_s: float = 10.0) -> APIRouter:
     async def train(body: TrainRequest, key: tuple[str, str] = Depends(model_key)) -> StreamingResponse:
         from art.training.options import TrainOptions  # server side only: it brings torch
 
-        model = trainable(key)
+        model = await trainable(key)
         groups = await asyncio.to_thread(_groups, body.trajectory_groups)  # CPU work off the event loop
         config = body.config.model_dump() if body.config else {}
         TrainOptions.build(None, {**config, **body.dev_config, **body.options})  # 400 before streaming
-        step = await backend._get_step(model) + 1
+        current = await backend._get_step(model)
+        if body.expected_step is not None and body.expected_step != current:
+            raise StepConflictError.between(f"{key[0]}/{key[1]}", body.expected_step, current)
+        step = current + 1
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
 
@@ -372,7 +427,8 @@ def management_router(backend, *, heartbeat_s: float = 10.0) -> APIRouter:
             loop.call_soon_threadsafe(queue.put_nowait, event)
 
         task = asyncio.ensure_future(backend.train(model, groups, config=body.config, _config=body.dev_config,
-                                                   progress=progress, **body.options))
+                                                   progress=progress, expected_step=body.expected_step,
+                                                   **body.options))
         running.add(task)
 
         def finished(task: asyncio.Task) -> None:
@@ -396,7 +452,7 @@ def management_router(backend, *, heartbeat_s: float = 10.0) -> APIRouter:
                     break
                 yield _line(event)
             if task.cancelled():
-                cancelled = BackendError("the step was cancelled (server shutdown)")
+                cancelled = BackendUnavailableError("the step was cancelled (server shutdown)")
                 yield _line({"type": "error", "error": error_object(cancelled)})
             elif task.exception() is not None:
                 yield _line({"type": "error", "error": error_object(task.exception())})
@@ -417,7 +473,7 @@ def management_router(backend, *, heartbeat_s: float = 10.0) -> APIRouter:
     @router.get("/models/{project}/{name}/checkpoints", response_model=Checkpoints, summary="Saved steps")
     @_answer_errors
     async def list_checkpoints(key: tuple[str, str] = Depends(model_key)) -> Checkpoints:
-        model = trainable(key)
+        model = await trainable(key)
         return Checkpoints(steps=await backend._list_checkpoints(model), latest=await backend._get_step(model))
 
     @router.delete("/models/{project}/{name}/checkpoints", response_model=DeletedCheckpoints,
@@ -427,7 +483,7 @@ def management_router(backend, *, heartbeat_s: float = 10.0) -> APIRouter:
         key: tuple[str, str] = Depends(model_key),
         best_checkpoint_metric: str = Query("val/reward", description="History metric whose best step is kept."),
     ) -> DeletedCheckpoints:
-        model = trainable(key)
+        model = await trainable(key)
         deleted = await backend._delete_checkpoints(model, best_checkpoint_metric)
         return DeletedCheckpoints(deleted=deleted, kept=await backend._list_checkpoints(model))
 

@@ -4,6 +4,9 @@ The app is the OpenAI routes (`art.server.app`) plus the management routes
 (`art.server.management`), behind a bearer key and a request-size bound
 (`art.server.security`). Unlike `LocalBackend`'s own loopback server, this one is meant to be
 reached from other machines (the `art serve` command refuses a non-loopback address without a key).
+A restarted server loads stored runs again when a request names them
+(`management.Registrations`), and a watchdog thread (`art.server.watchdog`) reports a stuck
+engine loop or training step in the log and on /health.
 """
 
 from __future__ import annotations
@@ -16,8 +19,9 @@ from fastapi import FastAPI
 
 from art.backends.local import LocalBackend
 from art.server.app import create_app
-from art.server.management import management_router
+from art.server.management import Registrations, management_router
 from art.server.security import BearerAuth, BodyLimit
+from art.server.watchdog import ENGINE_STALL_S, TRAINING_STEP_S, Watchdog
 
 log = logging.getLogger(__name__)
 
@@ -28,18 +32,29 @@ DEFAULT_MAX_BODY_MB = 256.0
 
 
 def create_serve_app(backend: LocalBackend, *, api_key: str | None = None,
-                     max_body_bytes: int = int(DEFAULT_MAX_BODY_MB * 2**20), heartbeat_s: float = 10.0) -> FastAPI:
+                     max_body_bytes: int = int(DEFAULT_MAX_BODY_MB * 2**20), heartbeat_s: float = 10.0,
+                     watchdog_s: float | None = ENGINE_STALL_S,
+                     watchdog_train_s: float | None = TRAINING_STEP_S) -> FastAPI:
     """The whole app for `backend`. With `api_key`, every route but /health needs it.
-    Shutting the app down (its lifespan) stops every model's engine."""
-    app = create_app(backend)
+    `watchdog_s`: seconds an engine loop may have pending work without progress, and
+    `watchdog_train_s`: seconds a training step may run, before the watchdog reports them
+    (0 or None: not checked). The app's lifespan runs the watchdog thread, and shutting the
+    app down stops it and every model's engine."""
+    watchdog = Watchdog(backend.activities, limits={"engine": watchdog_s, "training step": watchdog_train_s})
+    registrations = Registrations(backend)
+    app = create_app(backend, recover=registrations.recover_served, watchdog=watchdog)
 
     @contextlib.asynccontextmanager
     async def lifespan(_app):
-        yield
-        await backend.close()
+        watchdog.start()
+        try:
+            yield
+        finally:
+            watchdog.stop()
+            await backend.close()
 
     app.router.lifespan_context = lifespan
-    app.include_router(management_router(backend, heartbeat_s=heartbeat_s))
+    app.include_router(management_router(backend, heartbeat_s=heartbeat_s, registrations=registrations))
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
     if api_key:
         app.add_middleware(BearerAuth, api_key=api_key)  # added last: runs first, before any body is read
@@ -50,7 +65,8 @@ def url_for(host: str, port: int) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
-def serve(*, host: str, port: int, path: str, api_key: str | None, max_body_mb: float = DEFAULT_MAX_BODY_MB) -> None:
+def serve(*, host: str, port: int, path: str, api_key: str | None, max_body_mb: float = DEFAULT_MAX_BODY_MB,
+          watchdog_s: float | None = ENGINE_STALL_S, watchdog_train_s: float | None = TRAINING_STEP_S) -> None:
     """Bind, print the address, serve until SIGINT/SIGTERM (uvicorn finishes open requests,
     the app's lifespan stops the engines, then re-raises the signal)."""
     import uvicorn
@@ -67,7 +83,8 @@ def serve(*, host: str, port: int, path: str, api_key: str | None, max_body_mb: 
     # A wildcard bind is served on every address; the backend's own URL uses loopback.
     local = url_for("127.0.0.1" if host in ("0.0.0.0", "") else "::1" if host == "::" else host, port)
     backend = LocalBackend(path=path, served_at=local)
-    app = create_serve_app(backend, api_key=api_key, max_body_bytes=int(max_body_mb * 2**20))
+    app = create_serve_app(backend, api_key=api_key, max_body_bytes=int(max_body_mb * 2**20),
+                           watchdog_s=watchdog_s, watchdog_train_s=watchdog_train_s)
     server = uvicorn.Server(uvicorn.Config(app, log_level="info", timeout_graceful_shutdown=10))
     print(f"art serve: listening on {url} (storage {path}, auth {'on' if api_key else 'off'}); "
           f"OpenAI routes at {url}/v1, management at {url}/art, schema at {url}/openapi.json", flush=True)

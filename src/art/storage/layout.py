@@ -51,6 +51,20 @@ class ModelDir:
         self.path.mkdir(parents=True, exist_ok=True)
         write_atomic(self.model_json, json.dumps(data, indent=2, default=str))
 
+    def read_model_json(self) -> dict | None:
+        """What `write_model_json` wrote last, or None when there is no readable one."""
+        try:
+            data = json.loads(self.model_json.read_text())
+        except (OSError, ValueError):
+            return None
+        return data if isinstance(data, dict) else None
+
+
+def stored_runs(root: str | Path) -> list[tuple[str, str]]:
+    """(project, name) of every run under `root` with a model.json (trainable models)."""
+    return sorted((path.parts[-4], path.parts[-2]) for path in Path(root).glob("*/models/*/model.json")
+                  if _NAME.match(path.parts[-4]) and _NAME.match(path.parts[-2]))
+
 
 def write_atomic(path: Path, text: str) -> None:
     """Write a small file so readers see the old or the new content, never half."""

@@ -17,6 +17,8 @@ from typing import Callable
 import torch
 from tqdm.auto import tqdm
 
+from art.errors import ArtValueError
+
 from art.training.advantages import balance_advantage, group_advantages, reward_std
 from art.training import packing
 from art.training.logprobs import gathered_logprobs
@@ -33,8 +35,16 @@ OPTIMIZER_FILE = "optimizer.pt"
 
 
 class Trainer:
-    def __init__(self, model, tokenizer, *, lock: threading.RLock | None = None) -> None:
-        self.model = model  # a PeftModel whose live adapter is trainable
+    def __init__(self, model, tokenizer, *, lock: threading.RLock | None = None,
+                 load_reference: Callable[[], torch.nn.Module] | None = None) -> None:
+        """`model`: a PeftModel whose live adapter is trained, or a plain model trained whole
+        (full fine-tuning). `load_reference` gives the frozen base model the KL term (beta > 0)
+        needs under full fine-tuning; it is loaded on first use. With LoRA the reference is
+        the same model with the adapter disabled."""
+        self.model = model
+        self.full_finetune = not _is_peft(model)
+        self._load_reference = load_reference
+        self._reference: torch.nn.Module | None = None
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self.lock = lock or threading.RLock()
         self.params = [p for p in model.parameters() if p.requires_grad]
@@ -177,8 +187,7 @@ class Trainer:
         new = self._logprobs(inputs)  # [sequences, tokens-1]
         ref = None
         if options.beta > 0:
-            with torch.no_grad(), self.model.disable_adapter():
-                ref = self._logprobs(inputs)
+            ref = self._reference_logprobs(inputs)
         sampler = inputs["sampler"]
         epsilon, epsilon_high = options.clip_range()
         return policy_loss_terms(
@@ -190,26 +199,71 @@ class Trainer:
             normalizer=normalizer,
         )
 
+    @torch.no_grad()
+    def _reference_logprobs(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        if not self.full_finetune:
+            with self.model.disable_adapter():
+                return self._logprobs(inputs)
+        if self._reference is None:
+            if self._load_reference is None:
+                raise ArtValueError("beta > 0 under full fine-tuning needs the base model as reference; "
+                                    "this trainer was built without one", field="beta")
+            self._reference = self._load_reference().eval().requires_grad_(False)
+        trained, self.model = self.model, self._reference
+        try:
+            return self._logprobs(inputs)
+        finally:
+            self.model = trained
+
     # -- checkpoints ----------------------------------------------------------------------
     def save(self, folder: Path) -> None:
-        """Adapter (peft format, servable by vLLM too) and optimizer state into `folder`."""
+        """The adapter (peft format) or, under full fine-tuning, the whole model (HF format),
+        servable by vLLM either way; and the optimizer state."""
         with self.lock:
-            self.model.save_pretrained(str(folder), selected_adapters=["default"])
+            if self.full_finetune:
+                self.model.save_pretrained(str(folder))
+            else:
+                self.model.save_pretrained(str(folder), selected_adapters=["default"])
             torch.save(self.optimizer.state_dict(), Path(folder) / OPTIMIZER_FILE)
 
     def restore(self, folder: Path) -> None:
-        from peft import set_peft_model_state_dict
-        from safetensors.torch import load_file
-
         with self.lock:
-            weights = load_file(str(Path(folder) / "adapter_model.safetensors"))
-            result = set_peft_model_state_dict(self.model, weights, adapter_name="default")
-            missing = [k for k in getattr(result, "unexpected_keys", []) if "lora" in k]
-            if missing:
-                raise RuntimeError(f"checkpoint {folder} does not match the adapter: {missing[:3]}")
+            if self.full_finetune:
+                self._restore_full(Path(folder))
+            else:
+                self._restore_adapter(Path(folder))
             optimizer_file = Path(folder) / OPTIMIZER_FILE
             if optimizer_file.exists():
                 self.optimizer.load_state_dict(torch.load(optimizer_file, weights_only=True))
+
+
+    def _restore_adapter(self, folder: Path) -> None:
+        from peft import set_peft_model_state_dict
+        from safetensors.torch import load_file
+
+        weights = load_file(str(folder / "adapter_model.safetensors"))
+        result = set_peft_model_state_dict(self.model, weights, adapter_name="default")
+        missing = [k for k in getattr(result, "unexpected_keys", []) if "lora" in k]
+        if missing:
+            raise RuntimeError(f"checkpoint {folder} does not match the adapter: {missing[:3]}")
+
+    def _restore_full(self, folder: Path) -> None:
+        from safetensors.torch import load_file
+
+        weights: dict[str, torch.Tensor] = {}
+        for shard in sorted(folder.glob("model*.safetensors")):
+            weights.update(load_file(str(shard)))
+        missing, unexpected = self.model.load_state_dict(weights, strict=False)
+        tied = {"lm_head.weight"} if getattr(self.model.config, "tie_word_embeddings", False) else set()
+        if unexpected or set(missing) - tied:
+            raise RuntimeError(f"checkpoint {folder} does not match the model: missing {sorted(missing)[:3]}, "
+                               f"unexpected {sorted(unexpected)[:3]}")
+
+
+def _is_peft(model) -> bool:
+    from peft import PeftModel
+
+    return isinstance(model, PeftModel)
 
 
 def prepare_batch(groups, options: TrainOptions) -> tuple[list[Sequence], Counter, dict[str, float]]:

@@ -1,0 +1,75 @@
+"""The weight-sync probe: after each update, the engine's logprobs against the trainer's.
+
+Invariant 2 of the design ("served weights are trained weights"). A fixed short prompt is
+sampled greedily for a few tokens through the engine's ordinary request path (name resolution,
+adapter selection, prefix cache, live-step bookkeeping: what an HTTP request goes through),
+then the trainer scores exactly those ids with its own forward pass. On CPU both share one
+model, so a difference means the serving path is wrong (stale cached KV, the wrong adapter,
+a step label that lies), not that the weights differ. It costs one short prompt and
+`PROBE_TOKENS` decode steps per update.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import torch
+
+from art.engine.base import SamplingParams
+from art.errors import WeightSyncError
+from art.training.logprobs import sequence_logprobs
+
+PROBE_MESSAGE = "Reply with one word: are you ready?"
+PROBE_TOKENS = 4
+TOLERANCE = 1e-3
+"""Largest absolute difference allowed on any probe token's logprob (float32 on CPU agrees
+to ~1e-5; a stale prefix or adapter moves logprobs by far more after a real update)."""
+METRIC = "weight_sync_max_abs_diff"
+
+
+def probe_prompt(tokenizer) -> list[int]:
+    """The chat template on a fixed user message, or plain text for a model without one."""
+    try:
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": PROBE_MESSAGE}],
+                                            add_generation_prompt=True, tokenize=True)
+    except (ValueError, TypeError, AttributeError):  # no chat template
+        ids = tokenizer.encode(PROBE_MESSAGE)
+    if not isinstance(ids, list):  # transformers 5: a BatchEncoding
+        ids = ids["input_ids"]
+    return [int(i) for i in ids]
+
+
+async def check(service) -> dict[str, float]:
+    """Sample the probe through `service`'s engine by its plain name (the latest step) and
+    compare with the trainer. Returns {METRIC: max abs diff}; raises WeightSyncError with both
+    sets of numbers on a mismatch or when the engine says other weights sampled it."""
+    prompt = probe_prompt(service.tokenizer)
+    served = service.resolve(service.name)
+    params = SamplingParams(n=1, temperature=0.0, max_tokens=PROBE_TOKENS, ignore_eos=True)
+    (completion,) = await served.engine.generate(prompt, params, served.adapter)
+    trained = await asyncio.to_thread(trainer_logprobs, service.model, service.lock, prompt, completion.token_ids)
+    served_lp = list(completion.logprobs)
+    diff = max(abs(a - b) for a, b in zip(served_lp, trained))
+    label_ok = completion.step == service.step
+    if not (diff <= TOLERANCE and label_ok):  # `not <=` also catches NaN
+        stale = "" if label_ok else (f"; the engine says the weights of step {completion.step} sampled it, "
+                                     f"not step {service.step}")
+        raise WeightSyncError(
+            f"weight-sync check failed for {service.project}/{service.name} step {service.step}: on the probe "
+            f"tokens {completion.token_ids} the engine served logprobs {_fmt(served_lp)} but the trainer "
+            f"computes {_fmt(trained)} (max abs diff {diff:.3g}, tolerance {TOLERANCE:g}){stale}. The step is "
+            "rolled back to the last checkpoint.")
+    return {METRIC: diff}
+
+
+def trainer_logprobs(model, lock, prompt: list[int], completion: list[int]) -> list[float]:
+    """The trainer's log p of each completion token after the prompt (the same function the
+    loss uses)."""
+    ids = torch.tensor([prompt + completion])  # [1, tokens]
+    with lock, torch.no_grad():
+        values = sequence_logprobs(model, ids, torch.ones_like(ids))  # [1, tokens - 1]
+    return values[0, len(prompt) - 1:].tolist()
+
+
+def _fmt(values: list[float]) -> str:
+    return "[" + ", ".join(f"{v:.6f}" for v in values) + "]"
