@@ -4,8 +4,8 @@ The workload is vs_trl.py's update: 4 prompts of the yes/no/maybe example (chat 
 applied) x 8 samples, completions of up to 48 tokens (half of them the full 48, the rest
 shorter), LoRA r=8 on all linear projections. The baseline is our own trainer with
 `packing="padded"` (what every peer does: each sample its own padded row, prompt included);
-ours is `packing="shared_prefix"` at a few row lengths (the default is 512). Both apply the same update (tests/test_packing.py
-checks loss and gradients match), so only the time differs. Prints the table, the ratio and
+ours is `packing="shared_prefix"` at a few row lengths (the default is 512). Both apply the
+same update (tests/test_packing.py checks loss and gradients match), so only the time differs. Prints the table, the ratio and
 one JSON line.
 
     python benchmarks/train_step.py [--repeats 3] [--row-tokens 256 512 1024]

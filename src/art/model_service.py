@@ -148,7 +148,8 @@ class ModelService:
         return [self.name] + [f"{self.name}@{s}" for s in steps]
 
     # -- training ---------------------------------------------------------------------------
-    async def train(self, groups, options: TrainOptions, progress=None, expected_step: int | None = None) -> TrainResult:
+    async def train(self, groups, options: TrainOptions, progress=None,
+                    expected_step: int | None = None) -> TrainResult:
         """`progress(event)`, when given, is called from the training thread after each optimizer
         step with {"type": "gradient_step", "step", "done", "total", "metrics"}. With
         `expected_step`, a model at another step raises StepConflictError and trains nothing.

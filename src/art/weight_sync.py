@@ -47,7 +47,7 @@ async def check(service) -> dict[str, float]:
     served = service.resolve(service.name)
     params = SamplingParams(n=1, temperature=0.0, max_tokens=PROBE_TOKENS, ignore_eos=True)
     (completion,) = await served.engine.generate(prompt, params, served.adapter)
-    trained = await asyncio.to_thread(trainer_logprobs, service.model, service.lock, prompt, completion.token_ids)
+    trained = await asyncio.to_thread(trainer_logprobs, service, prompt, completion.token_ids)
     served_lp = list(completion.logprobs)
     diff = max(abs(a - b) for a, b in zip(served_lp, trained))
     label_ok = completion.step == service.step
@@ -62,12 +62,13 @@ async def check(service) -> dict[str, float]:
     return {METRIC: diff}
 
 
-def trainer_logprobs(model, lock, prompt: list[int], completion: list[int]) -> list[float]:
-    """The trainer's log p of each completion token after the prompt (the same function the
-    loss uses)."""
+def trainer_logprobs(service, prompt: list[int], completion: list[int]) -> list[float]:
+    """The trainer's log p of each completion token after the prompt, with the function the
+    loss uses, on the model as the trainer sees it: the engine paused (its serving state, such
+    as a LoRA merged into the base weights, undone), as for a training step."""
     ids = torch.tensor([prompt + completion])  # [1, tokens]
-    with lock, torch.no_grad():
-        values = sequence_logprobs(model, ids, torch.ones_like(ids))  # [1, tokens - 1]
+    with service.engine.paused(), torch.no_grad():
+        values = sequence_logprobs(service.model, ids, torch.ones_like(ids))  # [1, tokens - 1]
     return values[0, len(prompt) - 1:].tolist()
 
 

@@ -185,7 +185,8 @@ class RemoteBackend:
             response = await self._client.request(method, path, params=params,
                                                   **(_json_body(body) if body is not None else {}))
         except httpx.HTTPError as exc:
-            raise BackendError(f"cannot reach the art server at {self.base_url}: {type(exc).__name__}: {exc}") from exc
+            raise BackendUnavailableError(
+                f"cannot reach the art server at {self.base_url}: {type(exc).__name__}: {exc}") from exc
         if response.status_code >= 400:
             _raise_for_response(response)
         return _parse(response.content, response)
@@ -251,7 +252,8 @@ def _raise_error(error: dict[str, Any], status: int) -> NoReturn:
     if status == 413:
         raise ArtValueError(message, field="trajectory_groups")
     if status == 409 and code == "step_conflict":
-        raise StepConflictError(message, expected_step=error.get("expected_step"), current_step=error.get("current_step"))
+        raise StepConflictError(message, expected_step=error.get("expected_step"),
+                                current_step=error.get("current_step"))
     if status == 503:
         raise BackendUnavailableError(f"art server unavailable (HTTP 503): {message}")
     if 400 <= status < 500 and status != 404:

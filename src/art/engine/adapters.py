@@ -3,8 +3,14 @@
 The adapter being trained is the "live" one (peft's adapter name `default`); older checkpoints
 are loaded on demand under their own names and kept in a small LRU (never evicted while a
 running request uses them); `__base__` is the base model. A fully fine-tuned model (no peft)
-serves its live weights only. peft's `adapter_names` forward
-argument lets one batch mix all of them. Callers hold the model lock.
+serves its live weights only. peft's `adapter_names` forward argument lets one batch mix all
+of them. Callers hold the model lock.
+
+A batch that uses only the live adapter (the usual RL rollout) runs on merged weights,
+W + B A s, computed once per weight update into new tensors: the LoRA path then costs nothing
+(it was 17-45% of decoding time). The original base tensors are kept and swapped back, never
+recomputed, so unmerging is exact. Anything that changes or trains the live adapter calls
+`unmerge()` first (the trainer refuses merged weights).
 """
 
 from __future__ import annotations
@@ -25,8 +31,10 @@ def is_peft(model) -> bool:
 
 
 class AdapterSet:
-    def __init__(self, model, *, live_step: int = 0, max_loaded: int = 4) -> None:
+    def __init__(self, model, *, live_step: int = 0, max_loaded: int = 4, merge_live: bool = True) -> None:
         self.model = model
+        self.merge_live = merge_live and is_peft(model)
+        self._merged: list[tuple[object, object]] | None = None  # (LoRA layer, its original weight)
         self.live_step = live_step
         """The training step whose weights the live adapter holds."""
         self.max_loaded = max_loaded
@@ -65,9 +73,34 @@ class AdapterSet:
         if not is_peft(self.model):
             yield {}
         elif unique == {LIVE}:
+            if self.merge_live:
+                self._merge()
             yield {}
         else:
+            self.unmerge()
             yield {"adapter_names": list(names)}
+
+    def _merge(self) -> None:
+        if self._merged is not None:
+            return
+        from peft.tuners.lora import LoraLayer
+
+        merged = []
+        for module in self.model.modules():
+            if isinstance(module, LoraLayer) and LIVE in module.lora_A:
+                original = module.get_base_layer().weight.data
+                module.merge(safe_merge=True, adapter_names=[LIVE])  # a new tensor; `original` untouched
+                merged.append((module, original))
+        self._merged = merged
+
+    def unmerge(self) -> None:
+        """Put the exact base weights back (before training or a mixed-adapter batch)."""
+        if self._merged is None:
+            return
+        for module, original in self._merged:
+            module.get_base_layer().weight.data = original
+            module.merged_adapters.clear()
+        self._merged = None
 
     def _load(self, ref: AdapterRef) -> str:
         name = "ckpt_" + ref.key.replace(".", "_").replace("@", "_at_")

@@ -126,6 +126,7 @@ class LLMEngine:
             self._cv.wait_for(lambda: not self.scheduler.running)
         try:
             with self.lock:
+                self.adapters.unmerge()  # the weights about to change must be the exact base + LoRA
                 yield
         finally:
             with self._cv:
@@ -135,6 +136,7 @@ class LLMEngine:
 
     def weights_updated(self, step: int) -> None:
         """The live adapter now holds `step` (called inside `paused()`)."""
+        self.adapters.unmerge()
         self.prefix_cache.drop(f"{LIVE}@{self.adapters.live_step}")
         self.adapters.live_step = step
 

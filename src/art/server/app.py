@@ -148,8 +148,11 @@ def _prompt_ids(tokenizer, body: ChatCompletionRequest) -> list[int]:
         ids = tokenizer.apply_chat_template(
             messages, tools=tools, add_generation_prompt=True, tokenize=True
         )
-    except jinja2.TemplateError as exc:
-        raise ArtValueError(f"the chat template rejected the messages: {exc}", "messages") from exc
+    except (jinja2.TemplateError, TypeError, ValueError, KeyError, AttributeError, IndexError) as exc:
+        # Templates are user-facing programs: whatever they raise on these messages is the
+        # messages' problem (or a model without a chat template), never the server's.
+        raise ArtValueError(f"the chat template rejected the messages: {type(exc).__name__}: {exc}",
+                            "messages") from exc
     # transformers 5 returns a BatchEncoding (a dict); older versions a plain list.
     if not isinstance(ids, list):
         ids = ids["input_ids"]

@@ -46,6 +46,7 @@ import asyncio
 import functools
 import json
 import logging
+import re
 import time
 from datetime import datetime
 from typing import Any, Literal, Union
@@ -57,8 +58,8 @@ from openai.types.chat.chat_completion import Choice
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from art.errors import (ArtError, ArtValueError, BackendUnavailableError, ModelNotFoundError, StepConflictError,
-                        TrajectoryError)
+from art.errors import (ArtError, ArtValueError, BackendError, BackendUnavailableError, ModelNotFoundError,
+                        StepConflictError, TrajectoryError)
 from art.model import Model, TrainableModel
 from art.server.app import error_object
 from art.storage.layout import validate_name
@@ -259,6 +260,19 @@ def _json(content: Any) -> Response:
     return Response(json.dumps(content, default=str), media_type="application/json")
 
 
+def _option_field(exc: ArtValueError, body: TrainRequest) -> str | None:
+    """`options.beta`, `dev_config.epsilon` or `config.learning_rate`: where the first option that
+    `TrainOptions.build` complains about came from (the last of the three wins, as in the merge)."""
+    text = str(exc.field or exc).removeprefix("invalid training config: ")
+    named = re.match(r"unknown option '([^']+)'|([A-Za-z_]\w*)", text)
+    name = named and (named.group(1) or named.group(2))
+    for where, given in (("options", body.options), ("dev_config", body.dev_config),
+                         ("config", body.config.model_dump(exclude_unset=True) if body.config else {})):
+        if name in given:
+            return f"{where}.{name}"
+    return name or exc.field
+
+
 def _answer_errors(route):
     """Unexpected failures become a logged 500 in OpenAI's shape, never a re-raise."""
 
@@ -323,7 +337,11 @@ class Registrations:
                                    _internal_config=internal if isinstance(internal, dict) else None)
             log.warning("%s/%s was not registered in this server process: loading it from its stored run "
                         "(a restart?)", *key)
-            await self.backend.register(model)
+            try:
+                await self.backend.register(model)
+            except Exception as exc:
+                raise BackendError(f"{key[0]}/{key[1]} is stored under the server's path but could not be loaded "
+                                   f"again ({type(exc).__name__}: {exc}); register it again") from exc
             self.models[key] = model
             return model
 
@@ -384,9 +402,15 @@ def management_router(backend, *, heartbeat_s: float = 10.0, registrations: Regi
                               inference_model_name=body.inference_model_name, **common)
             try:
                 await backend.register(model)
+            except ArtValueError:
+                raise
             except OSError as exc:  # mostly transformers' "no such model": name what was asked for
                 raise ArtValueError(f"registering {body.project}/{body.name} failed on the server; check "
                                     f"base_model {body.base_model!r}: {exc}", field="base_model") from exc
+            except (TypeError, ValueError) as exc:  # what peft, the engine or torch refused in it
+                raise ArtValueError(f"registering {body.project}/{body.name} failed on the server; check "
+                                    f"internal_config {body.internal_config!r}: {exc}",
+                                    field="internal_config") from exc
             models[key] = model
             return await info(model)
 
@@ -415,7 +439,10 @@ def management_router(backend, *, heartbeat_s: float = 10.0, registrations: Regi
         model = await trainable(key)
         groups = await asyncio.to_thread(_groups, body.trajectory_groups)  # CPU work off the event loop
         config = body.config.model_dump() if body.config else {}
-        TrainOptions.build(None, {**config, **body.dev_config, **body.options})  # 400 before streaming
+        try:  # a 400 before streaming, naming where the bad option was sent
+            TrainOptions.build(None, {**config, **body.dev_config, **body.options})
+        except ArtValueError as exc:
+            raise ArtValueError(str(exc), field=_option_field(exc, body)) from None
         current = await backend._get_step(model)
         if body.expected_step is not None and body.expected_step != current:
             raise StepConflictError.between(f"{key[0]}/{key[1]}", body.expected_step, current)

@@ -50,6 +50,22 @@ class ChatMessage(BaseModel):
                 raise ValueError(f"only text content parts ({{'type': 'text', 'text': ...}}) are supported, got {kind!r}")
         return value
 
+    @field_validator("tool_calls")
+    @classmethod
+    def _tool_calls_shape(cls, value: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+        # OpenAI's shape: {"id", "type": "function", "function": {"name", "arguments": "<json>"}};
+        # arguments may also be a mapping (some clients send one).
+        problems = []
+        for i, call in enumerate(value or []):
+            function = call.get("function")
+            if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+                problems.append(f"tool_calls[{i}].function must be an object with a string name")
+            elif not isinstance(function.get("arguments", ""), (str, dict)):
+                problems.append(f"tool_calls[{i}].function.arguments must be a JSON string")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return value
+
     @model_validator(mode="after")
     def _content_required(self) -> ChatMessage:
         # OpenAI: content may be omitted only by an assistant message that calls tools.

@@ -59,6 +59,9 @@ class Trainer:
         `skipped/<reason>` counts and, when nothing could be trained, `nothing_to_train` = 1
         and a warning that says why). `on_optimizer_step(done, total, metrics)` follows each
         optimizer step."""
+        if any(getattr(module, "merged", False) for module in self.model.modules()):
+            raise RuntimeError("the adapter is merged into the base weights for serving; unmerge it before training "
+                               "(AdapterSet.unmerge)")
         sequences, issues, stats = prepare_batch(groups, options)
         metrics: dict[str, float] = {f"skipped/{k}": float(v) for k, v in sorted(issues.items())}
         metrics.update(stats)
@@ -82,13 +85,13 @@ class Trainer:
             self.model.train()
             try:
                 before = [self._pre_update_logprobs(p) for p in plans] if options.precalculate_logprobs else None
-                for epoch in range(options.epochs):
+                for _ in range(options.epochs):
                     for index, (part, micro) in enumerate(zip(parts, plans)):
-                        step_sums = self._optimizer_step(part, micro, options, None if before is None else before[index], bar)
-                        sums.update(step_sums)
-                        norms.append(step_sums["grad_norm"])
+                        done = self._optimizer_step(part, micro, options, before[index] if before else None, bar)
+                        sums.update(done)
+                        norms.append(done["grad_norm"])
                         if on_optimizer_step is not None:
-                            on_optimizer_step(len(norms), total_steps, {"loss": step_sums["loss"], "grad_norm": norms[-1]})
+                            on_optimizer_step(len(norms), total_steps, {"loss": done["loss"], "grad_norm": norms[-1]})
             finally:
                 self.optimizer.zero_grad(set_to_none=True)
                 self.model.eval()
