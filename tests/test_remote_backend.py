@@ -20,21 +20,13 @@ import art
 from art.backends.local import LocalBackend
 from art.server.management import TrajectoryGroupPayload
 from art.server.serve import create_serve_app
+from tests.test_training_loop import rollout  # the same rollout as the local loop's test
 
 KEY = "test-key-123"
 SRC = Path(__file__).resolve().parents[1] / "src"
 
 
 # -- the loop both transports must pass ------------------------------------------------------
-
-
-async def rollout(model: art.TrainableModel, seed: int) -> art.Trajectory:
-    messages = [{"role": "user", "content": "Pick a token."}]
-    completion = await model.openai_client().chat.completions.create(
-        model=model.get_inference_name(), messages=messages, max_tokens=4, seed=seed
-    )
-    choice = completion.choices[0]
-    return art.Trajectory(messages_and_choices=[*messages, choice], reward=float(choice.token_ids[0] % 2))
 
 
 async def gather(model, step: int) -> list[art.TrajectoryGroup]:

@@ -124,3 +124,7 @@ def test_train_options_report_every_bad_field():
         TrainOptions.build(art.TrainConfig(learning_rate=1e-5), {"epsilon": -1, "max_grad_norm": 0, "bogus": 1})
     message = str(info.value)
     assert "epsilon" in message and "max_grad_norm" in message and "bogus" in message
+    assert info.value.field == "bogus"  # the unknown key first, then fields in declaration order
+    with pytest.raises(art.ArtValueError) as info:
+        TrainOptions.build(None, {"epsilon": -1, "max_grad_norm": 0})
+    assert info.value.field == "max_grad_norm"

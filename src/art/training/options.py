@@ -83,12 +83,14 @@ class TrainOptions:
         if config is not None:
             values.update(config.model_dump() if hasattr(config, "model_dump") else dict(config))
         known = {f.name for f in fields(cls)}
-        problems = [f"unknown option {key!r}" for key in (dev or {}) if key not in known]
+        unknown = [key for key in (dev or {}) if key not in known]
+        problems = [f"unknown option {key!r}" for key in unknown]
         values.update({k: v for k, v in (dev or {}).items() if k in known})
         options = cls(**values)
         problems += options._problems()
-        if problems:
-            raise ArtValueError("invalid training config: " + "; ".join(problems), field=problems[0])
+        if problems:  # every message but the unknown-option ones starts with its field's name
+            field = unknown[0] if unknown else problems[0].split(" ", 1)[0]
+            raise ArtValueError("invalid training config: " + "; ".join(problems), field=field)
         return options
 
     def clip_range(self) -> tuple[float, float]:
