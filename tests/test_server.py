@@ -238,3 +238,25 @@ async def test_engine_failure_is_a_500(tokenizer):
         assert response.status_code == 500
         assert "boom" in response.json()["error"]["message"]
         assert (await http.get("/health")).json()["status"] == "ok"
+
+
+def test_idle_keep_alive_connection_outlives_the_clients_expiry(server):
+    """A connection idle for longer than httpx's 5 s keep-alive expiry is still open: the
+    client always drops it first, so no request is sent on a socket the server is closing
+    (a rollout right after a long training step failed that way with uvicorn's 5 s default)."""
+    import http.client
+    import time
+    from urllib.parse import urlparse
+
+    url = urlparse(server.base_url)
+    connection = http.client.HTTPConnection(url.hostname, url.port, timeout=10)
+    try:
+        connection.request("GET", "/health")
+        assert connection.getresponse().read().startswith(b'{"status"')
+        first_socket = connection.sock
+        time.sleep(6.0)
+        connection.request("GET", "/health")  # on the same socket: a closed one raises here or below
+        assert connection.getresponse().read().startswith(b'{"status"')
+        assert connection.sock is first_socket
+    finally:
+        connection.close()

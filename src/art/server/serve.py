@@ -21,6 +21,7 @@ from art.backends.local import LocalBackend
 from art.server.app import create_app
 from art.server.management import Registrations, management_router
 from art.server.security import BearerAuth, BodyLimit
+from art.server.thread import KEEP_ALIVE_S
 from art.server.watchdog import ENGINE_STALL_S, TRAINING_STEP_S, Watchdog
 
 log = logging.getLogger(__name__)
@@ -85,7 +86,8 @@ def serve(*, host: str, port: int, path: str, api_key: str | None, max_body_mb: 
     backend = LocalBackend(path=path, served_at=local)
     app = create_serve_app(backend, api_key=api_key, max_body_bytes=int(max_body_mb * 2**20),
                            watchdog_s=watchdog_s, watchdog_train_s=watchdog_train_s)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="info", timeout_graceful_shutdown=10))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="info", timeout_graceful_shutdown=10,
+                                           timeout_keep_alive=KEEP_ALIVE_S))
     print(f"art serve: listening on {url} (storage {path}, auth {'on' if api_key else 'off'}); "
           f"OpenAI routes at {url}/v1, management at {url}/art, schema at {url}/openapi.json", flush=True)
     try:

@@ -18,6 +18,12 @@ import uvicorn
 from art.errors import BackendError
 
 
+KEEP_ALIVE_S = 75
+"""Idle keep-alive connections stay open this long. uvicorn's default (5 s) equals httpx's
+client-side expiry, so a request sent on a connection as the server closes it (after a
+training step longer than 5 s) failed with a ReadError; the client now always lets go first."""
+
+
 class ServerThread:
     """`with ServerThread(app) as server: client = OpenAI(base_url=server.base_url + "/v1")`."""
 
@@ -50,7 +56,8 @@ class ServerThread:
             raise BackendError(f"cannot bind {self.host}:{self.port}: {exc}") from exc
         self.port = sock.getsockname()[1]
         config = uvicorn.Config(
-            self.app, log_level="warning", timeout_graceful_shutdown=5, lifespan="auto"
+            self.app, log_level="warning", timeout_graceful_shutdown=5, lifespan="auto",
+            timeout_keep_alive=KEEP_ALIVE_S,
         )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(
