@@ -88,8 +88,12 @@ class AdapterSet:
         merged = []
         for module in self.model.modules():
             if isinstance(module, LoraLayer) and LIVE in module.lora_A:
-                original = module.get_base_layer().weight.data
-                module.merge(safe_merge=True, adapter_names=[LIVE])  # a new tensor; `original` untouched
+                base = module.get_base_layer()
+                original = base.weight.data
+                # A new tensor, so `original` stays untouched (peft's own merge adds in place or,
+                # with safe_merge, clones and scans for NaNs: two more passes over the weights).
+                base.weight.data = original + module.get_delta_weight(LIVE).to(original.dtype)
+                module.merged_adapters.append(LIVE)
                 merged.append((module, original))
         self._merged = merged
 
