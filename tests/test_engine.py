@@ -143,3 +143,15 @@ async def test_stop_fails_unfinished_requests_and_ends_the_thread(tiny_model_pat
     assert not engine._thread.is_alive()
     with pytest.raises(BackendError):
         await engine.generate([1, 2, 3], params, None)
+
+
+def test_bad_engine_limits_are_refused_by_name(tiny_model_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_path)
+    with pytest.raises(ArtValueError) as info:
+        LLMEngine(model, tokenizer, max_num_seqs=0, kv_cache_bytes=-5, max_model_len=True)
+    assert info.value.field == "engine_args.max_model_len"
+    assert "max_num_seqs" in str(info.value) and "kv_cache_bytes" in str(info.value)
+    LLMEngine(model, tokenizer, prefix_cache_tokens=0).stop()  # no prefix cache is allowed

@@ -25,7 +25,7 @@ from art.engine.sampling import make_generator, sample_next
 from art.engine.scheduler import Scheduler
 from art.engine.sequence import Request, Sample
 from art.engine.stopping import StopChecker
-from art.errors import BackendUnavailableError
+from art.errors import ArtValueError, BackendUnavailableError
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +46,8 @@ class LLMEngine:
         prefix_cache_tokens: int = 16384,
         prefill_tokens: int = 4096,
     ) -> None:
+        _check_limits(max_model_len=max_model_len, max_num_seqs=max_num_seqs, kv_cache_bytes=kv_cache_bytes,
+                      prefix_cache_tokens=prefix_cache_tokens, prefill_tokens=prefill_tokens)
         self.model = model
         self.tokenizer = tokenizer
         limit = getattr(model.config, "max_position_embeddings", None) or 2048
@@ -322,3 +324,17 @@ def _weights_key(adapter_name: str, step: int | None) -> str:
 def _kv_bytes_per_token(config) -> int:
     heads, head_dim = kv_heads_and_dim(config)
     return 2 * config.num_hidden_layers * heads * head_dim * 4  # keys and values, float32
+
+
+def _check_limits(**limits) -> None:
+    """Engine limits are positive ints (prefix_cache_tokens may be 0: no cache; max_model_len
+    None: the model's own). A bad one would register a model that refuses every request."""
+    problems = []
+    for name, value in limits.items():
+        if value is None and name == "max_model_len":
+            continue
+        minimum = 0 if name == "prefix_cache_tokens" else 1
+        if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+            problems.append((name, f"engine_args.{name} must be an int >= {minimum}, got {value!r}"))
+    if problems:
+        raise ArtValueError("; ".join(message for _, message in problems), field=f"engine_args.{problems[0][0]}")
