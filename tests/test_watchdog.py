@@ -70,7 +70,7 @@ async def test_stuck_engine_and_training_step_are_reported(tiny_model_path, tmp_
                 (stuck,) = health["stuck"]
                 assert stuck["what"] == "engine" and stuck["model"] == "p/dog"
                 assert stuck["for_s"] >= 0.5 and stuck["limit_s"] == 0.5
-                assert "art/engine/llm_engine.py:" in stuck["where"] and stuck["where"].endswith(" in _loop")
+                assert "art/engine/llm_engine.py:" in stuck["where"] and stuck["where"].endswith(" in step")
                 assert not request.done()
                 engine_log = (await wait_for_warnings(caplog, 1))[0].getMessage()
             finally:

@@ -77,14 +77,16 @@ def _convert_gguf(gguf: Path, target: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def load(base_model: str, *, dtype=None):
-    """Load (model, tokenizer) for `base_model` in eval mode."""
+def load(base_model: str, *, dtype=None, device=None):
+    """Load (model, tokenizer) for `base_model` in eval mode, in `dtype` (float32) on `device` (the CPU)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = resolve(base_model)
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or torch.float32)
+    if device is not None:
+        model.to(device)
     model.eval()
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token

@@ -1,7 +1,9 @@
 """Everything the backend holds for one trainable model: weights, engine, trainer, storage.
 
-On CPU the engine and the trainer share one model, a PeftModel or, with `full_finetune`, the
-plain model (so a weight update is visible to the next request with no reload) and one lock (so sampling and a training step never overlap).
+The engine and the trainer share one model on one device, a PeftModel or, with
+`full_finetune`, the plain model: the base weights exist once (bf16 on CUDA), a weight update is
+visible to the next request with no reload or transfer, and one lock keeps sampling and a
+training step from overlapping.
 """
 
 from __future__ import annotations
@@ -24,9 +26,10 @@ from art.engine.adapters import AdapterSet
 from art.engine.base import AdapterRef
 from art.engine.llm_engine import LLMEngine
 from art.errors import ArtValueError, ModelNotFoundError, StepConflictError, WeightSyncError
+from art.internal_config import parse_internal_config
 from art.server.registry import ServedModel
 from art.storage import CheckpointStore, ModelDir
-from art.training.options import LORA_DEFAULTS, TrainOptions
+from art.training.options import TrainOptions
 from art.training.trainer import Trainer
 
 log = logging.getLogger(__name__)
@@ -67,29 +70,30 @@ class ModelService:
 
         bound_malloc_growth()
         internal = dict(internal_config or {})
+        settings = parse_internal_config(internal)  # ArtValueError naming the field, before any loading
+        engine_config = settings.engine.resolve()
         self.name, self.project, self.base_model = name, project, base_model
         self.dir = ModelDir(root, project, name)
-        self.full_finetune = internal.get("full_finetune", False)
-        if self.full_finetune not in (True, False):
-            raise ArtValueError(f"full_finetune must be True or False, got {self.full_finetune!r}",
-                                field="full_finetune")
-        if self.full_finetune and "peft_args" in internal:
-            raise ArtValueError("peft_args has no effect with full_finetune=True; drop one of them",
-                                field="peft_args")
-        base, self.tokenizer = base_models.load(base_model)
-        lora = None if self.full_finetune else {**LORA_DEFAULTS, **internal.get("peft_args", {})}
-        torch.manual_seed(internal.get("seed", 0))  # reproducible adapter init at step 0
+        self.full_finetune = settings.full_finetune
+        self.device, dtype = engine_config.device, engine_config.torch_dtype
+        # LoRA: the frozen base weights in the serving dtype (peft keeps the adapter in float32).
+        # Full fine-tuning: float32 master weights; the trainer computes in `dtype` under autocast.
+        weights_dtype = torch.float32 if self.full_finetune else dtype
+        base, self.tokenizer = base_models.load(base_model, dtype=weights_dtype, device=self.device)
+        lora = settings.lora
+        torch.manual_seed(settings.seed)  # reproducible adapter init at step 0
         if self.full_finetune:
             self.model = base.requires_grad_(True)
         else:
             self.model = get_peft_model(base, LoraConfig(task_type="CAUSAL_LM", **lora))
         self.model.eval()
         self.lock = threading.RLock()
-        engine_args = dict(internal.get("engine_args", {}))
         self.adapters = AdapterSet(self.model)
-        self.engine = LLMEngine(self.model, self.tokenizer, lock=self.lock, adapters=self.adapters, **engine_args)
-        reference = (lambda: base_models.load(base_model)[0]) if self.full_finetune else None
-        self.trainer = Trainer(self.model, self.tokenizer, lock=self.lock, load_reference=reference)
+        self.engine = LLMEngine(self.model, self.tokenizer, engine_config, lock=self.lock, adapters=self.adapters)
+        reference = ((lambda: base_models.load(base_model, dtype=dtype, device=self.device)[0])
+                     if self.full_finetune else None)
+        self.trainer = Trainer(self.model, self.tokenizer, lock=self.lock, load_reference=reference,
+                               device=self.device, dtype=dtype)
         self.store = CheckpointStore(self.dir.checkpoints)
         latest = self.store.latest_step()
         if latest is None:
@@ -133,15 +137,7 @@ class ModelService:
         return ServedModel(requested, self.engine, AdapterRef(requested, self.store.path(step), step), step)
 
     def stats(self) -> dict[str, float]:
-        engine = self.engine
-        return {
-            "step": self.step,
-            "engine/queue_depth": engine.queue_depth,
-            "engine/running": engine.running,
-            "engine/decode_steps": engine.steps,
-            "engine/prefix_cache_hits": engine.prefix_cache.hits,
-            "engine/prefix_cache_reused_tokens": engine.prefix_cache.reused_tokens,
-        }
+        return {"step": self.step, **self.engine.stats()}
 
     def served_names(self) -> list[str]:
         steps = [self.step] if self.full_finetune else self.store.steps()
@@ -200,17 +196,34 @@ class ModelService:
 
         # Running requests finish on the old weights; new ones wait for the new weights.
         with self.engine.paused():
+            out_of_memory = False
             try:
                 metrics = self.trainer.step(groups, options, desc=f"train step {self.step + 1}",
                                             on_optimizer_step=on_optimizer_step if progress else None)
                 self.store.write(self.step + 1, self.trainer.save)
+            except torch.cuda.OutOfMemoryError as exc:
+                exc.__traceback__ = None  # its frames hold the step's activations
+                out_of_memory = True
             except BaseException:
-                # The in-memory weights may be ahead of disk: go back to the last saved step.
-                self.trainer.restore(self.store.path(self.step))
+                self._restore_current()
                 raise
+            if out_of_memory:
+                self._restore_current()
+                if torch.cuda.is_available():
+                    torch.cuda.empty_cache()
+                raise ArtValueError(
+                    f"the training step ran out of GPU memory and was rolled back (the model stays at step "
+                    f"{self.step} and keeps serving). Lower micro_batch_tokens (now {options.micro_batch_tokens}) "
+                    f"or packed_row_tokens (now {options.packed_row_tokens}), or set gradient_checkpointing=True",
+                    field="micro_batch_tokens")
             self.step += 1
             self.engine.weights_updated(self.step)
         return TrainResult(self.step, metrics)
+
+    def _restore_current(self) -> None:
+        """After a failed update: the in-memory weights may be ahead of disk; back to the saved step."""
+        self.trainer.restore(self.store.path(self.step))
+        self.engine.weights_updated(self.step)
 
     def close(self) -> None:
         """Stop the engine thread so the weights can be freed."""

@@ -66,8 +66,8 @@ def trainer_logprobs(service, prompt: list[int], completion: list[int]) -> list[
     """The trainer's log p of each completion token after the prompt, with the function the
     loss uses, on the model as the trainer sees it: the engine paused (its serving state, such
     as a LoRA merged into the base weights, undone), as for a training step."""
-    ids = torch.tensor([prompt + completion])  # [1, tokens]
-    with service.engine.paused(), torch.no_grad():
+    ids = torch.tensor([prompt + completion], device=service.trainer.device)  # [1, tokens]
+    with service.engine.paused(), torch.no_grad(), service.trainer.compute_precision():
         values = sequence_logprobs(service.model, ids, torch.ones_like(ids))  # [1, tokens - 1]
     return values[0, len(prompt) - 1:].tolist()
 

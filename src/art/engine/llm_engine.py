@@ -1,9 +1,14 @@
-"""The CPU engine: continuous batching, shared prefixes and mixed adapters in one batch.
+"""The engine: continuous batching, shared prefixes and mixed adapters in one batch, CPU or CUDA.
 
-One engine thread loops: admit waiting requests at the step boundary (scheduler), prefill each
-after its longest cached prefix (prefix cache) and sample its n first tokens, then decode one
-token for every running row (model runner). Finished rows leave at once; requests are answered
-when all their samples finish. It knows nothing about HTTP, chat formats or GRPO.
+`step()` is one synchronous iteration, as in nano-vllm: admit waiting requests at the step
+boundary (scheduler), prefill them after their longest cached prefix (prefix cache) and sample
+each sample's first token, decode one token for every running row (runner), retire the rows
+that finished. A thin driver thread runs `step()` while there is work and answers requests
+when all their samples finish; `generate()` is the async face. It knows nothing about HTTP,
+chat formats or GRPO.
+
+The runner does the tensor work: `StaticRunner` (the engine's own decoder, static shapes, CUDA
+graphs) for Llama-family models, `HFRunner` (transformers' forward) for the rest.
 """
 
 from __future__ import annotations
@@ -17,49 +22,50 @@ from typing import Iterator
 
 import torch
 
-from art.engine.adapters import LIVE, AdapterSet
+from art.engine.adapters import LIVE, AdapterSet, is_peft
 from art.engine.base import AdapterRef, Completion, SamplingParams
-from art.engine.model_runner import ModelRunner, RunningBatch, kv_heads_and_dim
+from art.engine.config import EngineConfig
+from art.engine.decoder import unsupported_reason
+from art.engine.hf_runner import HFRunner, kv_heads_and_dim
 from art.engine.prefix_cache import PrefixCache
 from art.engine.sampling import make_generator, sample_next
 from art.engine.scheduler import Scheduler
 from art.engine.sequence import Request, Sample
+from art.engine.static_runner import StaticRunner
 from art.engine.stopping import StopChecker
-from art.errors import ArtValueError, BackendUnavailableError
+from art.errors import BackendUnavailableError
 
 log = logging.getLogger(__name__)
 
 
 class LLMEngine:
-    """Implements `art.engine.base.Engine`."""
+    """Implements `art.engine.base.Engine`.
 
-    def __init__(
-        self,
-        model,
-        tokenizer,
-        *,
-        lock: threading.RLock | None = None,
-        adapters: AdapterSet | None = None,
-        max_model_len: int | None = None,
-        max_num_seqs: int = 64,
-        kv_cache_bytes: int = 4 << 30,
-        prefix_cache_tokens: int = 16384,
-        prefill_tokens: int = 4096,
-    ) -> None:
-        _check_limits(max_model_len=max_model_len, max_num_seqs=max_num_seqs, kv_cache_bytes=kv_cache_bytes,
-                      prefix_cache_tokens=prefix_cache_tokens, prefill_tokens=prefill_tokens)
+    `config` or vLLM-named keyword arguments (`LLMEngine(model, tokenizer, max_num_seqs=8)`)
+    set it up; the model must already sit on the config's device in its dtype."""
+
+    def __init__(self, model, tokenizer, config: EngineConfig | None = None, *, lock: threading.RLock | None = None,
+                 adapters: AdapterSet | None = None, **engine_args) -> None:
+        if config is not None and engine_args:
+            raise TypeError("pass either an EngineConfig or engine keyword arguments, not both")
+        self.config = config = (config or EngineConfig.from_engine_args(engine_args)).resolve()
         self.model = model
         self.tokenizer = tokenizer
         limit = getattr(model.config, "max_position_embeddings", None) or 2048
-        self.max_model_len = min(max_model_len or limit, limit)
+        self.max_model_len = min(config.max_model_len or limit, limit)
         self.lock = lock or threading.RLock()
         self.adapters = adapters or AdapterSet(model)
-        self.runner = ModelRunner(model, self.adapters)
-        self.scheduler = Scheduler(max_num_seqs=max_num_seqs, max_kv_tokens=kv_cache_bytes // _kv_bytes_per_token(model.config))
-        self.prefix_cache = PrefixCache(prefix_cache_tokens)
-        self.prefill_tokens = prefill_tokens
-        """Padded prompt tokens per prefill pass (bounds its memory)."""
-        self.batch = RunningBatch(model.config)
+        self.adapters.max_loaded = config.max_loaded_adapters
+        reason = unsupported_reason(model)
+        if reason is None:
+            self.runner = StaticRunner(model, self.adapters, config, self.max_model_len)
+        else:
+            log.info("serving through transformers' forward (no static shapes or CUDA graphs): %s", reason)
+            self.runner = HFRunner(model, self.adapters, config, self.max_model_len)
+        self.scheduler = Scheduler(max_num_seqs=self.runner.max_rows, max_kv_tokens=self._kv_tokens())
+        self.prefix_cache = PrefixCache(config.prefix_cache_tokens)
+        self.rows: list[Sample] = []
+        """The running samples; row i is row i of the runner's batch."""
         self.stopping = StopChecker(model, tokenizer, self.max_model_len)
         self.steps = 0
         self.prompt_tokens = 0
@@ -70,6 +76,15 @@ class LLMEngine:
         self._stopped = False
         self._thread = threading.Thread(target=self._loop, name="art-engine", daemon=True)
         self._thread.start()
+
+    def _kv_tokens(self) -> int:
+        """The scheduler's KV budget in tokens: on CUDA every slot holds max_model_len; on the CPU
+        kv_cache_bytes bounds the sum over running samples of prompt + max_tokens."""
+        if self.config.on_cuda:
+            return self.runner.max_rows * self.max_model_len
+        heads, head_dim = kv_heads_and_dim(self.model.config)
+        element = torch.empty(0, dtype=self.config.torch_dtype).element_size()
+        return self.config.kv_cache_bytes // (2 * self.model.config.num_hidden_layers * heads * head_dim * element)
 
     # -- API --------------------------------------------------------------------------------
     async def generate(self, prompt_token_ids: list[int], params: SamplingParams,
@@ -115,9 +130,7 @@ class LLMEngine:
         """Seconds without progress while there is work the loop could do; 0 when it has none.
         Requests held back while a weight update pauses the engine are not the loop's stall.
         Reads without the lock: a watchdog must not wait on what it watches."""
-        scheduler = self.scheduler
-        pending = bool(scheduler.running) or (bool(scheduler.waiting) and not scheduler.paused)
-        return time.monotonic() - self.progress_at if pending and not self._stopped else 0.0
+        return time.monotonic() - self.progress_at if self.has_work() and not self._stopped else 0.0
 
     @contextmanager
     def paused(self) -> Iterator[None]:
@@ -129,6 +142,7 @@ class LLMEngine:
         try:
             with self.lock:
                 self.adapters.unmerge()  # the weights about to change must be the exact base + LoRA
+                self.runner.idle()  # a CPU engine hands its KV memory to the trainer
                 yield
         finally:
             with self._cv:
@@ -137,12 +151,49 @@ class LLMEngine:
                 self._cv.notify_all()
 
     def weights_updated(self, step: int) -> None:
-        """The live adapter now holds `step` (called inside `paused()`)."""
+        """The live weights now hold `step` (called inside `paused()`)."""
         self.adapters.unmerge()
+        self.runner.weights_changed(all_weights=not is_peft(self.model))
         self.prefix_cache.drop(f"{LIVE}@{self.adapters.live_step}")
         self.adapters.live_step = step
 
-    # -- engine thread ----------------------------------------------------------------------
+    def stats(self) -> dict[str, float]:
+        return {
+            "engine/queue_depth": self.queue_depth,
+            "engine/running": self.running,
+            "engine/decode_steps": self.steps,
+            "engine/prefix_cache_hits": self.prefix_cache.hits,
+            "engine/prefix_cache_reused_tokens": self.prefix_cache.reused_tokens,
+            **self.runner.stats(),
+        }
+
+    # -- the step -----------------------------------------------------------------------------
+    def step(self) -> list[Request]:
+        """One iteration: admit, prefill the admitted, decode the running, retire the finished.
+        Returns the requests completed by it (their completions are ready to deliver)."""
+        with self._cv:
+            admitted = self.scheduler.admit()
+        try:
+            with self.lock, torch.inference_mode():
+                finished = self._start(admitted)
+                if self.rows:
+                    finished += self._decode()
+        except Exception as exc:
+            log.exception("engine step failed")
+            finished = self._fail_all(exc)
+        with self._cv:
+            done = self.scheduler.finish(finished)
+            self.progress_at = time.monotonic()
+            self._cv.notify_all()
+        for request in done:
+            self.adapters.release(request.adapter_name)
+        return done
+
+    def has_work(self) -> bool:
+        scheduler = self.scheduler
+        return bool(scheduler.running) or (bool(scheduler.waiting) and not scheduler.paused)
+
+    # -- driver thread ------------------------------------------------------------------------
     def stop(self) -> None:
         """End the engine thread; requests still waiting or running get a BackendUnavailableError."""
         with self._cv:
@@ -153,27 +204,11 @@ class LLMEngine:
     def _loop(self) -> None:
         while True:
             with self._cv:
-                self._cv.wait_for(lambda: self._stopped or self.scheduler.running
-                                  or (self.scheduler.waiting and not self.scheduler.paused))
+                self._cv.wait_for(lambda: self._stopped or self.has_work())
                 if self._stopped:
                     self._abandon()
                     return
-                admitted = self.scheduler.admit()
-            try:
-                with self.lock, torch.inference_mode():
-                    finished = []
-                    finished += self._start(admitted)
-                    if len(self.batch):
-                        finished += self._decode()
-            except Exception as exc:
-                log.exception("engine step failed")
-                finished = self._fail_all(exc)
-            with self._cv:
-                done = self.scheduler.finish(finished)
-                self.progress_at = time.monotonic()
-                self._cv.notify_all()
-            for request in done:
-                self.adapters.release(request.adapter_name)
+            for request in self.step():
                 request.deliver(request.completions())
 
     def _start(self, requests: list[Request]) -> list[Sample]:
@@ -190,7 +225,7 @@ class LLMEngine:
                 _fail(request, exc)
                 finished += request.samples
         self._share_common_prefix(ready)
-        for chunk in _prefill_chunks(ready, self.prefill_tokens):
+        for chunk in _prefill_chunks(ready, self.config.prefill_tokens):
             finished += self._prefill(chunk)
         return finished
 
@@ -208,18 +243,18 @@ class LLMEngine:
         keys = list(unique)
         prompts = [list(prompt) for _, prompt in keys]
         prefixes = [self.prefix_cache.longest(w, p) for (w, _), p in zip(keys, prompts)]
-        logits, kv, mask = self.runner.prefill(prompts, prefixes, adapters)
+        logits, staged = self.runner.prefill(prompts, prefixes, adapters)
         for i, ((w, _), prompt) in enumerate(zip(keys, prompts)):
-            columns = mask[i].nonzero().squeeze(1)  # this prompt's kv without padding
-            self.prefix_cache.put(w, prompt, [(k[i:i + 1, :, columns], v[i:i + 1, :, columns]) for k, v in kv])
+            if len(prompt) <= self.prefix_cache.max_tokens:
+                self.prefix_cache.put(w, prompt, self.runner.prompt_kv(staged, i))
         samples = [s for r in requests for s in r.samples]
-        row_of = torch.tensor([row_of_request[j] for j, r in enumerate(requests) for _ in r.samples])
-        finished = self._advance(samples, logits[row_of])
+        row_of = [row_of_request[j] for j, r in enumerate(requests) for _ in r.samples]
+        finished = self._advance(samples, logits[torch.tensor(row_of, device=logits.device)])
         done = set(map(id, finished))
         live = [k for k, s in enumerate(samples) if id(s) not in done]
         if live:
-            index = row_of[live]
-            self.batch.add([samples[k] for k in live], [(k[index], v[index]) for k, v in kv], mask[index])
+            self.runner.add(staged, [row_of[k] for k in live])
+            self.rows += [samples[k] for k in live]
         return finished
 
     def _share_common_prefix(self, requests: list[Request]) -> None:
@@ -234,20 +269,23 @@ class LLMEngine:
                 continue
             common = _common_prefix(list(prompts))
             cached = self.prefix_cache.longest(weights, common)
-            if len(common) - cached[0] < 16:
+            if len(common) - cached[0] < 16 or len(common) > self.prefix_cache.max_tokens:
                 continue
-            _, kv, _ = self.runner.prefill([common + [0]], [cached], [group[0].adapter_name])
-            self.prefix_cache.put(weights, common, [(k[:, :, :len(common)], v[:, :, :len(common)]) for k, v in kv])
+            _, staged = self.runner.prefill([common + [0]], [cached], [group[0].adapter_name])
+            keys, values = self.runner.prompt_kv(staged, 0)
+            self.prefix_cache.put(weights, common, (keys[:, :, :len(common)], values[:, :, :len(common)]))
 
     def _decode(self) -> list[Sample]:
-        ids, mask, positions = self.batch.step_inputs()
-        names = [s.request.adapter_name for s in self.batch.rows]
-        logits = self.runner.forward(ids, mask, positions, self.batch.cache, names)
+        rows = self.rows
+        logits = self.runner.decode([s.ids[-1] for s in rows], [s.position for s in rows],
+                                    [s.request.adapter_name for s in rows])
         self.steps += 1
-        finished = self._advance(self.batch.rows, logits)
+        finished = self._advance(rows, logits)
         if finished:
             done = set(map(id, finished))
-            self.batch.keep([i for i, s in enumerate(self.batch.rows) if id(s) not in done])
+            keep = [i for i, s in enumerate(rows) if id(s) not in done]
+            self.runner.keep(keep)
+            self.rows = [rows[i] for i in keep]
         return finished
 
     def _advance(self, samples: list[Sample], logits: torch.Tensor) -> list[Sample]:
@@ -276,7 +314,8 @@ class LLMEngine:
         self.scheduler.running.clear()
         for request in requests:
             request.deliver(error)
-        self.batch = RunningBatch(self.model.config)
+        self.rows = []
+        self.runner.clear()
 
     def _fail_all(self, exc: Exception) -> list[Sample]:
         """Answer every running request with the error and start from an empty batch."""
@@ -284,7 +323,8 @@ class LLMEngine:
         requests = {id(s.request): s.request for s in failed}.values()
         for request in requests:
             _fail(request, exc)
-        self.batch = RunningBatch(self.model.config)
+        self.rows = []
+        self.runner.clear()
         return failed
 
 
@@ -319,22 +359,3 @@ def _common_prefix(prompts: list[tuple[int, ...]]) -> list[int]:
 
 def _weights_key(adapter_name: str, step: int | None) -> str:
     return f"{adapter_name}@{step}" if adapter_name == LIVE else adapter_name
-
-
-def _kv_bytes_per_token(config) -> int:
-    heads, head_dim = kv_heads_and_dim(config)
-    return 2 * config.num_hidden_layers * heads * head_dim * 4  # keys and values, float32
-
-
-def _check_limits(**limits) -> None:
-    """Engine limits are positive ints (prefix_cache_tokens may be 0: no cache; max_model_len
-    None: the model's own). A bad one would register a model that refuses every request."""
-    problems = []
-    for name, value in limits.items():
-        if value is None and name == "max_model_len":
-            continue
-        minimum = 0 if name == "prefix_cache_tokens" else 1
-        if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-            problems.append((name, f"engine_args.{name} must be an int >= {minimum}, got {value!r}"))
-    if problems:
-        raise ArtValueError("; ".join(message for _, message in problems), field=f"engine_args.{problems[0][0]}")

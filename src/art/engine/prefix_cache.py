@@ -9,9 +9,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-import torch
-
-KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values [1, kv_heads, tokens, head_dim]
+from art.engine.kv_cache import PrefixKV as KV  # keys, values [layers, kv_heads, tokens, head_dim]
 
 
 class PrefixCache:
@@ -36,8 +34,8 @@ class PrefixCache:
         self._entries.move_to_end(best_key)
         self.hits += 1
         self.reused_tokens += best_len
-        kv = [(k[:, :, :best_len], v[:, :, :best_len]) for k, v in self._entries[best_key]]
-        return best_len, kv
+        keys, values = self._entries[best_key]
+        return best_len, (keys[:, :, :best_len], values[:, :, :best_len])
 
     def put(self, weights: str, prompt: list[int], kv: KV) -> None:
         if len(prompt) > self.max_tokens:

@@ -28,23 +28,27 @@ def sample_next(
     """Returns (tokens [rows], their raw logprobs [rows], top alternatives per row)."""
     logprobs = torch.log_softmax(logits, dim=-1)  # [rows, vocab]
     rows = logits.shape[0]
-    temperature = torch.tensor([p.temperature for p in params], dtype=logits.dtype)  # [rows]
-    greedy = temperature == 0
-    tokens = torch.argmax(logits, dim=-1)  # [rows]
-    sampled = (~greedy).nonzero().flatten().tolist()
+    device = logits.device
+    tokens = torch.zeros(rows, dtype=torch.long, device=device)  # [rows]
+    greedy = [i for i, p in enumerate(params) if p.temperature == 0]
+    sampled = [i for i, p in enumerate(params) if p.temperature != 0]
+    if greedy:
+        index = torch.tensor(greedy, device=device)
+        tokens[index] = torch.argmax(logits[index], dim=-1)
     if sampled:
-        index = torch.tensor(sampled)
-        temps = temperature[index]
-        top_p = torch.tensor([params[i].top_p for i in sampled], dtype=logits.dtype)
-        if bool((temps == 1).all()) and bool((top_p == 1).all()):
+        index = torch.tensor(sampled, device=device)
+        if all(params[i].temperature == 1 and params[i].top_p == 1 for i in sampled):
             probs = logprobs[index].exp()  # [sampled, vocab]
         else:
+            temps = torch.tensor([params[i].temperature for i in sampled], dtype=logits.dtype, device=device)
+            top_p = torch.tensor([params[i].top_p for i in sampled], dtype=logits.dtype, device=device)
             probs = torch.softmax(logits[index] / temps[:, None], dim=-1)
-            if bool((top_p < 1).any()):
+            if any(params[i].top_p < 1 for i in sampled):
                 probs = _nucleus(probs, top_p)
         # Inverse-CDF draw with one uniform per sample from its own generator.
         cdf = probs.cumsum(dim=-1)  # [sampled, vocab]
-        u = torch.cat([torch.rand(1, generator=generators[i], dtype=cdf.dtype) for i in sampled])
+        # The generators live on the CPU (seeded, reproducible anywhere): one uniform each, then one copy.
+        u = torch.cat([torch.rand(1, generator=generators[i], dtype=cdf.dtype) for i in sampled]).to(device)
         target = (u * cdf[:, -1]).clamp(min=torch.finfo(cdf.dtype).tiny)[:, None]
         drawn = torch.searchsorted(cdf, target).squeeze(1)
         tokens[index] = drawn.clamp(max=logits.shape[-1] - 1)

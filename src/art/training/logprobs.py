@@ -46,8 +46,8 @@ def sequence_logprobs(model, ids: torch.Tensor, attention: torch.Tensor,
                       chunk_tokens: int = CHUNK_TOKENS) -> torch.Tensor:
     """log p(ids[:, t+1] | ids[:, :t+1]) for every position of right-padded rows: [rows, tokens - 1]."""
     rows, width = ids.shape
-    row_index = torch.arange(rows).repeat_interleave(width - 1)
-    column_index = torch.arange(width - 1).repeat(rows)
+    row_index = torch.arange(rows, device=ids.device).repeat_interleave(width - 1)
+    column_index = torch.arange(width - 1, device=ids.device).repeat(rows)
     values = gathered_logprobs(model, ids, attention, (row_index, column_index), ids[:, 1:].reshape(-1),
                                chunk_tokens=chunk_tokens)
     return values.view(rows, width - 1)

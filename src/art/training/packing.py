@@ -21,6 +21,9 @@ import torch
 
 from art.training.sequences import Sequence
 
+HOST = "cpu"
+"""Where batches are assembled from Python lists before one copy to the training device."""
+
 
 @dataclass
 class Unit:
@@ -170,34 +173,35 @@ def plan(groups: list[list[Sequence]], *, mode: str, row_tokens: int, batch_toke
     return out
 
 
-def attention_mask(rows: list[Row], width: int, dtype: torch.dtype) -> torch.Tensor:
-    """Additive mask [rows, 1, width, width]: a token sees earlier tokens of its own branch and
-    its unit's prefix. Padding sees only itself, so no softmax row is empty."""
+def attention_mask(rows: list[Row], width: int, dtype: torch.dtype, device: torch.device | str = HOST) -> torch.Tensor:
+    """Additive mask [rows, 1, width, width] on `device`: a token sees earlier tokens of its own
+    branch and its unit's prefix. Padding sees only itself, so no softmax row is empty."""
     count = len(rows)
-    branch = torch.full((count, width), -(1 << 30), dtype=torch.long)
-    unit = torch.full((count, width), -1, dtype=torch.long)
+    branch = torch.full((count, width), -(1 << 30), dtype=torch.long, device=HOST)
+    unit = torch.full((count, width), -1, dtype=torch.long, device=HOST)
     for i, row in enumerate(rows):
         n = len(row.token_ids)
-        branch[i, :n] = torch.tensor(row.branch)
-        unit[i, :n] = torch.tensor(row.unit)
+        branch[i, :n] = torch.tensor(row.branch, device=HOST)
+        unit[i, :n] = torch.tensor(row.unit, device=HOST)
+    branch, unit = branch.to(device), unit.to(device)
     q_branch, k_branch = branch[:, :, None], branch[:, None, :]
     same_unit = unit[:, :, None] == unit[:, None, :]
     prefix_key = k_branch < 0
     visible = same_unit & ((q_branch == k_branch) | prefix_key)
-    causal = torch.ones(width, width, dtype=torch.bool).tril()
-    allowed = (visible & causal) | torch.eye(width, dtype=torch.bool)
-    mask = torch.zeros(allowed.shape, dtype=dtype)
+    causal = torch.ones(width, width, dtype=torch.bool, device=device).tril()
+    allowed = (visible & causal) | torch.eye(width, dtype=torch.bool, device=device)
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=device)
     mask.masked_fill_(~allowed, torch.finfo(dtype).min)
     return mask[:, None]
 
 
 def row_tensors(rows: list[Row], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """ids and position ids [rows, width], right-padded."""
+    """ids and position ids [rows, width], right-padded, on the host (the caller moves them)."""
     width = max(len(r.token_ids) for r in rows)
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    positions = torch.zeros((len(rows), width), dtype=torch.long)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long, device=HOST)
+    positions = torch.zeros((len(rows), width), dtype=torch.long, device=HOST)
     for i, row in enumerate(rows):
         n = len(row.token_ids)
-        ids[i, :n] = torch.tensor(row.token_ids)
-        positions[i, :n] = torch.tensor(row.position_ids)
+        ids[i, :n] = torch.tensor(row.token_ids, device=HOST)
+        positions[i, :n] = torch.tensor(row.position_ids, device=HOST)
     return ids, positions

@@ -2,12 +2,16 @@
 
 The spine: groups -> advantages -> token sequences -> mini-batches (one AdamW step each, per
 epoch) -> packed micro-batches (`art.training.packing`) -> loss -> gradient accumulation.
-It shares the model with the engine (CPU): it holds the model lock while it runs. It knows
-nothing about HTTP or storage layout; `save`/`restore` write and read one checkpoint folder.
+It shares the model (and so the base weights) with the engine, on the CPU or one GPU: it holds
+the model lock while it runs. On CUDA the frozen base weights are bf16 and what is trained is
+float32 (peft keeps a LoRA adapter in float32; full fine-tuning keeps float32 master weights
+and computes under bf16 autocast). It knows nothing about HTTP or storage layout;
+`save`/`restore` write and read one checkpoint folder.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections import Counter
@@ -25,7 +29,7 @@ from art.training.logprobs import gathered_logprobs
 from art.training.loss import Normalizer, policy_loss_terms
 from art.training.options import ADAMW_BETAS, ADAMW_WEIGHT_DECAY, TrainOptions
 from art.training import sequences
-from art.training.packing import MicroBatch, attention_mask, row_tensors
+from art.training.packing import HOST, MicroBatch, attention_mask, row_tensors
 from art.training.sequences import Sequence, sequences_of_trajectory
 
 log = logging.getLogger(__name__)
@@ -36,12 +40,19 @@ OPTIMIZER_FILE = "optimizer.pt"
 
 class Trainer:
     def __init__(self, model, tokenizer, *, lock: threading.RLock | None = None,
-                 load_reference: Callable[[], torch.nn.Module] | None = None) -> None:
+                 load_reference: Callable[[], torch.nn.Module] | None = None,
+                 device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> None:
         """`model`: a PeftModel whose live adapter is trained, or a plain model trained whole
-        (full fine-tuning). `load_reference` gives the frozen base model the KL term (beta > 0)
+        (full fine-tuning), already on `device` (default: where its weights are). `dtype`: the
+        compute dtype (default: the weights'); float32 weights computed in a lower dtype run
+        under autocast. `load_reference` gives the frozen base model the KL term (beta > 0)
         needs under full fine-tuning; it is loaded on first use. With LoRA the reference is
         the same model with the adapter disabled."""
         self.model = model
+        first = next(model.parameters())
+        self.device = torch.device(device) if device is not None else first.device
+        self.dtype = dtype or first.dtype
+        self.autocast = first.dtype == torch.float32 and self.dtype != torch.float32
         self.full_finetune = not _is_peft(model)
         self._load_reference = load_reference
         self._reference: torch.nn.Module | None = None
@@ -80,6 +91,8 @@ class Trainer:
         norms: list[float] = []
         total_steps = len(parts) * options.epochs
         bar = tqdm(total=total_steps * sum(map(len, plans)), desc=desc, unit="batch", leave=False)
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
         with self.lock:
             self._set_gradient_checkpointing(options.gradient_checkpointing)
             self.model.train()
@@ -110,6 +123,8 @@ class Trainer:
             "tokens_computed": float(sum(m.tokens_computed for micro in plans for m in micro)),
             "sequences": float(len(sequences)),
         })
+        if self.device.type == "cuda":
+            metrics["peak_gpu_memory_gb"] = torch.cuda.max_memory_allocated(self.device) / 2**30
         if "kl" in sums:
             metrics["kl"] = sums["kl"] / total_trained
         if "tis_weight" in sums:  # truncated importance sampling: mean weight, share capped
@@ -148,12 +163,12 @@ class Trainer:
 
     def _inputs(self, batch: MicroBatch) -> dict[str, torch.Tensor]:
         """Packed rows for the trunk, and per-sequence tensors [sequences, tokens-1] for the loss
-        (position t holds token t+1, the way `policy_loss_terms` reads them)."""
+        (position t holds token t+1, the way `policy_loss_terms` reads them), on the device.
+        Assembled on the host from Python lists, then copied once."""
         ids, positions = row_tensors(batch.rows, self.pad_id)
-        dtype = next(self.model.parameters()).dtype
         length = max(len(s.token_ids) for s in batch.sequences) - 1
-        mask = torch.zeros((len(batch.sequences), length))
-        sampler = torch.zeros((len(batch.sequences), length))
+        mask = torch.zeros((len(batch.sequences), length), device=HOST)
+        sampler = torch.zeros((len(batch.sequences), length), device=HOST)
         out_row, out_col, src_row, src_col, targets = [], [], [], [], []
         for i, (s, slots) in enumerate(zip(batch.sequences, batch.slots)):
             for t in range(1, len(s.token_ids)):
@@ -164,19 +179,32 @@ class Trainer:
                     src_col.append(slots[t - 1][1])
                     targets.append(s.token_ids[t])
                     sampler[i, t - 1] = s.sampler_logprobs[t]
-            mask[i, :len(s.token_ids) - 1] = torch.tensor(s.trained[1:], dtype=torch.float)
-        return {
-            "ids": ids, "positions": positions, "attention": attention_mask(batch.rows, ids.shape[1], dtype),
-            "sources": (torch.tensor(src_row), torch.tensor(src_col)), "targets": torch.tensor(targets),
-            "scatter": (torch.tensor(out_row), torch.tensor(out_col)), "mask": mask, "sampler": sampler,
-            "advantages": torch.tensor([s.advantage for s in batch.sequences]),
+            mask[i, :len(s.token_ids) - 1] = torch.tensor(s.trained[1:], dtype=torch.float, device=HOST)
+        def host_tensor(values: list) -> torch.Tensor:
+            return torch.tensor(values, device=HOST)
+
+        host = {
+            "ids": ids, "positions": positions, "sources": (host_tensor(src_row), host_tensor(src_col)),
+            "targets": host_tensor(targets), "scatter": (host_tensor(out_row), host_tensor(out_col)),
+            "mask": mask, "sampler": sampler, "advantages": host_tensor([s.advantage for s in batch.sequences]),
         }
+        inputs = {k: tuple(t.to(self.device) for t in v) if isinstance(v, tuple) else v.to(self.device)
+                  for k, v in host.items()}
+        inputs["attention"] = attention_mask(batch.rows, ids.shape[1], self.dtype, self.device)
+        return inputs
+
+    def compute_precision(self):
+        """The forward pass's precision: autocast to `dtype` over float32 weights, else as stored."""
+        if self.autocast:
+            return torch.autocast(self.device.type, dtype=self.dtype)
+        return contextlib.nullcontext()
 
     def _logprobs(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
         """Trainer logprobs of the trained tokens, laid out like inputs["mask"]; 0 elsewhere."""
-        values = gathered_logprobs(self.model, inputs["ids"], inputs["attention"], inputs["sources"],
-                                   inputs["targets"], position_ids=inputs["positions"])
-        out = torch.zeros(inputs["mask"].shape, dtype=values.dtype)
+        with self.compute_precision():
+            values = gathered_logprobs(self.model, inputs["ids"], inputs["attention"], inputs["sources"],
+                                       inputs["targets"], position_ids=inputs["positions"])
+        out = torch.zeros(inputs["mask"].shape, dtype=values.dtype, device=values.device)
         return out.index_put(inputs["scatter"], values)
 
     @torch.no_grad()
@@ -237,7 +265,7 @@ class Trainer:
                 self._restore_adapter(Path(folder))
             optimizer_file = Path(folder) / OPTIMIZER_FILE
             if optimizer_file.exists():
-                self.optimizer.load_state_dict(torch.load(optimizer_file, weights_only=True))
+                self.optimizer.load_state_dict(torch.load(optimizer_file, weights_only=True, map_location=self.device))
 
 
     def _restore_adapter(self, folder: Path) -> None:

@@ -1,13 +1,16 @@
-"""Tensor work of the engine: prefill one prompt, and decode one token for every running row.
+"""Tensor work through transformers' own forward, for architectures `decoder.py` does not cover.
 
-The running batch keeps one KV cache whose rows are left-padded to a common width, with the
-matching attention mask; rows join (padded to the width) and leave between steps. Positions
-are per row, so padding never shifts a token's position.
+The running batch keeps one transformers cache whose rows are left-padded to a common width,
+with the matching attention mask; rows join (padded to the width) and leave between steps.
+Positions are per row, so padding never shifts a token's position. Adapters are applied by
+peft (`AdapterSet.activate`: merged weights for live-only batches, `adapter_names` otherwise).
+Same interface as `static_runner.StaticRunner`; no CUDA graphs and no static shapes here.
 """
 
 from __future__ import annotations
 
 import inspect
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -15,66 +18,111 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from art.engine.adapters import AdapterSet
-from art.engine.prefix_cache import KV
+from art.engine.config import EngineConfig
+from art.engine.kv_cache import PrefixKV
 
 
-class ModelRunner:
-    def __init__(self, model, adapters: AdapterSet) -> None:
+@dataclass
+class Staged:
+    """Prompts computed by a prefill: kv per layer [prompts, heads, width, dim] with holes where
+    `mask` [prompts, width] is 0."""
+
+    kv: list[tuple[torch.Tensor, torch.Tensor]]
+    mask: torch.Tensor
+
+
+class HFRunner:
+    def __init__(self, model, adapters: AdapterSet, config: EngineConfig, max_model_len: int) -> None:
         self.model = model
         self.adapters = adapters
         self.config = model.config
+        self.device = torch.device(config.device)
+        self.max_rows = config.max_num_seqs
+        self.batch = RunningBatch(model.config, self.device)
         self.prefill_computed_tokens = 0
         """Prompt tokens actually run through the model (the rest came from cached prefixes)."""
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
         # transformers 5.x renamed `past_key_values` to `cache`; accept both.
         self.cache_kw = "cache" if "cache" in inspect.signature(type(base).forward).parameters else "past_key_values"
 
-    def forward(self, ids, mask, positions, cache, adapter_names: list[str]) -> torch.Tensor:
+    def _forward(self, ids, mask, positions, cache, adapter_names: list[str]) -> torch.Tensor:
         """Logits at the last position of each row: [rows, vocab] float32."""
         with self.adapters.activate(adapter_names) as extra:
             out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
                              use_cache=True, logits_to_keep=1, **{self.cache_kw: cache}, **extra)
         return out.logits[:, -1, :].float()
 
-    def prefill(self, prompts: list[list[int]], prefixes: list[tuple[int, KV | None]], adapters: list[str]):
+    def prefill(self, prompts: list[list[int]], prefixes: list[tuple[int, PrefixKV | None]],
+                adapter_names: list[str]) -> tuple[torch.Tensor, Staged]:
         """Run several prompts, each after its cached prefix, in one forward pass.
 
         Row i's cache holds [pad][prefix_i] and its input [pad][rest of prompt_i]; the mask
         hides both pads and positions are per row, so every row computes exactly what it would
-        alone. Returns (last logits [rows, vocab], kv per layer [rows, heads, width, dim],
-        mask [rows, width]); the kv has holes where the mask is 0.
+        alone. Returns (last logits [rows, vocab], the staged prompts).
         """
         used = [min(n, len(p) - 1) if kv is not None else 0 for p, (n, kv) in zip(prompts, prefixes)]
         width_prefix = max(used)
         width_new = max(len(p) - n for p, n in zip(prompts, used))
         rows = len(prompts)
+        device = self.device
         self.prefill_computed_tokens += sum(len(p) - n for p, n in zip(prompts, used))
-        ids = torch.zeros(rows, width_new, dtype=torch.long)  # [rows, new]
-        positions = torch.zeros(rows, width_new, dtype=torch.long)
-        mask = torch.zeros(rows, width_prefix + width_new, dtype=torch.long)  # [rows, width]
+        ids = torch.zeros(rows, width_new, dtype=torch.long, device=device)  # [rows, new]
+        positions = torch.zeros(rows, width_new, dtype=torch.long, device=device)
+        mask = torch.zeros(rows, width_prefix + width_new, dtype=torch.long, device=device)  # [rows, width]
         for i, (prompt, n) in enumerate(zip(prompts, used)):
             rest = prompt[n:]
-            ids[i, width_new - len(rest):] = torch.tensor(rest)
-            positions[i, width_new - len(rest):] = torch.arange(n, len(prompt))
+            ids[i, width_new - len(rest):] = torch.tensor(rest, device=device)
+            positions[i, width_new - len(rest):] = torch.arange(n, len(prompt), device=device)
             mask[i, width_prefix - n:width_prefix] = 1
             mask[i, width_prefix + width_new - len(rest):] = 1
         cache = DynamicCache(config=self.config)
         if width_prefix:
             layers = []
+            heads, dim = kv_heads_and_dim(self.config)
+            dtype = next(self.model.parameters()).dtype
             for layer in range(self.config.num_hidden_layers):
                 ks, vs = [], []
-                for (n_cached, kv), n in zip(prefixes, used):
+                for (_, kv), n in zip(prefixes, used):
                     if n:
-                        k, v = kv[layer][0][:, :, :n], kv[layer][1][:, :, :n]
-                    else:
-                        heads, dim = kv_heads_and_dim(self.config)
-                        k = v = torch.zeros(1, heads, 0, dim)  # no cached prefix: all padding
+                        k, v = kv[0][layer, None, :, :n], kv[1][layer, None, :, :n]
+                    else:  # no cached prefix: all padding
+                        k = v = torch.zeros(1, heads, 0, dim, dtype=dtype, device=device)
                     ks.append(_pad_left(k, width_prefix))
                     vs.append(_pad_left(v, width_prefix))
                 layers.append((torch.cat(ks), torch.cat(vs)))
             cache = DynamicCache(ddp_cache_data=layers, config=self.config)
-        logits = self.forward(ids, mask, positions, cache, adapters)
-        return logits, [(layer.keys, layer.values) for layer in cache.layers], mask
+        logits = self._forward(ids, mask, positions, cache, adapter_names)
+        return logits, Staged([(layer.keys, layer.values) for layer in cache.layers], mask)
+
+    def prompt_kv(self, staged: Staged, index: int) -> PrefixKV:
+        columns = staged.mask[index].nonzero().squeeze(1)  # this prompt's kv without padding
+        return (torch.stack([k[index][:, columns] for k, _ in staged.kv]),
+                torch.stack([v[index][:, columns] for _, v in staged.kv]))
+
+    def add(self, staged: Staged, sources: list[int]) -> None:
+        index = torch.tensor(sources, device=self.device)
+        self.batch.add(len(sources), [(k[index], v[index]) for k, v in staged.kv], staged.mask[index])
+
+    def decode(self, tokens: list[int], positions: list[int], adapter_names: list[str]) -> torch.Tensor:
+        ids = torch.tensor(tokens, device=self.device)[:, None]  # [rows, 1]
+        where = torch.tensor(positions, device=self.device)[:, None]
+        mask = self.batch.extend_mask()
+        return self._forward(ids, mask, where, self.batch.cache, adapter_names)
+
+    def keep(self, keep: list[int]) -> None:
+        self.batch.keep(keep)
+
+    def clear(self) -> None:
+        self.batch = RunningBatch(self.config, self.device)
+
+    def idle(self) -> None:
+        """Nothing to free: an empty batch holds no cache."""
+
+    def weights_changed(self, *, all_weights: bool) -> None:
+        """peft's modules are the weights here; `AdapterSet.unmerge` already dropped any merge."""
+
+    def stats(self) -> dict[str, float]:
+        return {}
 
 
 class GrowingLayer(DynamicLayer):
@@ -123,20 +171,18 @@ def _growing_cache(config) -> DynamicCache:
 
 
 class RunningBatch:
-    """KV, mask and rows of the samples being decoded together."""
+    """KV and mask of the rows being decoded together."""
 
-    def __init__(self, config) -> None:
+    def __init__(self, config, device: torch.device) -> None:
         self.config = config
-        self.rows: list = []  # Sample per row
+        self.device = device
+        self.rows = 0
         self.cache = _growing_cache(config)
-        self.mask = torch.zeros(0, 0, dtype=torch.long)  # [rows, width]
+        self.mask = torch.zeros(0, 0, dtype=torch.long, device=device)  # [rows, width]
 
-    def __len__(self) -> int:
-        return len(self.rows)
-
-    def add(self, rows: list, kv: KV, mask: torch.Tensor) -> None:
-        """Append rows whose cache is `kv` (per layer [len(rows), heads, tokens, dim]) with
-        their attention mask [len(rows), tokens] (0 where the kv holds padding)."""
+    def add(self, rows: int, kv: list[tuple[torch.Tensor, torch.Tensor]], mask: torch.Tensor) -> None:
+        """Append `rows` rows whose cache is `kv` (per layer [rows, heads, tokens, dim]) with
+        their attention mask [rows, tokens] (0 where the kv holds padding)."""
         new_width = kv[0][0].shape[2]
         width = max(self.mask.shape[1], new_width)
         new_mask = mask
@@ -153,23 +199,21 @@ class RunningBatch:
 
     def keep(self, keep: list[int]) -> None:
         """Keep only these row indices; drop columns no remaining row attends to."""
-        self.rows = [self.rows[i] for i in keep]
+        self.rows = len(keep)
         if not self.rows:
             self.cache = _growing_cache(self.config)
-            self.mask = torch.zeros(0, 0, dtype=torch.long)
+            self.mask = torch.zeros(0, 0, dtype=torch.long, device=self.device)
             return
-        index = torch.tensor(keep)
+        index = torch.tensor(keep, device=self.device)
         first = int(self.mask[index].any(0).long().argmax())  # leading all-padding columns
         self.mask = self.mask[index, first:]
         for layer in self.cache.layers:
             _set(layer, layer.keys[index, :, first:], layer.values[index, :, first:])
 
-    def step_inputs(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Input ids [rows, 1], mask [rows, width + 1], positions [rows, 1] for one decode step."""
-        ids = torch.tensor([[s.ids[-1]] for s in self.rows])
-        positions = torch.tensor([[s.position] for s in self.rows])
-        self.mask = torch.cat([self.mask, torch.ones(len(self.rows), 1, dtype=torch.long)], dim=1)
-        return ids, self.mask, positions
+    def extend_mask(self) -> torch.Tensor:
+        """The mask [rows, width + 1] of one decode step: every row sees its new token."""
+        self.mask = torch.cat([self.mask, torch.ones(self.rows, 1, dtype=torch.long, device=self.device)], dim=1)
+        return self.mask
 
 
 def _set(layer, keys: torch.Tensor, values: torch.Tensor) -> None:

@@ -1,0 +1,162 @@
+"""The engine's own forward pass of Llama-family decoders, on the module tree transformers built.
+
+Llama, Mistral, Qwen2 and Qwen3 share one block: RMSNorm -> attention with rotary positions
+(grouped KV heads; Qwen2 biases, Qwen3 per-head q/k norms) -> RMSNorm -> gated MLP. This
+module runs that block with its own attention over the engine's KV cache (`kv_cache.py`),
+calling the model's own norms and reading its projection weights through `ServedWeights`, so
+the weights are the ones the trainer trains, with no copy. Owning the attention is what lets a
+step have static shapes: every row writes its keys at its own position and attends over a
+fixed width under a mask, and a decode step can be replayed as a CUDA graph.
+
+It does not know about requests, sampling or adapters' names. Architectures it does not cover
+(`unsupported_reason`) are served through transformers' forward by `hf_runner.py`.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from art.engine.adapters import is_peft
+from art.engine.kv_cache import KVCache
+from art.engine.served_weights import Route, ServedWeights
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+_LAYER_PARTS = ("input_layernorm", "post_attention_layernorm", "self_attn.q_proj", "self_attn.k_proj",
+                "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj", "mlp.act_fn")
+
+
+def causal_lm_parts(model):
+    """(the transformers CausalLM under any peft wrapper, its decoder trunk)."""
+    base = model.get_base_model() if is_peft(model) else model
+    return base, getattr(base, "model", None)
+
+
+def unsupported_reason(model) -> str | None:
+    """Why this engine's decoder cannot run `model` (None: it can)."""
+    base, trunk = causal_lm_parts(model)
+    config = base.config
+    if config.model_type not in SUPPORTED_MODEL_TYPES:
+        return f"model_type {config.model_type!r} (the decoder covers {', '.join(SUPPORTED_MODEL_TYPES)})"
+    if trunk is None or not all(hasattr(trunk, a) for a in ("embed_tokens", "layers", "norm", "rotary_emb")):
+        return "an unexpected module layout"
+    if not hasattr(base, "lm_head") or getattr(config, "final_logit_softcapping", None):
+        return "an output head that is more than a projection"
+    rope_type = getattr(trunk.rotary_emb, "rope_type", "default")
+    if "dynamic" in rope_type or "longrope" in rope_type:
+        return f"rope_type {rope_type!r} (its frequencies depend on the sequence length)"
+    for layer in trunk.layers:
+        for part in _LAYER_PARTS:
+            owner = layer
+            for name in part.split("."):
+                owner = getattr(owner, name, None)
+            if owner is None:
+                return f"a decoder layer without {part}"
+    for module in model.modules():
+        if any(getattr(module, "use_dora", {}).values()) or getattr(module, "lora_bias", {}) and any(module.lora_bias.values()):
+            return "DoRA or LoRA bias adapters"
+    return None
+
+
+class Decoder:
+    def __init__(self, model, weights: ServedWeights, *, max_positions: int, device: torch.device,
+                 dtype: torch.dtype) -> None:
+        base, trunk = causal_lm_parts(model)
+        self.config = config = base.config
+        self.trunk, self.lm_head, self.weights = trunk, base.lm_head, weights
+        self.layers = list(trunk.layers)
+        attention = self.layers[0].self_attn
+        self.q_heads = config.num_attention_heads
+        self.kv_heads = getattr(config, "num_key_value_heads", None) or self.q_heads
+        self.head_dim = attention.head_dim
+        self.scale = attention.scaling
+        self.qk_norm = hasattr(attention, "q_norm")
+        self.windows = [_sliding_window(layer.self_attn, config) for layer in self.layers]
+        self.device, self.dtype = device, dtype
+        # Rotary tables for every position, from the model's own rotary module (any static rope
+        # scaling): row p is what the model computes at position p.
+        positions = torch.arange(max_positions, device=device)[None]  # [1, positions]
+        cos, sin = trunk.rotary_emb(torch.zeros(1, device=device, dtype=dtype), positions)
+        self.cos, self.sin = cos[0], sin[0]  # [positions, head_dim]
+
+    def kv_cache(self, *, max_rows: int, max_tokens: int, growable: bool) -> KVCache:
+        return KVCache(layers=len(self.layers), heads=self.kv_heads, head_dim=self.head_dim, dtype=self.dtype,
+                       device=self.device, max_rows=max_rows, max_tokens=max_tokens, growable=growable)
+
+    def forward(self, ids: torch.Tensor, positions: torch.Tensor, cache: KVCache, width: int, route: Route,
+                last: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits [rows, vocab] (float32) after tokens `ids` [rows, tokens] at `positions` [rows, tokens].
+
+        Row r is slot r of `cache`: its keys and values are written at its positions, and each
+        token attends to the slot's positions up to its own within the first `width` (which must
+        cover every position). `last` [rows] picks the token whose logits are returned (default:
+        the last). Padding tokens may follow a row's real ones: they write past its end, where
+        nothing reads before a later step overwrites them.
+        """
+        rows, tokens = ids.shape
+        x = self.trunk.embed_tokens(ids)  # [rows, tokens, hidden]
+        cos = self.cos[positions].unsqueeze(1)  # [rows, 1, tokens, head_dim]
+        sin = self.sin[positions].unsqueeze(1)
+        columns = torch.arange(width, device=ids.device)  # [width]
+        visible = columns <= positions[:, :, None]  # [rows, tokens, width]
+        masks = {}
+        slot = torch.arange(rows, device=ids.device)[:, None].expand(rows, tokens)  # [rows, tokens]
+        for index, layer in enumerate(self.layers):
+            window = self.windows[index]
+            if window not in masks:
+                mask = visible if window is None else visible & (columns > positions[:, :, None] - window)
+                masks[window] = self._group_mask(mask)
+            x = self._layer(layer, index, x, cos, sin, cache, slot, positions, width, masks[window], route)
+        if last is not None:
+            x = x[torch.arange(rows, device=ids.device), last]  # [rows, hidden]
+        else:
+            x = x[:, -1]
+        hidden = self.trunk.norm(x)
+        return self.weights.linear(hidden, self.lm_head, route).float()  # [rows, vocab]
+
+    def _layer(self, layer, index, x, cos, sin, cache, slot, positions, width, mask, route):
+        rows, tokens, _ = x.shape
+        attention, mlp, linear = layer.self_attn, layer.mlp, self.weights.linear
+        h = layer.input_layernorm(x)
+        q = linear(h, attention.q_proj, route).view(rows, tokens, self.q_heads, self.head_dim)
+        k = linear(h, attention.k_proj, route).view(rows, tokens, self.kv_heads, self.head_dim)
+        v = linear(h, attention.v_proj, route).view(rows, tokens, self.kv_heads, self.head_dim)
+        if self.qk_norm:
+            q, k = attention.q_norm(q), attention.k_norm(k)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)  # [rows, heads, tokens, head_dim]
+        q = q * cos + _rotate_half(q) * sin
+        k = k * cos + _rotate_half(k) * sin
+        keys, values = cache.k[index], cache.v[index]  # [slots, kv_heads, cache tokens, head_dim]
+        keys[slot, :, positions] = k.transpose(1, 2).to(keys.dtype)  # [rows, tokens, kv_heads, head_dim]
+        values[slot, :, positions] = v.to(values.dtype)
+        out = self._attend(q, keys[:rows, :, :width], values[:rows, :, :width], mask)
+        x = x + linear(out.transpose(1, 2).reshape(rows, tokens, -1), attention.o_proj, route)
+        h = layer.post_attention_layernorm(x)
+        gate = mlp.act_fn(linear(h, mlp.gate_proj, route)) * linear(h, mlp.up_proj, route)
+        return x + linear(gate, mlp.down_proj, route)
+
+    def _group_mask(self, mask: torch.Tensor) -> torch.Tensor:
+        """[rows, tokens, width] -> [rows, 1, groups * tokens, width], the layout of `_attend`."""
+        rows, tokens, width = mask.shape
+        groups = self.q_heads // self.kv_heads
+        return mask[:, None, None].expand(rows, 1, groups, tokens, width).reshape(rows, 1, groups * tokens, width)
+
+    def _attend(self, q, keys, values, mask):
+        """Grouped-query attention as plain attention: the query heads that share a KV head are laid
+        out as extra query positions of that head, so SDPA's fused kernels (which take a mask
+        but not always GQA) read each key once. q [rows, q_heads, tokens, dim] -> same shape."""
+        rows, _, tokens, dim = q.shape
+        grouped = q.reshape(rows, self.kv_heads, -1, dim)  # [rows, kv_heads, groups * tokens, dim]
+        out = F.scaled_dot_product_attention(grouped, keys, values, attn_mask=mask, scale=self.scale)
+        return out.reshape(rows, self.q_heads, tokens, dim)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def _sliding_window(attention, config) -> int | None:
+    if hasattr(attention, "sliding_window"):
+        return attention.sliding_window or None
+    return getattr(config, "sliding_window", None) if config.model_type == "mistral" else None

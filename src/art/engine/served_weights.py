@@ -1,0 +1,147 @@
+"""What each projection of the engine's forward pass multiplies by, on weights shared with the trainer.
+
+The engine reads the module tree the trainer trains (peft LoRA layers or plain `nn.Linear`),
+so the base weights exist once. Per projection it may keep a prepared copy, built lazily:
+- under `merge`, W + B A s of the live adapter, for batches that only use it (the LoRA then
+  costs nothing), rebuilt after each weight update;
+- on the CPU, weights packed for oneDNN's matmul (1.4-2.3x `F.linear` at decode batch sizes on
+  an AVX2 CPU, `benchmarks/README.md`);
+- in the serving dtype when the stored one differs (fp32 master weights under full fine-tuning
+  on CUDA are served in bf16).
+Without any of these the module's own weight is used, with no copy. Rows that use another
+adapter (`name@step`) or none (the base model) add their own LoRA on top of the base weights.
+
+Prepared tensors are refreshed in place when they can be, so a CUDA graph captured against
+them stays valid across weight updates. Callers hold the model lock.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from art.engine.adapters import BASE, LIVE, is_peft
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Route:
+    """Which weights one forward pass uses."""
+
+    merged: bool = False
+    """Every row uses the live adapter (or a model without adapters): prepared live weights."""
+    adapter: str | None = None
+    """Every row uses this peft adapter on top of the base weights (None: the base alone)."""
+    groups: tuple[tuple[str, torch.Tensor], ...] = ()
+    """A mixed batch: (adapter, row indices [k]) per adapter; other rows use the base alone."""
+
+    @property
+    def key(self) -> str | None:
+        """A name for what a CUDA graph may be captured against (None: keep this batch eager)."""
+        if self.groups:
+            return None
+        if self.merged:
+            return "merged"
+        return "base" if self.adapter is None else ("live" if self.adapter == LIVE else None)
+
+
+class ServedWeights:
+    def __init__(self, model, *, dtype: torch.dtype, merge: bool, pack: bool) -> None:
+        self.model = model
+        self.peft = is_peft(model)
+        self.dtype = dtype
+        self.merge = merge and self.peft
+        self.pack = pack and dtype == torch.float32 and _packing_works()
+        self._prepared: dict[tuple[int, str], tuple[torch.Tensor, object]] = {}  # -> (tensor, module)
+        self._stale: set[tuple[int, str]] = set()
+
+    def route(self, adapter_names: list[str], device: torch.device) -> Route:
+        unique = set(adapter_names)
+        if not self.peft or (self.merge and unique == {LIVE}):
+            return Route(merged=True)
+        if len(unique) == 1:
+            name = unique.pop()
+            return Route(adapter=None if name == BASE else name)
+        groups = tuple((name, torch.tensor([i for i, n in enumerate(adapter_names) if n == name], device=device))
+                       for name in sorted(unique - {BASE}))
+        return Route(groups=groups)
+
+    def linear(self, x: torch.Tensor, module, route: Route) -> torch.Tensor:
+        """`module`'s output for `x` [..., in] under `route`: [..., out]."""
+        lora = hasattr(module, "lora_A")
+        base = module.get_base_layer() if lora else module
+        merged = route.merged and lora and LIVE in module.lora_A
+        y = self._matmul(x, self._weight(module, "merged" if merged else "base"), base.bias)
+        if lora and not route.merged:
+            if route.adapter is not None and route.adapter in module.lora_A:
+                y = y + _lora(x, module, route.adapter).to(y.dtype)
+            for name, rows in route.groups:
+                if name in module.lora_A:
+                    y = y.index_add(0, rows, _lora(x[rows], module, name).to(y.dtype))
+        return y
+
+    def weights_changed(self, *, all_weights: bool) -> None:
+        """The live adapter (or, `all_weights`, every weight: full fine-tuning) changed."""
+        self._stale.update(k for k in self._prepared if all_weights or k[1] == "merged")
+
+    def refresh(self) -> None:
+        """Rebuild what a weight update made stale, now (a replayed CUDA graph runs no Python)."""
+        for key in list(self._stale):
+            _, module = self._prepared[key]
+            self._weight(module, key[1])
+
+    def _weight(self, module, variant: str) -> torch.Tensor:
+        key = (id(module), variant)
+        cached, _ = self._prepared.get(key, (None, None))
+        if cached is not None and key not in self._stale:
+            return cached
+        weight = (module.get_base_layer() if hasattr(module, "lora_A") else module).weight.detach()
+        if variant == "merged":
+            weight = weight + module.get_delta_weight(LIVE).to(weight.dtype)
+        if not self.pack and variant == "base" and weight.dtype == self.dtype:
+            return weight  # the module's own tensor: no copy
+        self._stale.discard(key)
+        if self.pack:
+            prepared = torch.ops.mkldnn._reorder_linear_weight(weight.to(self.dtype), _PACK_BATCH_HINT)
+        elif cached is not None and cached.shape == weight.shape:
+            prepared = cached.copy_(weight)  # in place: CUDA graphs hold this address
+        else:
+            prepared = weight.to(self.dtype, copy=True)
+        self._prepared[key] = (prepared, module)
+        return prepared
+
+    def _matmul(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        if not self.pack:
+            return F.linear(x, weight, bias)
+        flat = x.reshape(-1, x.shape[-1])
+        out = torch.ops.mkldnn._linear_pointwise(flat, weight, bias, "none", [], "")
+        return out.view(*x.shape[:-1], out.shape[-1])
+
+
+def _lora(x: torch.Tensor, module, name: str) -> torch.Tensor:
+    a, b = module.lora_A[name].weight, module.lora_B[name].weight  # [r, in], [out, r]
+    return F.linear(F.linear(x.to(a.dtype), a), b) * module.scaling[name]
+
+
+_PACK_BATCH_HINT = 32
+"""oneDNN picks its packed layout for this many rows; any row count works."""
+_packing: bool | None = None
+
+
+def _packing_works() -> bool:
+    """oneDNN's packed linear exists in x86 CPU builds of torch; check once that it runs and agrees."""
+    global _packing
+    if _packing is None:
+        try:
+            w, x = torch.randn(8, 16), torch.randn(3, 16)
+            packed = torch.ops.mkldnn._reorder_linear_weight(w, _PACK_BATCH_HINT)
+            out = torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
+            _packing = bool(torch.allclose(out, F.linear(x, w), atol=1e-4))
+        except (RuntimeError, AttributeError, NotImplementedError) as exc:
+            log.info("oneDNN packed linear unavailable (%s); the engine uses F.linear", exc)
+            _packing = False
+    return _packing

@@ -1,0 +1,79 @@
+"""Read `TrainableModel(_internal_config=...)` once into typed settings for the backend.
+
+ART scripts pass keys meant for vLLM, Unsloth and their trainer (`init_args`, `trainer_args`,
+`_decouple_vllm_and_unsloth`, ...). Every key ART knows is accepted: those that mean something
+here are honoured (`engine_args`, `peft_args` or ART's newer `lora_config`, `seed`,
+`full_finetune` or `init_args.full_finetuning`, `init_args.max_seq_length` and
+`init_args.gpu_memory_utilization`); the rest are named once in a warning.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from art.engine.config import EngineConfig, warn_ignored
+from art.errors import ArtValueError
+from art.training.options import LORA_DEFAULTS
+
+# ART's InternalModelConfig keys with no meaning for this backend.
+IGNORED_KEYS = frozenset({
+    "trainer_args", "torchtune_args", "_decouple_vllm_and_unsloth", "trainer_gpu_ids", "inference_gpu_ids",
+    "rollout_weights_mode", "rollout_weight_update_mode", "chat_template_kwargs", "chat_template",
+    "chat_template_path", "chat_template_content_format", "chat_template_tool_schema_format", "vllm_runtime",
+    "allow_unvalidated_arch", "megatron_model_initialization", "tinker_args", "tinker_native_args",
+    "_log_vllm_metrics", "_use_pipeline_rl",
+})
+# ART's newer `lora_config` names -> peft's LoraConfig names.
+LORA_CONFIG_NAMES = {"rank": "r", "alpha": "lora_alpha", "dropout": "lora_dropout", "target_modules": "target_modules",
+                     "bias": "bias", "use_rslora": "use_rslora", "layers_to_transform": "layers_to_transform",
+                     "modules_to_save": "modules_to_save", "init_weights": "init_lora_weights"}
+
+
+@dataclass(frozen=True)
+class ModelSettings:
+    engine: EngineConfig
+    full_finetune: bool = False
+    lora: dict | None = None
+    """peft LoraConfig arguments (None under full fine-tuning)."""
+    seed: int = 0
+    """Seeds the LoRA initialisation at step 0."""
+
+
+def parse_internal_config(internal: dict | None) -> ModelSettings:
+    """Raises ArtValueError naming the field for what cannot be honoured as given."""
+    internal = dict(internal or {})
+    init = dict(internal.get("init_args") or {})
+    known = {"engine_args", "peft_args", "lora_config", "seed", "full_finetune", "init_args"}
+    warn_ignored([k for k in internal if k not in known], "_internal_config")
+    warn_ignored([k for k in init if k not in ("max_seq_length", "gpu_memory_utilization", "full_finetuning")],
+                 "init_args")
+
+    engine_args = dict(internal.get("engine_args") or {})
+    if "max_seq_length" in init:  # Unsloth's context length; vLLM's max_model_len wins when both are given
+        engine_args.setdefault("max_model_len", init["max_seq_length"])
+    if "gpu_memory_utilization" in init:
+        engine_args.setdefault("gpu_memory_utilization", init["gpu_memory_utilization"])
+    engine = EngineConfig.from_engine_args(engine_args)
+
+    full = internal.get("full_finetune", init.get("full_finetuning", False))
+    if full not in (True, False):
+        raise ArtValueError(f"full_finetune must be True or False, got {full!r}", field="full_finetune")
+    lora_given = {**internal.get("peft_args", {}), **_lora_config(internal.get("lora_config"))}
+    if full and lora_given:
+        key = "peft_args" if "peft_args" in internal else "lora_config"
+        raise ArtValueError(f"{key} has no effect with full_finetune=True; drop one of them", field=key)
+    seed = internal.get("seed", 0)
+    if not isinstance(seed, int) or isinstance(seed, bool):
+        raise ArtValueError(f"seed must be an int, got {seed!r}", field="seed")
+    return ModelSettings(engine=engine, full_finetune=bool(full), lora=None if full else {**LORA_DEFAULTS, **lora_given},
+                         seed=seed)
+
+
+def _lora_config(config) -> dict:
+    if not config:
+        return {}
+    if not isinstance(config, dict):
+        raise ArtValueError(f"lora_config must be an object, got {config!r}", field="lora_config")
+    ignored = [k for k in config if k not in LORA_CONFIG_NAMES]
+    warn_ignored(ignored, "lora_config")
+    return {LORA_CONFIG_NAMES[k]: v for k, v in config.items() if k in LORA_CONFIG_NAMES}
