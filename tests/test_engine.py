@@ -20,8 +20,8 @@ def randomize_lora(model, seed):
                 param.copy_(torch.randn(param.shape, generator=generator) * 0.2)
 
 
-@pytest.fixture(scope="module")
-def setup(tiny_model_path, tmp_path_factory):
+@pytest.fixture(scope="module", params=[False, True], ids=["exact-batches", "bucketed-batches"])
+def setup(tiny_model_path, tmp_path_factory, request):
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -35,7 +35,9 @@ def setup(tiny_model_path, tmp_path_factory):
     model.save_pretrained(str(checkpoint))  # step 1's weights on disk
     randomize_lora(model, seed=2)  # the live adapter now holds step 2
     adapters = AdapterSet(model, live_step=2)
-    engine = LLMEngine(model, tokenizer, adapters=adapters, max_num_seqs=16, prefix_cache_tokens=4096)
+    # Bucketed: decode batches padded to bucket sizes, the static shapes CUDA graphs replay.
+    engine = LLMEngine(model, tokenizer, adapters=adapters, max_num_seqs=16, prefix_cache_tokens=4096,
+                       pad_batches=request.param)
     reference = ReferenceSampler(model, tokenizer, adapters=adapters)
     return engine, reference, checkpoint
 
@@ -155,3 +157,29 @@ def test_bad_engine_limits_are_refused_by_name(tiny_model_path):
     assert info.value.field == "engine_args.max_num_seqs"  # the first, in EngineConfig's field order
     assert "max_model_len" in str(info.value) and "kv_cache_bytes" in str(info.value)
     LLMEngine(model, tokenizer, prefix_cache_tokens=0).stop()  # no prefix cache is allowed
+
+
+async def test_architectures_the_decoder_does_not_cover_run_through_transformers(tiny_model_path):
+    """A GPT-2 model goes through HFRunner (transformers' forward) and still matches the reference."""
+    from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel
+
+    from art.engine.hf_runner import HFRunner
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_path)
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=len(tokenizer),
+                                       n_positions=256, eos_token_id=tokenizer.eos_token_id)).eval()
+    engine = LLMEngine(model, tokenizer, max_num_seqs=8)
+    try:
+        assert isinstance(engine.runner, HFRunner)
+        reference = ReferenceSampler(model, tokenizer)
+        prompts = [[1, 5, 9], list(range(100, 112)), [1, 5, 9, 4]]
+        params = SamplingParams(n=2, temperature=1.0, max_tokens=6, seed=11)
+        results = await asyncio.gather(*[engine.generate(p, params, None) for p in prompts])
+        for prompt, got in zip(prompts, results):
+            want = reference.generate(prompt, params, None)
+            assert [c.token_ids for c in got] == [c.token_ids for c in want]
+            for g, w in zip(got, want):
+                assert g.logprobs == pytest.approx(w.logprobs, abs=1e-4)
+    finally:
+        engine.stop()

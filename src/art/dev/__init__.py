@@ -63,21 +63,59 @@ class PeftArgs(TypedDict, total=False):
 
 
 class EngineArgs(TypedDict, total=False):
+    """vLLM's names; `art.engine.config.EngineConfig` documents each. The rest of vLLM's engine
+    args are accepted and ignored with one warning; other names are refused."""
+
+    device: str
+    """"auto" (CUDA when available), "cpu", "cuda", "cuda:N"."""
+    dtype: str
+    """Serving compute dtype: "auto" (bfloat16 on CUDA, float32 on the CPU), "bfloat16", "float32"."""
     max_model_len: int
     """Context length served (prompt + completion); defaults to the model's."""
     max_num_seqs: int
     """Samples decoded together at most; more wait in a queue. Default 64."""
+    gpu_memory_utilization: float
+    """CUDA: share of GPU memory the engine may fill (weights + KV cache); the rest is the
+    trainer's. Default 0.5."""
+    enforce_eager: bool
+    """CUDA: no CUDA graphs. Default False."""
     kv_cache_bytes: int
-    """Memory for running samples' KV cache; requests beyond it wait. Default 4 GiB."""
+    """CPU: memory for running samples' KV cache; requests beyond it wait. Default 4 GiB."""
     prefix_cache_tokens: int
     """Prompt tokens whose KV is kept for reuse by later prompts. Default 16384."""
+    enable_prefix_caching: bool
+    """False is prefix_cache_tokens=0."""
+    max_num_batched_tokens: int
+    """Padded prompt tokens per prefill pass. Default 4096."""
+    max_loras: int
+    """Checkpoint adapters (`name@step`) kept loaded. Default 4."""
+    merge_lora: bool | None
+    """Serve live-adapter batches on merged weights. Default None: on the CPU yes, on CUDA no."""
+    pad_batches: bool | None
+    """Pad decode batches to bucket sizes. Default None: on CUDA (one CUDA graph per bucket)."""
+
+
+class LoRAConfig(TypedDict, total=False):
+    """ART's newer names for the adapter (`lora_config`); mapped to peft's."""
+
+    rank: int
+    alpha: int
+    dropout: float
+    target_modules: list[str]
+    use_rslora: bool
 
 
 class InternalModelConfig(TypedDict, total=False):
-    """Passed as `TrainableModel(_internal_config=...)`; stored in model.json."""
+    """Passed as `TrainableModel(_internal_config=...)`; stored in model.json. ART's other keys
+    (`trainer_args`, `_decouple_vllm_and_unsloth`, most of `init_args`, ...) are accepted and
+    named once in a warning: this backend has one process and one copy of the weights."""
 
     peft_args: PeftArgs
+    lora_config: LoRAConfig
     engine_args: EngineArgs
+    init_args: dict
+    """Unsloth's: `max_seq_length` (-> engine max_model_len), `gpu_memory_utilization` and
+    `full_finetuning` are honoured."""
     seed: int
     """Seeds the LoRA initialisation at step 0. Default 0."""
     full_finetune: bool
@@ -87,4 +125,4 @@ class InternalModelConfig(TypedDict, total=False):
     Default False."""
 
 
-__all__ = ["EngineArgs", "InternalModelConfig", "PeftArgs", "TrainConfig"]
+__all__ = ["EngineArgs", "InternalModelConfig", "LoRAConfig", "PeftArgs", "TrainConfig"]

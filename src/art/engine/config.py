@@ -146,12 +146,10 @@ class EngineConfig:
                                       f"got {self.dtype!r}"))
         if not isinstance(self.device, str) or not (self.device in ("auto", "cpu") or self.device.startswith("cuda")):
             problems.append(("device", f"engine_args.device must be 'auto', 'cpu' or 'cuda[:N]', got {self.device!r}"))
-        for name in ("enforce_eager",):
-            if not isinstance(getattr(self, name), bool):
-                problems.append((name, f"engine_args.{name} must be true or false, got {getattr(self, name)!r}"))
-        for name in ("merge_lora", "pad_batches"):
-            if getattr(self, name) not in (None, True, False):
-                problems.append((name, f"engine_args.{name} must be true, false or null, got {getattr(self, name)!r}"))
+        for name in ("enforce_eager", "merge_lora", "pad_batches"):
+            value = getattr(self, name)
+            if not isinstance(value, bool) and not (value is None and name != "enforce_eager"):
+                problems.append((name, f"engine_args.{name} must be true or false, got {value!r}"))
         if problems:
             raise ArtValueError("; ".join(message for _, message in problems), field=f"engine_args.{problems[0][0]}")
 

@@ -77,11 +77,12 @@ class ServedWeights:
         merged = route.merged and lora and LIVE in module.lora_A
         y = self._matmul(x, self._weight(module, "merged" if merged else "base"), base.bias)
         if lora and not route.merged:
+            # As peft does: the (float32) LoRA term is added before rounding to the output dtype.
             if route.adapter is not None and route.adapter in module.lora_A:
-                y = y + _lora(x, module, route.adapter).to(y.dtype)
+                y = (y + _lora(x, module, route.adapter)).to(y.dtype)
             for name, rows in route.groups:
                 if name in module.lora_A:
-                    y = y.index_add(0, rows, _lora(x[rows], module, name).to(y.dtype))
+                    y = y.index_copy(0, rows, (y[rows] + _lora(x[rows], module, name)).to(y.dtype))
         return y
 
     def weights_changed(self, *, all_weights: bool) -> None:

@@ -1,0 +1,120 @@
+"""The engine's own decoder (static runner) against transformers + peft, for every architecture it
+covers: prefill after a cached prefix, decode steps, rows moving down when others finish, and
+the three ways of applying adapters (merged live weights, one adapter, a mixed batch)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from art.engine.adapters import BASE, LIVE, AdapterSet
+from art.engine.config import EngineConfig
+from art.engine.decoder import unsupported_reason
+from art.engine.static_runner import StaticRunner
+
+VOCAB = 300
+
+
+def tiny_model(arch: str):
+    """A 2-layer random model of `arch` with two random LoRA adapters (the live one and "other")."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    extra = {
+        "llama": {},
+        "qwen2": {},  # q/k/v biases
+        "qwen3": {"head_dim": 16},  # per-head q/k norms
+        "mistral": {"sliding_window": 6},  # a window shorter than the test sequences
+    }[arch]
+    config = AutoConfig.for_model(arch, vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                                  tie_word_embeddings=True, **extra)
+    torch.manual_seed(0)
+    base = AutoModelForCausalLM.from_config(config)
+    with torch.no_grad():  # sharper attention, so a wrong position or mask shows (see test_packing)
+        for name, param in base.named_parameters():
+            if name.endswith(("q_proj.weight", "k_proj.weight")):
+                param.mul_(8)
+    lora = LoraConfig(task_type="CAUSAL_LM", r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"])
+    model = get_peft_model(base, lora)
+    model.add_adapter("other", lora)
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_" in name:
+                param.copy_(torch.randn(param.shape, generator=generator) * 0.3)
+    return model.eval()
+
+
+def expected_logits(model, ids: list[int], adapter: str) -> torch.Tensor:
+    """transformers + peft, the whole sequence at once, no cache: logits [tokens, vocab]."""
+    with torch.no_grad():
+        return model(input_ids=torch.tensor([ids]), adapter_names=[adapter]).logits[0].log_softmax(-1)
+
+
+@pytest.mark.parametrize("pad", [False, True], ids=["exact", "bucketed"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "mistral"])
+def test_decoder_matches_transformers(arch, pad):
+    model = tiny_model(arch)
+    assert unsupported_reason(model) is None
+    runner = StaticRunner(model, AdapterSet(model), EngineConfig(pad_batches=pad).resolve(), max_model_len=128)
+    prompts = [[5, 9, 13, 200, 7, 3, 44, 61, 2], [17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29],
+               [5, 9, 13, 200, 7, 3, 100]]
+    with torch.inference_mode():
+        for names in ([LIVE] * 3, [BASE] * 3, [LIVE, BASE, "other"]):
+            # Prompt 2 shares 6 tokens with prompt 0: prefill it after that prefix, cached from a
+            # pass with prompt 2's adapter (keys and values depend on the weights).
+            _, first = runner.prefill(prompts[:1], [(0, None)], names[2:])
+            cached = runner.prompt_kv(first, 0)
+            logits, staged = runner.prefill(prompts, [(0, None), (0, None), (6, cached)], names)
+            for row, prompt in enumerate(prompts):
+                want = expected_logits(model, prompt, names[row])[-1]
+                torch.testing.assert_close(logits[row].log_softmax(-1), want, atol=1e-4, rtol=0)
+            runner.add(staged, [0, 1, 2])
+            sequences = [list(p) for p in prompts]
+            rows = [0, 1, 2]
+            for step in range(6):
+                tokens = [int(torch.randint(VOCAB, (1,))) for _ in rows]
+                for r, t in zip(rows, tokens):
+                    sequences[r].append(t)
+                positions = [len(sequences[r]) - 1 for r in rows]
+                out = runner.decode(tokens, positions, [names[r] for r in rows])
+                for i, r in enumerate(rows):
+                    want = expected_logits(model, sequences[r], names[r])[-1]
+                    torch.testing.assert_close(out[i].log_softmax(-1), want, atol=1e-4, rtol=0, msg=f"{names}, row {r}")
+                if step == 2:  # row 0 finishes: rows 1 and 2 move down a slot
+                    runner.keep([1, 2])
+                    rows = [1, 2]
+            runner.clear()
+
+
+def test_merged_weights_follow_weight_updates_and_the_base_stays_exact():
+    """Live-only batches run on a prepared merged copy; after `weights_changed` it is rebuilt from the
+    new adapter, and the shared base weights are never touched."""
+    model = tiny_model("llama")
+    before = {n: p.detach().clone() for n, p in model.named_parameters() if "base_layer" in n}
+    runner = StaticRunner(model, AdapterSet(model), EngineConfig(merge_lora=True).resolve(), max_model_len=128)
+    prompt = [5, 9, 13, 200, 7]
+    with torch.inference_mode():
+        old, _ = runner.prefill([prompt], [(0, None)], [LIVE])
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_B.default" in name:
+                param.add_(0.5)  # what an optimizer step does: in place
+    with torch.inference_mode():
+        stale, _ = runner.prefill([prompt], [(0, None)], [LIVE])
+        runner.weights_changed(all_weights=False)
+        new, _ = runner.prefill([prompt], [(0, None)], [LIVE])
+    want = expected_logits(model, prompt, LIVE)[-1]
+    torch.testing.assert_close(stale, old)  # without the notice the merged copy is stale...
+    torch.testing.assert_close(new[0].log_softmax(-1), want, atol=1e-4, rtol=0)  # ...with it, it is current
+    assert (new - old).abs().max() > 0.1
+    after = {n: p.detach() for n, p in model.named_parameters() if "base_layer" in n}
+    assert all(torch.equal(after[n], before[n]) for n in before)
+
+
+def test_unsupported_architectures_are_named():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    reason = unsupported_reason(GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=VOCAB)))
+    assert reason is not None and "gpt2" in reason
