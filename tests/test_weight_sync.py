@@ -75,3 +75,35 @@ async def test_probe_passes_then_catches_stale_serving_and_rolls_back(tiny_model
     assert result.step == 2 and await model.get_step() == 2
     assert result.metrics[weight_sync.METRIC] < 1e-4
     await backend.close()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+async def test_probe_catches_a_stale_merged_copy(tiny_model_path, tmp_path, monkeypatch, dtype):
+    """Live-adapter batches run on a merged copy of the weights; if a weight update did not reach
+    it, the probe sees the old weights served and rolls the step back. In bf16 too, where the
+    tolerance is wider (HALF_TOLERANCE) but a real update still moves logprobs far past it."""
+    backend = art.LocalBackend(path=str(tmp_path))
+    model = art.TrainableModel(name="merge", project="p", base_model=str(tiny_model_path),
+                               _internal_config={"engine_args": {"dtype": dtype, "merge_lora": True}})
+    await model.register(backend)
+    service = backend._services[("p", "merge")]
+    assert service.trainer.dtype == getattr(__import__("torch"), dtype)
+    async def ranked_groups(step: int) -> list[art.TrajectoryGroup]:
+        """Rewards that differ within each group, so every step really trains."""
+        trajectories = [await rollout(model, 10 * step + i) for i in range(4)]
+        for rank, trajectory in enumerate(trajectories):
+            trajectory.reward = float(rank)
+        return [art.TrajectoryGroup(trajectories)]
+
+    result = await backend.train(model, await ranked_groups(0), learning_rate=1.0)
+    assert "nothing_to_train" not in result.metrics
+    assert result.metrics[weight_sync.METRIC] <= weight_sync.tolerance_for(service.trainer.dtype)
+
+    monkeypatch.setattr(service.engine.runner, "weights_changed", lambda **_: None)
+    with pytest.raises(WeightSyncError, match="rolled back"):
+        await backend.train(model, await ranked_groups(1), learning_rate=1.0)
+    assert await model.get_step() == 1
+    monkeypatch.undo()
+    result = await backend.train(model, await ranked_groups(1), learning_rate=1.0)
+    assert result.step == 2
+    await backend.close()
