@@ -11,9 +11,11 @@ import openai
 import pytest
 
 import art
+from art import weight_sync
 from art.backends.local import LocalBackend
 from art.server.serve import create_serve_app
 from art.server.thread import ServerThread
+from tests.devices import DEVICES
 
 PROMPTS = [f"Count to {i}." for i in range(8)]
 
@@ -29,13 +31,15 @@ async def ask(client: openai.AsyncOpenAI, model: str, prompt: str):
         model=model, messages=[{"role": "user", "content": prompt}], max_tokens=4, temperature=0)
 
 
-async def test_64_requests_during_a_training_step(tiny_model_path, tmp_path):
+@pytest.mark.parametrize("device", DEVICES)
+async def test_64_requests_during_a_training_step(tiny_model_path, tmp_path, device):
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     backend = LocalBackend(path=str(tmp_path), served_at=url)
     with ServerThread(create_serve_app(backend), port=port):
         async with art.RemoteBackend(url) as remote:
-            model = art.TrainableModel(name="busy", project="p", base_model=str(tiny_model_path))
+            model = art.TrainableModel(name="busy", project="p", base_model=str(tiny_model_path),
+                                       _internal_config={"engine_args": {"device": device}})
             await model.register(remote)
             client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
             pick = [{"role": "user", "content": "Pick."}]
@@ -71,6 +75,10 @@ async def test_64_requests_during_a_training_step(tiny_model_path, tmp_path):
     for i, (response, step) in enumerate(zip(responses, steps)):
         expected = reference[(step, PROMPTS[i % 8])].choices[0]
         got = response.choices[0]
-        assert got.model_extra["token_ids"] == expected.model_extra["token_ids"], (i, step)
-        assert [e.logprob for e in got.logprobs.content] == pytest.approx(
-            [e.logprob for e in expected.logprobs.content], abs=1e-4), (i, step)
+        if device == "cpu":
+            assert got.model_extra["token_ids"] == expected.model_extra["token_ids"], (i, step)
+            assert [e.logprob for e in got.logprobs.content] == pytest.approx(
+                [e.logprob for e in expected.logprobs.content], abs=1e-4), (i, step)
+        else:  # bf16: batches of other shapes round differently; the first token's context is the same
+            assert abs(got.logprobs.content[0].logprob - expected.logprobs.content[0].logprob) <= \
+                weight_sync.HALF_TOLERANCE, (i, step)

@@ -153,12 +153,17 @@ class EngineConfig:
         if problems:
             raise ArtValueError("; ".join(message for _, message in problems), field=f"engine_args.{problems[0][0]}")
 
-    def resolve(self) -> EngineConfig:
-        """A copy with a concrete device ("cpu", "cuda:0") and dtype ("float32", ...)."""
+    def resolve(self, model=None) -> EngineConfig:
+        """A copy with a concrete device ("cpu", "cuda:0") and dtype ("float32", ...). With `model`
+        (already loaded), "auto" means where its weights are and their dtype."""
         import torch
 
         self.validate()
-        device = self.device
+        device, dtype = self.device, self.dtype
+        if model is not None:
+            weights = next(model.parameters())
+            device = str(weights.device) if device == "auto" else device
+            dtype = str(weights.dtype).removeprefix("torch.") if dtype == "auto" else dtype
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
         if device.startswith("cuda"):
@@ -166,7 +171,7 @@ class EngineConfig:
                 raise ArtValueError(f"engine_args.device={self.device!r} but this torch has no CUDA device "
                                     f"(torch {torch.__version__}); use 'auto' or 'cpu'", field="engine_args.device")
             device = str(torch.device(device if ":" in device else f"cuda:{torch.cuda.current_device()}"))
-        dtype = DTYPES.get(self.dtype) or ("bfloat16" if device.startswith("cuda") else "float32")
+        dtype = DTYPES.get(dtype) or ("bfloat16" if device.startswith("cuda") else "float32")
         return dataclasses.replace(self, device=device, dtype=dtype)
 
     @property

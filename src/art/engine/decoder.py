@@ -94,7 +94,9 @@ class Decoder:
         nothing reads before a later step overwrites them.
         """
         rows, tokens = ids.shape
-        x = self.trunk.embed_tokens(ids)  # [rows, tokens, hidden]
+        # In the serving dtype: float32 master weights (full fine-tuning on CUDA) are served in bf16,
+        # and their embedding and norms would otherwise hand float32 activations on.
+        x = self.trunk.embed_tokens(ids).to(self.dtype)  # [rows, tokens, hidden]
         cos = self.cos[positions].unsqueeze(1)  # [rows, 1, tokens, head_dim]
         sin = self.sin[positions].unsqueeze(1)
         columns = torch.arange(width, device=ids.device)  # [width]
@@ -122,7 +124,7 @@ class Decoder:
         k = linear(h, attention.k_proj, route).view(rows, tokens, self.kv_heads, self.head_dim)
         v = linear(h, attention.v_proj, route).view(rows, tokens, self.kv_heads, self.head_dim)
         if self.qk_norm:
-            q, k = attention.q_norm(q), attention.k_norm(k)
+            q, k = attention.q_norm(q).to(self.dtype), attention.k_norm(k).to(self.dtype)
         q, k = q.transpose(1, 2), k.transpose(1, 2)  # [rows, heads, tokens, head_dim]
         q = q * cos + _rotate_half(q) * sin
         k = k * cos + _rotate_half(k) * sin

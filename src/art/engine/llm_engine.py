@@ -42,13 +42,13 @@ class LLMEngine:
     """Implements `art.engine.base.Engine`.
 
     `config` or vLLM-named keyword arguments (`LLMEngine(model, tokenizer, max_num_seqs=8)`)
-    set it up; the model must already sit on the config's device in its dtype."""
+    set it up. The model is already loaded: "auto" device and dtype mean its own."""
 
     def __init__(self, model, tokenizer, config: EngineConfig | None = None, *, lock: threading.RLock | None = None,
                  adapters: AdapterSet | None = None, **engine_args) -> None:
         if config is not None and engine_args:
             raise TypeError("pass either an EngineConfig or engine keyword arguments, not both")
-        self.config = config = (config or EngineConfig.from_engine_args(engine_args)).resolve()
+        self.config = config = (config or EngineConfig.from_engine_args(engine_args)).resolve(model)
         self.model = model
         self.tokenizer = tokenizer
         limit = getattr(model.config, "max_position_embeddings", None) or 2048

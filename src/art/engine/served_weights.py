@@ -116,6 +116,9 @@ class ServedWeights:
         return prepared
 
     def _matmul(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        # A float32 norm's output (and bias), when float32 master weights are served in bf16.
+        x = x.to(weight.dtype)
+        bias = None if bias is None else bias.to(weight.dtype)
         if not self.pack:
             return F.linear(x, weight, bias)
         flat = x.reshape(-1, x.shape[-1])
