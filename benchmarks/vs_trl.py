@@ -1,10 +1,14 @@
 """GRPO on the yes/no/maybe task: TRL's `GRPOTrainer` against our training loop, in one process.
 
     python benchmarks/vs_trl.py [--steps 10] [--prompts-per-step 4] [--group-size 8] [--max-tokens 48]
-                                [--skip-trl] [--budget-s S] [--plot]
+                                [--skip-trl] [--budget-s S] [--plot] [--device cpu|cuda] [--model ID_OR_PATH]
+                                [--reward yes_no_maybe|letter_e]
 
 The workload is examples/yes_no_maybe.py (its prompts and its `score` as the reward) on the
-default model, on CPU. Three runs, one after another:
+default model, on the CPU (`--device cuda`: both systems on the GPU in bf16, TRL with `bf16=True`).
+`--reward letter_e` (the share of "e" in the text) gives a random-weight model (`--model` a
+folder built from a real config) rewards that differ, so both systems really train: for step
+times where the real weights are not at hand. Three runs, one after another:
   trl       TRL `GRPOTrainer` (use_cpu), LoRA r=8 alpha=16 on the 7 projections, learning rate
             1e-5 (constant), beta 0, temperature 1.0, 4 prompts x 8 generations per optimizer
             step, max 48 new tokens. Its model is the plain float32 model `art.base_models.load`
@@ -44,6 +48,11 @@ DEFAULTS = {"learning_rate": 1e-3, "max_tokens": 12}  # examples/yes_no_maybe.py
 FINAL_WINDOW = 3
 
 
+def letter_e(text: str) -> float:
+    """The share of "e" among the characters: varies between completions of any model."""
+    return text.count("e") / max(1, len(text))
+
+
 def load_example():
     spec = importlib.util.spec_from_file_location("yes_no_maybe", EXAMPLE)
     module = importlib.util.module_from_spec(spec)
@@ -52,6 +61,7 @@ def load_example():
 
 
 example = load_example()
+REWARDS = {"yes_no_maybe": example.score, "letter_e": letter_e}
 
 
 def step_prompts(step: int, prompts_per_step: int, seed: int) -> tuple[list[str], random.Random]:
@@ -79,7 +89,9 @@ def run_trl(args: argparse.Namespace, root: str) -> dict:
     from trl import GRPOConfig, GRPOTrainer
 
     torch.manual_seed(args.seed)
-    model, tokenizer = art.base_models.load(art.DEFAULT_MODEL)  # plain float32 LlamaForCausalLM
+    cuda = args.device.startswith("cuda")
+    # A plain LlamaForCausalLM (float32 on the CPU; bf16 on CUDA, like our base weights).
+    model, tokenizer = art.base_models.load(args.model, dtype=torch.bfloat16 if cuda else torch.float32)
     # One dataset row per prompt in the order our loop uses; TRL's sampler (shuffle off) repeats
     # each row num_generations times, so step k trains on exactly our step k's prompts.
     rows = [{"prompt": [{"role": "user", "content": p}]}
@@ -87,7 +99,7 @@ def run_trl(args: argparse.Namespace, root: str) -> dict:
     rewards: list[float] = []
 
     def yes_no_maybe_reward(prompts, completions, **_) -> list[float]:
-        scores = [example.score(c[-1]["content"] if isinstance(c, list) else c) for c in completions]
+        scores = [REWARDS[args.reward](c[-1]["content"] if isinstance(c, list) else c) for c in completions]
         rewards.append(sum(scores) / len(scores))
         return scores
 
@@ -105,7 +117,7 @@ def run_trl(args: argparse.Namespace, root: str) -> dict:
 
     batch = args.prompts_per_step * args.group_size
     config = GRPOConfig(
-        output_dir=str(Path(root) / "trl"), use_cpu=True, bf16=False, fp16=False, report_to="none",
+        output_dir=str(Path(root) / "trl"), use_cpu=not cuda, bf16=cuda, fp16=False, report_to="none",
         save_strategy="no", logging_steps=1, disable_tqdm=True, seed=args.seed,
         max_steps=args.steps, per_device_train_batch_size=batch, gradient_accumulation_steps=1,
         num_generations=args.group_size, max_completion_length=args.max_tokens,
@@ -131,8 +143,9 @@ async def run_ours(args: argparse.Namespace, root: str, name: str, *, learning_r
                    temperature: float | None, steps: int, budget_s: float | None = None) -> dict:
     """The example's loop with the given settings; with budget_s, stop before a step would overrun it."""
     backend = art.LocalBackend(path=str(Path(root) / name))
-    model = art.TrainableModel(name=name, project="vs-trl", base_model=art.DEFAULT_MODEL,
-                               _internal_config={"peft_args": {"r": 8, "lora_alpha": 16}})
+    model = art.TrainableModel(name=name, project="vs-trl", base_model=args.model,
+                               _internal_config={"peft_args": {"r": 8, "lora_alpha": 16},
+                                                 "engine_args": {"device": args.device}})
     await model.register(backend)
     client = model.openai_client()
     sampling = {"max_tokens": max_tokens} | ({"temperature": temperature} if temperature is not None else {})
@@ -143,7 +156,7 @@ async def run_ours(args: argparse.Namespace, root: str, name: str, *, learning_r
             model=model.get_inference_name(), messages=messages, seed=seed, **sampling)
         choice = completion.choices[0]
         return art.Trajectory(messages_and_choices=[*messages, choice],
-                              reward=example.score(choice.message.content or ""))
+                              reward=REWARDS[args.reward](choice.message.content or ""))
 
     seconds: list[float] = []
     update_seconds: list[float] = []
@@ -211,7 +224,8 @@ async def main(args: argparse.Namespace) -> None:
         trl, trl_status = None, "skipped (--skip-trl)"
         if not args.skip_trl:
             try:
-                import trl as _  # noqa: F401  (only the import is checked here)
+                import datasets as _  # noqa: F401  (only the imports are checked here)
+                import trl as _  # noqa: F401,F811
             except ImportError as exc:
                 trl_status = f"unavailable: {exc} (pip install -e '.[bench]')"
                 print(trl_status, flush=True)
@@ -251,12 +265,12 @@ async def main(args: argparse.Namespace) -> None:
             "defaults_reward_above_0_5_in_trl_wallclock": (s_def["final_reward"] or 0) > 0.5 if s_trl else None,
         },
         "settings": {
-            "model": art.DEFAULT_MODEL, "steps": args.steps, "prompts_per_step": args.prompts_per_step,
+            "model": args.model, "device": args.device, "reward": args.reward, "steps": args.steps, "prompts_per_step": args.prompts_per_step,
             "group_size": args.group_size, "max_tokens": args.max_tokens, "learning_rate": args.learning_rate,
             "beta": 0.0, "temperature": args.temperature, "seed": args.seed,
             "lora": {"r": 8, "lora_alpha": 16, "lora_dropout": 0.0, "target_modules": LORA_TARGETS},
             "defaults_run": {**DEFAULTS, "budget_s": budget},
-            "trl_config": "use_cpu, lr_scheduler constant, activation (gradient) checkpointing off, shuffle_dataset off; "
+            "trl_config": f"{'bf16' if args.device.startswith('cuda') else 'use_cpu'}, lr_scheduler constant, activation (gradient) checkpointing off, shuffle_dataset off; "
                           "other GRPOConfig fields at TRL's defaults",
             "final_reward": f"mean of the last {FINAL_WINDOW} steps' rollout rewards",
             "step": "rollout + update; median skips the first step",
@@ -287,4 +301,8 @@ if __name__ == "__main__":
                         help="wall-clock for the defaults run when TRL is skipped (else --steps steps)")
     parser.add_argument("--max-default-steps", type=int, default=200, help="cap on the defaults run's steps")
     parser.add_argument("--plot", action="store_true", help="write benchmarks/vs_trl_rewards.png")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda: where both systems run")
+    parser.add_argument("--model", default=art.DEFAULT_MODEL, help="base model id or folder for both systems")
+    parser.add_argument("--reward", default="yes_no_maybe", choices=sorted(REWARDS),
+                        help="letter_e: for random-weight models (step times only)")
     asyncio.run(main(parser.parse_args()))
