@@ -25,6 +25,10 @@ from art.engine.served_weights import Route
 log = logging.getLogger(__name__)
 
 
+class GraphCaptureError(RuntimeError):
+    """Recording a decode step failed (the step itself may still run eagerly)."""
+
+
 class DecodeGraphs:
     def __init__(self, decoder: Decoder, cache: KVCache) -> None:
         self.decoder, self.cache = decoder, cache
@@ -44,7 +48,11 @@ class DecodeGraphs:
         key = (rows, width, route.key)
         entry = self.graphs.get(key)
         if entry is None:
-            entry = self.graphs[key] = self._capture(rows, width, route)
+            try:
+                entry = self.graphs[key] = self._capture(rows, width, route)
+            except RuntimeError as exc:
+                raise GraphCaptureError(f"capturing the decode step for {rows} rows, width {width} "
+                                        f"({route.key} weights) as a CUDA graph failed: {exc}") from exc
         graph, logits = entry
         graph.replay()
         self.replays += 1

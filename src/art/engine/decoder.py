@@ -55,6 +55,12 @@ def unsupported_reason(model) -> str | None:
     for module in model.modules():
         if any(getattr(module, "use_dora", {}).values()) or getattr(module, "lora_bias", {}) and any(module.lora_bias.values()):
             return "DoRA or LoRA bias adapters"
+    # The decoder applies adapters per row to projections; peft wrappers elsewhere apply one adapter
+    # to the whole batch (LoRA on embeddings or norms, modules_to_save).
+    wrapped = [trunk.embed_tokens, trunk.norm, base.lm_head] + [
+        m for layer in trunk.layers for m in (layer.input_layernorm, layer.post_attention_layernorm)]
+    if any(hasattr(m, "modules_to_save") or (m is not base.lm_head and hasattr(m, "lora_A")) for m in wrapped):
+        return "adapters on embeddings, norms or modules_to_save"
     return None
 
 

@@ -83,7 +83,7 @@ class LLMEngine:
         if self.config.on_cuda:
             return self.runner.max_rows * self.max_model_len
         heads, head_dim = kv_heads_and_dim(self.model.config)
-        element = torch.empty(0, dtype=self.config.torch_dtype).element_size()
+        element = self.config.torch_dtype.itemsize
         return self.config.kv_cache_bytes // (2 * self.model.config.num_hidden_layers * heads * head_dim * element)
 
     # -- API --------------------------------------------------------------------------------

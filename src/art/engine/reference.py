@@ -18,6 +18,7 @@ class ReferenceSampler:
     def __init__(self, model, tokenizer, *, adapters: AdapterSet | None = None, max_model_len: int | None = None):
         self.model = model
         self.adapters = adapters or AdapterSet(model)
+        self.device = next(model.parameters()).device
         limit = getattr(model.config, "max_position_embeddings", None) or 2048
         self.stopping = StopChecker(model, tokenizer, min(max_model_len or limit, limit))
 
@@ -34,7 +35,7 @@ class ReferenceSampler:
         ids, logprobs, top = [], [], []
         while True:
             with self.adapters.activate([name]) as extra:
-                logits = self.model(input_ids=torch.tensor([prompt + ids]), **extra).logits[:, -1].float()
+                logits = self.model(input_ids=torch.tensor([prompt + ids], device=self.device), **extra).logits[:, -1].float()
             token, logprob, alternatives = sample_next(logits, [params], [generator])
             ids.append(int(token[0]))
             logprobs.append(float(logprob[0]))

@@ -17,7 +17,7 @@ import torch
 
 from art.engine.adapters import AdapterSet
 from art.engine.config import EngineConfig
-from art.engine.cuda_graphs import DecodeGraphs
+from art.engine.cuda_graphs import DecodeGraphs, GraphCaptureError
 from art.engine.decoder import Decoder
 from art.engine.kv_cache import KVCache, PrefixKV
 from art.engine.served_weights import ServedWeights
@@ -53,7 +53,7 @@ class StaticRunner:
         self.max_model_len = max_model_len
         self.max_rows = config.max_num_seqs
         if config.on_cuda:
-            self.max_rows = self._cuda_slots(model)
+            self.max_rows = self._cuda_slots()
         self.cache = self._allocate(self.max_rows)
         self.lengths: list[int] = []
         """Tokens in each running row's slot."""
@@ -108,9 +108,14 @@ class StaticRunner:
         ids = torch.tensor(tokens + [0] * fill, device=self.device)[:, None]  # [padded, 1]
         where = torch.tensor(positions + [0] * fill, device=self.device)[:, None]
         route = self.weights.route(adapter_names + [adapter_names[0]] * fill, self.device)
+        logits = None
         if self.graphs is not None and route.key is not None:
-            logits = self.graphs.run(ids, where, width, route)
-        else:
+            try:
+                logits = self.graphs.run(ids, where, width, route)
+            except GraphCaptureError as exc:  # serve on, eagerly: slower, not broken (stats show 0 graphs)
+                log.error("%s; decoding without CUDA graphs from now on", exc)
+                self.graphs = None
+        if logits is None:
             logits = self.decoder.forward(ids, where, self.cache, width, route)
         self.lengths = [p + 1 for p in positions]
         return logits[:rows]
@@ -163,16 +168,16 @@ class StaticRunner:
             raise _memory_error(f"allocating the KV cache ({rows} slots x {self.max_model_len} tokens) ran out of "
                                 "GPU memory") from exc
 
-    def _cuda_slots(self, model) -> int:
+    def _cuda_slots(self) -> int:
         """KV slots that fit in `gpu_memory_utilization` of the GPU, after what is already there
         (the weights, other processes) and a reserve for prefill and decode activations."""
         config = self.config
         free, total = torch.cuda.mem_get_info(self.device)
         layers, heads, dim = len(self.decoder.layers), self.decoder.kv_heads, self.decoder.head_dim
-        bytes_per_token = 2 * layers * heads * dim * torch.empty(0, dtype=config.torch_dtype).element_size()
+        element = config.torch_dtype.itemsize
+        bytes_per_token = 2 * layers * heads * dim * element
         hidden, vocab = self.decoder.config.hidden_size, self.decoder.config.vocab_size
         inner = getattr(self.decoder.config, "intermediate_size", 4 * hidden)
-        element = torch.empty(0, dtype=config.torch_dtype).element_size()
         reserve = (config.prefill_tokens * (12 * hidden + 4 * inner) * element  # prefill activations
                    + config.prefill_tokens * bytes_per_token  # its workspace cache
                    + config.prefix_cache_tokens * bytes_per_token  # the prefix cache

@@ -100,7 +100,7 @@ def _trainer_logprobs(model, sequence: Sequence) -> list[float | None]:
 
     from art.training.loss import token_logprobs
 
-    ids = torch.tensor([sequence.token_ids])
+    ids = torch.tensor([sequence.token_ids], device=next(model.parameters()).device)
     with torch.no_grad():
         logits = model(input_ids=ids).logits
     values = token_logprobs(logits[:, :-1], ids[:, 1:])[0].tolist()
