@@ -35,7 +35,7 @@ class HFRunner:
     def __init__(self, model, adapters: AdapterSet, config: EngineConfig, max_model_len: int) -> None:
         self.model = model
         self.adapters = adapters
-        self.config = model.config
+        self.model_config = model.config
         self.device = torch.device(config.device)
         self.max_rows = config.max_num_seqs
         self.batch = RunningBatch(model.config, self.device)
@@ -75,12 +75,12 @@ class HFRunner:
             positions[i, width_new - len(rest):] = torch.arange(n, len(prompt), device=device)
             mask[i, width_prefix - n:width_prefix] = 1
             mask[i, width_prefix + width_new - len(rest):] = 1
-        cache = DynamicCache(config=self.config)
+        cache = DynamicCache(config=self.model_config)
         if width_prefix:
             layers = []
-            heads, dim = kv_heads_and_dim(self.config)
+            heads, dim = kv_heads_and_dim(self.model_config)
             dtype = next(self.model.parameters()).dtype
-            for layer in range(self.config.num_hidden_layers):
+            for layer in range(self.model_config.num_hidden_layers):
                 ks, vs = [], []
                 for (_, kv), n in zip(prefixes, used):
                     if n:
@@ -90,7 +90,7 @@ class HFRunner:
                     ks.append(_pad_left(k, width_prefix))
                     vs.append(_pad_left(v, width_prefix))
                 layers.append((torch.cat(ks), torch.cat(vs)))
-            cache = DynamicCache(ddp_cache_data=layers, config=self.config)
+            cache = DynamicCache(ddp_cache_data=layers, config=self.model_config)
         logits = self._forward(ids, mask, positions, cache, adapter_names)
         return logits, Staged([(layer.keys, layer.values) for layer in cache.layers], mask)
 
@@ -113,7 +113,7 @@ class HFRunner:
         self.batch.keep(keep)
 
     def clear(self) -> None:
-        self.batch = RunningBatch(self.config, self.device)
+        self.batch = RunningBatch(self.model_config, self.device)
 
     def idle(self) -> None:
         """Nothing to free: an empty batch holds no cache."""
@@ -174,7 +174,7 @@ class RunningBatch:
     """KV and mask of the rows being decoded together."""
 
     def __init__(self, config, device: torch.device) -> None:
-        self.config = config
+        self.model_config = config
         self.device = device
         self.rows = 0
         self.cache = _growing_cache(config)
@@ -201,7 +201,7 @@ class RunningBatch:
         """Keep only these row indices; drop columns no remaining row attends to."""
         self.rows = len(keep)
         if not self.rows:
-            self.cache = _growing_cache(self.config)
+            self.cache = _growing_cache(self.model_config)
             self.mask = torch.zeros(0, 0, dtype=torch.long, device=self.device)
             return
         index = torch.tensor(keep, device=self.device)

@@ -180,6 +180,7 @@ class Trainer:
                     targets.append(s.token_ids[t])
                     sampler[i, t - 1] = s.sampler_logprobs[t]
             mask[i, :len(s.token_ids) - 1] = torch.tensor(s.trained[1:], dtype=torch.float, device=HOST)
+
         def host_tensor(values: list) -> torch.Tensor:
             return torch.tensor(values, device=HOST)
 
