@@ -229,14 +229,20 @@ async def test_bytes_rebuild_split_characters(tokenizer):
     assert bytes(b for e in entries for b in e["bytes"]).decode("utf-8") == text
 
 
-async def test_engine_failure_is_a_500(tokenizer):
+async def test_engine_failure_is_a_500_with_a_request_id_not_the_exception(tokenizer, caplog):
+    """The body says "internal error" and a request id; the exception (class, message, stack)
+    goes only to the server's log line that carries the same id."""
     app = create_app(SingleModelRegistry(FakeEngine(tokenizer, None), MODEL))
     transport = httpx.ASGITransport(app=app)  # raises if an exception escapes the app
     async with httpx.AsyncClient(transport=transport, base_url="http://app") as http:
         body = {"model": MODEL, "messages": MESSAGES, "max_tokens": 2}
         response = await http.post("/v1/chat/completions", json=body)
         assert response.status_code == 500
-        assert "boom" in response.json()["error"]["message"]
+        error = response.json()["error"]
+        assert "boom" not in response.text and "RuntimeError" not in response.text
+        assert error["code"] == "internal_error" and error["request_id"] in error["message"]
+        logged = [r for r in caplog.records if error["request_id"] in r.getMessage()]
+        assert logged and "boom" in logged[0].getMessage() and logged[0].exc_info is not None
         assert (await http.get("/health")).json()["status"] == "ok"
 
 

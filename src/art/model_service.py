@@ -27,10 +27,12 @@ from art.engine.base import AdapterRef
 from art.engine.llm_engine import LLMEngine
 from art.errors import ArtValueError, ModelNotFoundError, StepConflictError, WeightSyncError
 from art.internal_config import parse_internal_config
+from art.naming import echo, parse_served_name
 from art.server.registry import ServedModel
 from art.storage import CheckpointStore, ModelDir
 from art.training.options import TrainOptions
 from art.training.trainer import Trainer
+from art.training.validate import check_groups
 
 log = logging.getLogger(__name__)
 
@@ -117,23 +119,20 @@ class ModelService:
         """`name` -> latest step, `name@N` -> step N, the base model id -> no adapter."""
         if requested == self.base_model:
             if self.full_finetune:
-                raise ModelNotFoundError(f"model {requested!r}: a fully fine-tuned model keeps no separate base "
+                raise ModelNotFoundError(f"model {echo(requested)}: a fully fine-tuned model keeps no separate base "
                                          f"weights; ask for {self.name!r}")
             return ServedModel(requested, self.engine, None, 0)
-        name, at, step_text = requested.partition("@")
-        if name != self.name:
-            raise ModelNotFoundError(f"model {requested!r} not found")
-        if not at:  # the engine picks the live weights when sampling starts
+        if requested.partition("@")[0] != self.name:
+            raise ModelNotFoundError(f"model {echo(requested)} not found")
+        _, step = parse_served_name(requested)
+        if step is None:  # the engine picks the live weights when sampling starts
             return ServedModel(requested, self.engine, AdapterRef(self.name, None, None), self.step)
-        if not step_text.isdigit():
-            raise ModelNotFoundError(f"model {requested!r}: the step after '@' must be a number")
-        step = int(step_text)
         if self.full_finetune and step != self.step:
-            raise ModelNotFoundError(f"model {requested!r}: only the latest step ({self.step}) of a fully "
+            raise ModelNotFoundError(f"model {echo(requested)}: only the latest step ({self.step}) of a fully "
                                      "fine-tuned model is served")
         if step not in self.store.steps():
             raise ModelNotFoundError(
-                f"model {requested!r}: no checkpoint for step {step} (available: {self.store.steps()})")
+                f"model {echo(requested)}: no checkpoint for step {step} (available: {self.store.steps()})")
         return ServedModel(requested, self.engine, AdapterRef(requested, self.store.path(step), step), step)
 
     def stats(self) -> dict[str, float]:
@@ -151,6 +150,7 @@ class ModelService:
         `expected_step`, a model at another step raises StepConflictError and trains nothing.
         After the update the weight-sync probe runs; a mismatch rolls the step back and raises
         WeightSyncError."""
+        self.check_groups(groups)  # a 400 naming the trajectory before anything moves
         async with self._train_lock:  # one update at a time per model
             if expected_step is not None and expected_step != self.step:
                 raise StepConflictError.between(f"{self.project}/{self.name}", expected_step, self.step)
@@ -164,6 +164,11 @@ class ModelService:
                 await asyncio.to_thread(self._roll_back, result.step - 1)
                 raise
             return result
+
+    def check_groups(self, groups) -> None:
+        """Refuse malformed training input (`art.training.validate`) with a TrajectoryError."""
+        check_groups(groups, vocab_size=self.model.get_input_embeddings().num_embeddings,
+                     context=getattr(self.model.config, "max_position_embeddings", None) or self.engine.max_model_len)
 
     def _train_watched(self, groups, options: TrainOptions, progress=None) -> TrainResult:
         self.training_since, self.training_thread = time.monotonic(), threading.get_ident()

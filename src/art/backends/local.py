@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Callable
 
 from art.errors import ModelNotFoundError
+from art.naming import echo
 from art.server.registry import ServedModel
 from art.storage.history import read_history
 from art.storage.layout import ModelDir, stored_runs
@@ -55,7 +56,7 @@ class LocalBackend:
                     specific = specific or exc
         if specific is not None:
             raise specific
-        raise ModelNotFoundError(f"The model `{model}` does not exist; served: {self.served_model_names()}")
+        raise ModelNotFoundError(f"The model {echo(model)} does not exist; served: {self.served_model_names()}")
 
     def stats(self) -> dict[str, dict]:
         """Engine load per model, shown by GET /health."""
@@ -121,6 +122,10 @@ class LocalBackend:
         service = self._service(model)
         return await service.train(list(trajectory_groups), TrainOptions.build(None, merged), progress=progress,
                                    expected_step=expected_step)
+
+    async def check_training_input(self, model, trajectory_groups) -> None:
+        """Raise TrajectoryError (naming the trajectory and field) for what `train` would refuse."""
+        await asyncio.to_thread(self._service(model).check_groups, list(trajectory_groups))
 
     async def _train_model(self, model, groups, config: TrainConfig, dev_config: dict, verbose: bool = False):
         return await self.train(model, groups, config=config, _config=dev_config)

@@ -35,6 +35,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from art.engine.base import Completion, SamplingParams
 from art.errors import (ArtError, ArtValueError, BackendUnavailableError, ContextLengthError, ModelNotFoundError,
                         StepConflictError)
+from art.naming import echo
 from art.server.registry import ModelRegistry, ServedModel
 from art.server.schemas import ChatCompletionRequest
 from art.server.tools import split_completion, stream_deltas, template_messages, tools_active
@@ -83,8 +84,7 @@ def create_app(registry: ModelRegistry, *, default_max_tokens: int = 1024,
         except (ArtError, StarletteHTTPException):
             raise
         except Exception as exc:  # answered here so it is logged once, without a re-raise
-            log.exception("chat completion failed")
-            return _error(500, f"internal error: {type(exc).__name__}: {exc}", "server_error")
+            return error_response(error_object(exc, "chat completion"))
 
     return app
 
@@ -286,15 +286,39 @@ def _chunks(head, prompt, completions, tokens: _TokenText, usage, parse_tools: b
 # -- errors ------------------------------------------------------------------------------
 
 
+class AsciiJSONResponse(JSONResponse):
+    """Error bodies as ASCII JSON: no text a request sent (a lone surrogate) can break them."""
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, ensure_ascii=True, allow_nan=False).encode()
+
+
 def _error(status: int, message: str, type_: str, param: str | None = None,
            code: str | None = None) -> JSONResponse:
     body = {"error": {"message": message, "type": type_, "param": param, "code": code}}
-    return JSONResponse(body, status_code=status)
+    return AsciiJSONResponse(body, status_code=status)
 
 
-def error_object(exc: BaseException) -> dict[str, Any]:
+def error_response(body: dict[str, Any]) -> JSONResponse:
+    """An `error_object` as the response (its `status` becomes the HTTP status)."""
+    status = body.pop("status")
+    return AsciiJSONResponse({"error": body}, status_code=status)
+
+
+def internal_error(exc: BaseException, what: str = "request") -> dict[str, Any]:
+    """The error object of an unexpected failure: no exception text leaves the server. Its
+    `request_id` is the one on the server's log line, which has the traceback."""
+    request_id = uuid.uuid4().hex[:16]
+    log.error("%s failed [request_id %s]: %s: %s", what, request_id, type(exc).__name__, exc, exc_info=exc)
+    return {"message": f"internal error (request_id {request_id}): the server's log has the details",
+            "type": "server_error", "param": None, "code": "internal_error", "request_id": request_id,
+            "status": 500}
+
+
+def error_object(exc: BaseException, what: str = "request") -> dict[str, Any]:
     """OpenAI's error object for `exc`, with the HTTP `status` it is answered with (the one
-    mapping of `art.errors` to HTTP; `art.RemoteBackend` inverts it)."""
+    mapping of `art.errors` to HTTP; `art.RemoteBackend` inverts it). Failures that are not
+    the library's own errors are logged with a request id and answered with only that id."""
     extra: dict[str, Any] = {}
     if isinstance(exc, ModelNotFoundError):
         status, kind, param, code = 404, "invalid_request_error", "model", "model_not_found"
@@ -307,11 +331,13 @@ def error_object(exc: BaseException) -> dict[str, Any]:
         extra = {"expected_step": exc.expected_step, "current_step": exc.current_step}
     elif isinstance(exc, BackendUnavailableError):
         status, kind, param, code = 503, "server_error", None, "unavailable"
-    elif isinstance(exc, ArtError):
+    elif isinstance(exc, ArtError):  # the library's own message, written for the user
+        request_id = uuid.uuid4().hex[:16]
+        log.error("%s failed [request_id %s]: %s", what, request_id, exc)
         status, kind, param, code = 500, "server_error", None, None
+        extra = {"request_id": request_id}
     else:
-        return {"message": f"internal error: {type(exc).__name__}: {exc}", "type": "server_error",
-                "param": None, "code": None, "status": 500}
+        return internal_error(exc, what)
     return {"message": str(exc), "type": kind, "param": param, "code": code, **extra, "status": status}
 
 
@@ -338,18 +364,14 @@ def _install_error_handlers(app: FastAPI) -> None:
         for e in errors[:5]:
             where = _loc(tuple(e.get("loc", ()))) or "body"
             value = e.get("input")
-            got = f" (got {value!r})" if isinstance(value, (int, float, str, bool)) else ""
+            got = f" (got {echo(value)})" if isinstance(value, (int, float, str, bool)) else ""
             parts.append(f"{where}: {e.get('msg', 'invalid')}{got}")
         param = _loc(tuple(errors[0].get("loc", ()))) if errors else None
         return _error(400, "invalid request: " + "; ".join(parts), "invalid_request_error", param)
 
     @app.exception_handler(ArtError)
     async def art_error(request: Request, exc: ArtError) -> JSONResponse:
-        body = error_object(exc)
-        status = body.pop("status")
-        if status >= 500:
-            log.error("request failed: %s", exc)
-        return JSONResponse({"error": body}, status_code=status)
+        return error_response(error_object(exc, f"{request.method} {request.url.path}"))
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -358,6 +380,6 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
-        # A backstop: Starlette still re-raises to the ASGI server after this response,
-        # which logs it; the route itself answers its own failures without re-raising.
-        return _error(500, f"internal error: {type(exc).__name__}: {exc}", "server_error")
+        # A backstop: Starlette still re-raises to the ASGI server after this response; the
+        # routes themselves answer their own failures without re-raising.
+        return error_response(internal_error(exc, f"{request.method} {request.url.path}"))

@@ -53,7 +53,7 @@ from typing import Any, Literal, Union
 
 from fastapi import APIRouter, Depends, Query
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 from openai.types.chat.chat_completion import Choice
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -61,7 +61,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from art.errors import (ArtError, ArtValueError, BackendError, BackendUnavailableError, ModelNotFoundError,
                         StepConflictError, TrajectoryError)
 from art.model import Model, TrainableModel
-from art.server.app import error_object
+from art.naming import echo
+from art.server.app import error_response, error_object
 from art.storage.layout import validate_name
 from art.trajectories import ExceptionRecord, Trajectory, TrajectoryGroup
 from art.types import TrainConfig
@@ -283,9 +284,7 @@ def _answer_errors(route):
         except (ArtError, StarletteHTTPException, RequestValidationError):
             raise  # the app's handlers map these
         except Exception as exc:
-            log.exception("management request failed")
-            body = error_object(exc)
-            return JSONResponse({"error": {k: v for k, v in body.items() if k != "status"}}, status_code=500)
+            return error_response(error_object(exc, f"management route {route.__name__}"))
 
     return wrapper
 
@@ -356,7 +355,7 @@ class Registrations:
         keys = [key for key in await asyncio.to_thread(self.backend.stored_models, name) if key not in self.models]
         if len(keys) > 1:
             raise ModelNotFoundError(
-                f"The model `{requested}` is not loaded, and runs named {name!r} are stored in several projects "
+                f"The model {echo(requested)} is not loaded, and runs named {echo(name)} are stored in several projects "
                 f"({', '.join(p for p, _ in keys)}): register the one you mean with `await model.register(backend)`")
         return bool(keys) and await self.recover(keys[0]) is not None
 
@@ -406,10 +405,10 @@ def management_router(backend, *, heartbeat_s: float = 10.0, registrations: Regi
                 raise
             except OSError as exc:  # mostly transformers' "no such model": name what was asked for
                 raise ArtValueError(f"registering {body.project}/{body.name} failed on the server; check "
-                                    f"base_model {body.base_model!r}: {exc}", field="base_model") from exc
+                                    f"base_model {echo(body.base_model)}: {echo(str(exc))}", field="base_model") from exc
             except (TypeError, ValueError) as exc:  # what peft, the engine or torch refused in it
                 raise ArtValueError(f"registering {body.project}/{body.name} failed on the server; check "
-                                    f"internal_config {body.internal_config!r}: {exc}",
+                                    f"internal_config {echo(body.internal_config)}: {echo(str(exc))}",
                                     field="internal_config") from exc
             models[key] = model
             return await info(model)
@@ -443,6 +442,7 @@ def management_router(backend, *, heartbeat_s: float = 10.0, registrations: Regi
             TrainOptions.build(None, {**config, **body.dev_config, **body.options})
         except ArtValueError as exc:
             raise ArtValueError(str(exc), field=_option_field(exc, body)) from None
+        await backend.check_training_input(model, groups)  # malformed trajectories: a 400, not a stream error
         current = await backend._get_step(model)
         if body.expected_step is not None and body.expected_step != current:
             raise StepConflictError.between(f"{key[0]}/{key[1]}", body.expected_step, current)

@@ -10,6 +10,7 @@ from typing import Protocol
 
 from art.engine.base import AdapterRef, Engine
 from art.errors import ModelNotFoundError
+from art.naming import echo
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,6 @@ class SingleModelRegistry:
     def resolve(self, model: str) -> ServedModel:
         if model != self.name:
             raise ModelNotFoundError(
-                f"The model `{model}` does not exist; this server serves {self.served_model_names()}."
+                f"The model {echo(model)} does not exist; this server serves {self.served_model_names()}."
             )
         return ServedModel(name=model, engine=self.engine, adapter=None, step=0)

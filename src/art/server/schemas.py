@@ -15,6 +15,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from art.naming import echo
+
 
 class TextPart(BaseModel):
     """A text content part; other part types (images, audio) are not supported."""
@@ -47,7 +49,7 @@ class ChatMessage(BaseModel):
         for part in value:
             kind = part.get("type") if isinstance(part, dict) else None
             if kind != "text" or not isinstance(part.get("text"), str):
-                raise ValueError(f"only text content parts ({{'type': 'text', 'text': ...}}) are supported, got {kind!r}")
+                raise ValueError(f"only text content parts ({{'type': 'text', 'text': ...}}) are supported, got {echo(kind)}")
         return value
 
     @field_validator("tool_calls")
@@ -191,9 +193,9 @@ class ChatCompletionRequest(BaseModel):
             return value
         names = [t["function"]["name"] for t in info.data["tools"] or []]
         if (value == "required" or named) and not names:
-            raise ValueError(f"tool_choice {value!r} requires tools")
+            raise ValueError(f"tool_choice {echo(value)} requires tools")
         if named and value["function"]["name"] not in names:
-            raise ValueError(f"tool_choice names {value['function']['name']!r}, which is not among the tools {names}")
+            raise ValueError(f"tool_choice names {echo(value['function']['name'])}, which is not among the tools {names}")
         return value
 
     @field_validator("top_logprobs")

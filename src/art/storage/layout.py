@@ -15,8 +15,10 @@ def validate_name(value: str, field: str) -> str:
     from art.errors import ArtValueError
 
     if not isinstance(value, str) or not _NAME.match(value) or ".." in value:
+        from art.naming import echo
+
         raise ArtValueError(
-            f"{field} {value!r} is not a valid name: use 1-128 letters, digits, '.', '_' or '-', "
+            f"{field} {echo(value)} is not a valid name: use 1-128 letters, digits, '.', '_' or '-', "
             "starting with a letter or digit",
             field=field,
         )

@@ -54,7 +54,8 @@ def choice_tokens(choice) -> tuple[list[int], list[int], list[float]] | str:
     return list(prompt), list(completion), [float(entry.logprob) for entry in content]
 
 
-def _is_choice(item) -> bool:
+def is_choice(item) -> bool:
+    """A model `Choice` (trained), not a message dict (context)."""
     return not isinstance(item, dict) and hasattr(item, "message")
 
 
@@ -78,7 +79,7 @@ def sequences_of_history(messages_and_choices, issues: Counter, breaks: list[Bre
     sequences: list[Sequence] = []
     current: Sequence | None = None
     for index, item in enumerate(messages_and_choices):
-        if not _is_choice(item):
+        if not is_choice(item):
             if item.get("role") == "assistant":
                 issues[ASSISTANT_DICT] += 1
             continue
