@@ -7,12 +7,13 @@
     ├── ModelNotFoundError (LookupError)   unknown model name or step
     ├── BackendError (RuntimeError)        the backend failed to do what it was asked
     │   ├── StepConflictError              a train call expected another step (a retry of a done step)
+    │   ├── StepCancelledError             a train call was cancelled; the step was rolled back
     │   ├── BackendUnavailableError        stopped or shutting down: try again later
     │   └── WeightSyncError                served logprobs differ from the trainer's after an update
     └── TooManyExceptionsError (RuntimeError)  gather saw more rollout exceptions than allowed
 
 The HTTP server maps these once: ArtValueError -> 400, ModelNotFoundError -> 404,
-StepConflictError -> 409, BackendUnavailableError -> 503, any other ArtError -> 500.
+StepConflictError and StepCancelledError -> 409, BackendUnavailableError -> 503, any other ArtError -> 500.
 """
 
 from __future__ import annotations
@@ -70,6 +71,11 @@ class StepConflictError(BackendError):
                        f"step {expected} (a rolled-back step, deleted checkpoints, or another --path?); "
                        "check `await model.get_step()`.")
         return cls(message, expected_step=expected, current_step=current)
+
+
+class StepCancelledError(BackendError):
+    """A training step was cancelled (`DELETE` on the model's train route, or its client left
+    with `cancel_on_disconnect`) before it finished; its weights were rolled back."""
 
 
 class BackendUnavailableError(BackendError):

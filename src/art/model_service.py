@@ -112,6 +112,8 @@ class ModelService:
         self.dir.write_model_json(self._model_json)
         self._shown_options: TrainOptions | None = None
         self._train_lock = asyncio.Lock()
+        self._cancel = threading.Event()  # set by `cancel`: the running step stops and rolls back
+        self._train_calls = 0  # train calls running or waiting for the training lock
         log.info("%s/%s ready at step %d", project, name, self.step)
 
     # -- serving ----------------------------------------------------------------------------
@@ -151,6 +153,15 @@ class ModelService:
         After the update the weight-sync probe runs; a mismatch rolls the step back and raises
         WeightSyncError."""
         self.check_groups(groups)  # a 400 naming the trajectory before anything moves
+        self._train_calls += 1
+        try:
+            return await self._train_locked(groups, options, progress, expected_step)
+        finally:
+            self._train_calls -= 1
+            if not self._train_calls:
+                self._cancel.clear()
+
+    async def _train_locked(self, groups, options: TrainOptions, progress, expected_step: int | None) -> TrainResult:
         async with self._train_lock:  # one update at a time per model
             if expected_step is not None and expected_step != self.step:
                 raise StepConflictError.between(f"{self.project}/{self.name}", expected_step, self.step)
@@ -169,6 +180,14 @@ class ModelService:
         """Refuse malformed training input (`art.training.validate`) with a TrajectoryError."""
         check_groups(groups, vocab_size=self.model.get_input_embeddings().num_embeddings,
                      context=getattr(self.model.config, "max_position_embeddings", None) or self.engine.max_model_len)
+
+    def cancel(self) -> bool:
+        """Stop the running (or waiting) training steps at their next micro-batch; they raise
+        StepCancelledError and roll back. False when no train call is in progress."""
+        if not self._train_calls:
+            return False
+        self._cancel.set()
+        return True
 
     def _train_watched(self, groups, options: TrainOptions, progress=None) -> TrainResult:
         self.training_since, self.training_thread = time.monotonic(), threading.get_ident()
@@ -204,7 +223,8 @@ class ModelService:
             out_of_memory = False
             try:
                 metrics = self.trainer.step(groups, options, desc=f"train step {self.step + 1}",
-                                            on_optimizer_step=on_optimizer_step if progress else None)
+                                            on_optimizer_step=on_optimizer_step if progress else None,
+                                            should_stop=self._cancel.is_set)
                 self.store.write(self.step + 1, self.trainer.save)
             except torch.cuda.OutOfMemoryError as exc:
                 exc.__traceback__ = None  # its frames hold the step's activations

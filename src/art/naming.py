@@ -15,6 +15,9 @@ ECHO_CHARS = 120
 """Longest quote of user text in an error message."""
 MAX_STEP_DIGITS = 9
 """Steps are at most 999,999,999: no int parsing of thousands of digits."""
+MAX_STEP = 10**MAX_STEP_DIGITS - 1
+MAX_METRIC_NAME = 256
+"""Longest metric name in a history row."""
 _STEP = re.compile(rf"[0-9]{{1,{MAX_STEP_DIGITS}}}")
 
 

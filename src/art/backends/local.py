@@ -127,6 +127,10 @@ class LocalBackend:
         """Raise TrajectoryError (naming the trajectory and field) for what `train` would refuse."""
         await asyncio.to_thread(self._service(model).check_groups, list(trajectory_groups))
 
+    async def cancel_training(self, model) -> bool:
+        """Cancel the model's running training step (it rolls back); False when none is running."""
+        return self._service(model).cancel()
+
     async def _train_model(self, model, groups, config: TrainConfig, dev_config: dict, verbose: bool = False):
         return await self.train(model, groups, config=config, _config=dev_config)
 
@@ -187,9 +191,9 @@ def best_step(history: list[dict], metric: str) -> int | None:
     """The step whose rows have the highest mean of `metric` (None when it was never logged)."""
     values: dict[int, list[float]] = {}
     for row in history:
-        value = row.get(metric)
-        if isinstance(value, (int, float)) and math.isfinite(value):
-            values.setdefault(int(row["step"]), []).append(float(value))
+        value, step = row.get(metric), row.get("step")
+        if isinstance(value, (int, float)) and math.isfinite(value) and type(step) is int:
+            values.setdefault(step, []).append(float(value))
     if not values:
         return None
     return max(values, key=lambda s: sum(values[s]) / len(values[s]))

@@ -29,7 +29,7 @@ from pydantic_core import to_jsonable_python
 from tqdm.auto import tqdm
 
 from art.errors import (ArtValueError, BackendError, BackendUnavailableError, ContextLengthError, ModelNotFoundError,
-                        StepConflictError)
+                        StepCancelledError, StepConflictError)
 from art.storage.layout import validate_name
 from art.types import TrainConfig
 
@@ -121,7 +121,7 @@ class RemoteBackend:
                     event = _parse(line, response)
                     if progress is not None:
                         progress(event)
-                    if event.get("type") == "error" and (event.get("error") or {}).get("status") != 409:
+                    if event.get("type") == "error" and (event.get("error") or {}).get("code") != "step_conflict":
                         self._in_doubt.pop(key, None)  # the server says the step failed: nothing in doubt
                     result = _on_event(event, bar)
                     if result is not None:
@@ -142,6 +142,11 @@ class RemoteBackend:
 
     async def _train_model(self, model, groups, config: TrainConfig, dev_config: dict, verbose: bool = False):
         return await self.train(model, groups, config=config, _config=dev_config)
+
+    async def cancel_training(self, model) -> bool:
+        """Cancel the model's running training step on the server (it rolls back; its `train`
+        call raises StepCancelledError). False when none was running."""
+        return (await self._request("DELETE", _path(model, "train")))["cancelled"]
 
     async def _log(self, model, *, split: str, step: int, metrics: dict, groups) -> None:
         body = {"split": split, "step": step, "metrics": to_jsonable_python(metrics, serialize_unknown=True),
@@ -254,6 +259,8 @@ def _raise_error(error: dict[str, Any], status: int) -> NoReturn:
     if status == 409 and code == "step_conflict":
         raise StepConflictError(message, expected_step=error.get("expected_step"),
                                 current_step=error.get("current_step"))
+    if status == 409 and code == "step_cancelled":
+        raise StepCancelledError(message)
     if status == 503:
         raise BackendUnavailableError(f"art server unavailable (HTTP 503): {message}")
     if 400 <= status < 500 and status != 404:

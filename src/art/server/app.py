@@ -34,7 +34,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from art.engine.base import Completion, SamplingParams
 from art.errors import (ArtError, ArtValueError, BackendUnavailableError, ContextLengthError, ModelNotFoundError,
-                        StepConflictError)
+                        StepCancelledError, StepConflictError)
 from art.naming import echo
 from art.server.registry import ModelRegistry, ServedModel
 from art.server.schemas import ChatCompletionRequest
@@ -329,6 +329,8 @@ def error_object(exc: BaseException, what: str = "request") -> dict[str, Any]:
     elif isinstance(exc, StepConflictError):
         status, kind, param, code = 409, "invalid_request_error", "expected_step", "step_conflict"
         extra = {"expected_step": exc.expected_step, "current_step": exc.current_step}
+    elif isinstance(exc, StepCancelledError):
+        status, kind, param, code = 409, "invalid_request_error", None, "step_cancelled"
     elif isinstance(exc, BackendUnavailableError):
         status, kind, param, code = 503, "server_error", None, "unavailable"
     elif isinstance(exc, ArtError):  # the library's own message, written for the user

@@ -9,6 +9,7 @@ _delete_checkpoints, ...). This module only turns JSON into those calls and back
     GET    /art/models                                    the models registered so far
     GET    /art/models/{project}/{name}/step              the latest step
     POST   /art/models/{project}/{name}/train             one update; NDJSON progress stream
+    DELETE /art/models/{project}/{name}/train             cancel the running update (it rolls back)
     POST   /art/models/{project}/{name}/log               a history row and its trajectories
     GET    /art/models/{project}/{name}/checkpoints       the saved steps
     DELETE /art/models/{project}/{name}/checkpoints       keep the latest and the best step
@@ -27,7 +28,9 @@ while nothing else is said (keeps proxies and read timeouts quiet), and last eit
 Input that can be checked up front (names, payload shape, training options) is refused
 with an ordinary 4xx before the stream starts. The update runs as its own task: a client
 that disconnects mid-step does not cancel it; the step completes and is checkpointed
-atomically, and the client sees it on its next `get_step`.
+atomically, and the client sees it on its next `get_step`, unless the body asked for
+`cancel_on_disconnect`. `DELETE .../train` cancels a running step: it stops at its next
+micro-batch, rolls back, and its stream ends with a 409 `step_cancelled` error line.
 
 A train body may carry `expected_step`, the step the client believes it trains from. If the
 model is elsewhere (usually: the same call already completed after its connection broke) the
@@ -61,7 +64,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from art.errors import (ArtError, ArtValueError, BackendError, BackendUnavailableError, ModelNotFoundError,
                         StepConflictError, TrajectoryError)
 from art.model import Model, TrainableModel
-from art.naming import echo
+from art.naming import MAX_STEP, echo
 from art.server.app import error_response, error_object
 from art.storage.layout import validate_name
 from art.trajectories import ExceptionRecord, Trajectory, TrajectoryGroup
@@ -179,15 +182,17 @@ class TrainRequest(_Strict):
     dev_config: dict[str, Any] = Field({}, description="`art.dev.TrainConfig` options (the `_config` argument).")
     options: dict[str, Any] = Field({}, description="Keyword options of `backend.train`; they override both.")
     expected_step: int | None = Field(
-        None, ge=0, description="The step the client trains from; another step on the server gets a 409 "
+        None, ge=0, le=MAX_STEP, description="The step the client trains from; another step on the server gets a 409 "
                                 "(`step_conflict`) and trains nothing. None skips the check.")
+    cancel_on_disconnect: bool = Field(
+        False, description="Cancel (and roll back) the step when the client disconnects; by default it completes.")
 
 
 class LogRequest(_Strict):
     """`model.log(...)` after the client has summarised it: the history row and the groups."""
 
     split: str
-    step: int = Field(ge=0)
+    step: int = Field(ge=0, le=MAX_STEP)
     metrics: dict[str, Union[float, int, bool, str, None]] = {}
     trajectory_groups: list[TrajectoryGroupPayload] = []
 
@@ -210,6 +215,11 @@ class StepInfo(BaseModel):
 class Checkpoints(BaseModel):
     steps: list[int]
     latest: int
+
+
+class Cancelled(BaseModel):
+    cancelled: bool = Field(description="True when a running step was told to stop; it rolls back and its "
+                                        "train stream ends with a 409 `step_cancelled` error line.")
 
 
 class DeletedCheckpoints(BaseModel):
@@ -467,6 +477,15 @@ def management_router(backend, *, heartbeat_s: float = 10.0, registrations: Regi
         started = time.monotonic()
 
         async def lines():
+            try:
+                async for line in events():
+                    yield line
+            finally:  # the generator ends early when the client disconnects
+                if body.cancel_on_disconnect and not task.done():
+                    log.warning("client of %s/%s left: cancelling its training step", *key)
+                    await backend.cancel_training(model)
+
+        async def events():
             yield _line({"type": "accepted", "step": step, "groups": len(groups),
                          "trajectories": sum(len(g.trajectories) for g in groups)})
             while True:
@@ -488,6 +507,12 @@ def management_router(backend, *, heartbeat_s: float = 10.0, registrations: Regi
                 yield _line({"type": "result", "step": result.step, "metrics": result.metrics})
 
         return StreamingResponse(lines(), media_type="application/x-ndjson")
+
+    @router.delete("/models/{project}/{name}/train", response_model=Cancelled,
+                   summary="Cancel the running training step (it rolls back)")
+    @_answer_errors
+    async def cancel(key: tuple[str, str] = Depends(model_key)) -> Cancelled:
+        return Cancelled(cancelled=await backend.cancel_training(await trainable(key)))
 
     @router.post("/models/{project}/{name}/log", response_model=Logged, summary="Log metrics and trajectories")
     @_answer_errors

@@ -4,11 +4,31 @@ from __future__ import annotations
 
 import time
 
+from art.errors import ArtValueError
+from art.naming import MAX_METRIC_NAME, MAX_STEP, echo
 from art.storage.history import append_history, append_jsonl
 from art.storage.layout import ModelDir
 
+ROW_KEYS = ("step", "split", "recorded_at")
+"""What every history row carries itself; a metric may not take these names."""
+
+
+def check_log(step: int, metrics: dict) -> None:
+    """Refuse, before anything is written, a step outside [0, MAX_STEP] and metric names that would
+    overwrite the row's own keys or are not short strings."""
+    if type(step) is not int or not 0 <= step <= MAX_STEP:
+        raise ArtValueError(f"step must be an int in [0, {MAX_STEP}], got {echo(step)}", field="step")
+    for key in metrics:
+        if not isinstance(key, str) or not 0 < len(key) <= MAX_METRIC_NAME:
+            raise ArtValueError(f"metric names must be strings of 1-{MAX_METRIC_NAME} characters, got {echo(key)}",
+                                field="metrics")
+        if key in ROW_KEYS:
+            raise ArtValueError(f"metric {echo(key)} would overwrite the history row's own {key!r}; rename it "
+                                f"(the row keys are {', '.join(ROW_KEYS)})", field=f"metrics.{key}")
+
 
 def write_log(model_dir: ModelDir, *, split: str, step: int, metrics: dict, groups=()) -> None:
+    check_log(step, metrics)
     rows = []
     for index, group in enumerate(groups):
         for trajectory in group.trajectories:

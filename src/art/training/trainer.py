@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import threading
 from collections import Counter
 from pathlib import Path
@@ -21,7 +22,7 @@ from typing import Callable
 import torch
 from tqdm.auto import tqdm
 
-from art.errors import ArtValueError
+from art.errors import ArtValueError, StepCancelledError
 
 from art.training.advantages import balance_advantage, group_advantages, reward_std
 from art.training import packing
@@ -65,7 +66,8 @@ class Trainer:
 
     # -- the update -----------------------------------------------------------------------
     def step(self, groups, options: TrainOptions, *, desc: str = "train",
-             on_optimizer_step: Callable[[int, int, dict[str, float]], None] | None = None) -> dict[str, float]:
+             on_optimizer_step: Callable[[int, int, dict[str, float]], None] | None = None,
+             should_stop: Callable[[], bool] | None = None) -> dict[str, float]:
         """Apply one update (`options.optimizer_steps` AdamW steps); returns metrics (with
         `skipped/<reason>` counts and, when nothing could be trained, `nothing_to_train` = 1
         and a warning that says why). `on_optimizer_step(done, total, metrics)` follows each
@@ -100,7 +102,8 @@ class Trainer:
                 before = [self._pre_update_logprobs(p) for p in plans] if options.precalculate_logprobs else None
                 for _ in range(options.epochs):
                     for index, (part, micro) in enumerate(zip(parts, plans)):
-                        done = self._optimizer_step(part, micro, options, before[index] if before else None, bar)
+                        done = self._optimizer_step(part, micro, options, before[index] if before else None, bar,
+                                                    should_stop)
                         sums.update(done)
                         norms.append(done["grad_norm"])
                         if on_optimizer_step is not None:
@@ -133,19 +136,25 @@ class Trainer:
         return metrics
 
     def _optimizer_step(self, part: list[Sequence], micro: list[MicroBatch], options: TrainOptions,
-                        before: list[torch.Tensor] | None, bar) -> Counter:
+                        before: list[torch.Tensor] | None, bar, should_stop=None) -> Counter:
         """Gradient accumulation over `micro`, then one clipped AdamW step; sums for metrics."""
         normalizer = Normalizer(options.loss_normalization, sum(s.num_trained for s in part), len(part),
                                 options.max_tokens_normalizer)
         sums: Counter = Counter()
         self.optimizer.zero_grad(set_to_none=True)
         for i, batch in enumerate(micro):
+            if should_stop is not None and should_stop():
+                raise StepCancelledError("the training step was cancelled before it finished; it is rolled back")
             terms = self._forward(batch, options, normalizer, None if before is None else before[i])
             terms["loss"].backward()  # this micro-batch's share of the mini-batch loss
             sums.update({k: float(v.detach()) for k, v in terms.items()})
             bar.update(1)
         sums["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.params, options.max_grad_norm))
+        if not (math.isfinite(sums["loss"]) and math.isfinite(sums["grad_norm"])):
+            raise _diverged(options, f"the loss ({sums['loss']}) or its gradient norm ({sums['grad_norm']}) is not finite")
         self.optimizer.step()
+        if not all(bool(torch.isfinite(p).all()) for p in self.params):
+            raise _diverged(options, "a trained weight became NaN or Inf after the optimizer step")
         return sums
 
     def _set_gradient_checkpointing(self, enabled: bool) -> None:
@@ -290,6 +299,12 @@ class Trainer:
         if unexpected or set(missing) - tied:
             raise RuntimeError(f"checkpoint {folder} does not match the model: missing {sorted(missing)[:3]}, "
                                f"unexpected {sorted(unexpected)[:3]}")
+
+
+def _diverged(options: TrainOptions, what: str) -> ArtValueError:
+    return ArtValueError(f"training diverged: {what}. The step is rolled back. Likely cause: learning_rate "
+                         f"{options.learning_rate:g} is too high for this model (or extreme rewards); lower it",
+                         field="learning_rate")
 
 
 def _is_peft(model) -> bool:
