@@ -235,8 +235,12 @@ async def test_large_bodies_get_413(tmp_path):
 # -- over a real socket ---------------------------------------------------------------------
 
 
-def start_server(root: Path, log: Path, *args: str, env: dict | None = None) -> tuple[subprocess.Popen, str]:
-    """`python -m art serve --port 0 ...`; the URL comes from its first line, then /health."""
+def start_server(root: Path, log: Path, *args: str, env: dict | None = None,
+                 models_dir: Path | None = None) -> tuple[subprocess.Popen, str]:
+    """`python -m art serve --port 0 ...`; the URL comes from its first line, then /health.
+    `models_dir`: where the test's model folder lies (a server only loads paths under one)."""
+    if models_dir is not None:
+        args = (*args, "--models-dir", str(models_dir))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]), **(env or {})}
     with open(log, "w") as out:  # a file, not a pipe: a full pipe would block the server
         process = subprocess.Popen(
@@ -291,7 +295,7 @@ async def client_leaves_mid_step(backend: art.RemoteBackend, url: str, base_mode
 async def test_art_serve_subprocess(tiny_model_path, tmp_path, monkeypatch):
     root = tmp_path / "server"
     log = tmp_path / "serve.log"
-    process, url = start_server(root, log, env={"ART_API_KEY": KEY})
+    process, url = start_server(root, log, env={"ART_API_KEY": KEY}, models_dir=tiny_model_path.parent)
     try:
         assert httpx.get(f"{url}/v1/models").status_code == 401
         assert httpx.get(f"{url}/v1/models", headers={"Authorization": f"Bearer {KEY}"}).status_code == 200

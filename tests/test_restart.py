@@ -49,7 +49,8 @@ def kill(process) -> None:
 async def test_kill_9_mid_step_then_restart_on_the_same_path(tiny_model_path, tmp_path, monkeypatch):
     root, port = tmp_path / "server", free_port()
     monkeypatch.setenv("ART_API_KEY", KEY)
-    process, url = start_server(root, tmp_path / "serve1.log", "--port", str(port), env={"ART_API_KEY": KEY})
+    process, url = start_server(root, tmp_path / "serve1.log", "--port", str(port), env={"ART_API_KEY": KEY},
+                                models_dir=tiny_model_path.parent)
     restarted = None
     try:
         async with art.RemoteBackend(url) as backend:

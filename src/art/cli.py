@@ -31,6 +31,14 @@ def _parser() -> argparse.ArgumentParser:
                             "variable, since command lines are visible to other users")
     serve.add_argument("--max-body-mb", type=float, default=256.0,
                        help="largest request body accepted, in MiB (default 256); larger ones get a 413")
+    serve.add_argument("--max-chat-body-mb", type=float, default=8.0,
+                       help="largest chat request (/v1) accepted, in MiB (default 8); larger ones get a 413")
+    serve.add_argument("--models-dir", action="append", default=[], metavar="DIR",
+                       help="a server folder base_model paths may point into (repeatable; the Hugging Face cache "
+                            "and art's cache are always allowed)")
+    serve.add_argument("--allow-any-model-path", action="store_true",
+                       help="let clients load a base_model from any path on this machine (a key holder could "
+                            "probe which files exist)")
     serve.add_argument("--watchdog-s", type=float, default=60.0,
                        help="report an engine loop stuck when it has pending requests and makes no progress for "
                             "this many seconds (default 60; 0 turns it off): a WARNING with its stack, and "
@@ -69,7 +77,9 @@ def _serve(args: argparse.Namespace) -> int:
         return 1
     try:
         serve(host=args.host, port=args.port, path=args.path, api_key=api_key, max_body_mb=args.max_body_mb,
-              watchdog_s=args.watchdog_s, watchdog_train_s=args.watchdog_train_s)
+              max_chat_body_mb=args.max_chat_body_mb, watchdog_s=args.watchdog_s,
+              watchdog_train_s=args.watchdog_train_s, models_dirs=args.models_dir,
+              allow_any_model_path=args.allow_any_model_path)
     except OSError as exc:
         print(f"art serve: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
         return 1

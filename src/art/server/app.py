@@ -19,6 +19,7 @@ something is stuck.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -53,12 +54,14 @@ def create_app(registry: ModelRegistry, *, default_max_tokens: int = 1024,
     _install_error_handlers(app)
 
     @app.get("/health")
-    async def health() -> dict[str, Any]:
-        """Liveness plus each engine's load (queue depth, running samples, cache reuse); with a
-        watchdog, "degraded" and what is stuck (which thread, for how long, where) while it is."""
-        stats = registry.stats() if hasattr(registry, "stats") else {}
+    async def health(request: Request) -> dict[str, Any]:
+        """Liveness ("ok", or "degraded" while the watchdog sees something stuck). With the API
+        key (or on a server without one) also each engine's load and what is stuck, where."""
         stuck = watchdog.stuck() if watchdog is not None else []
-        body: dict[str, Any] = {"status": "degraded" if stuck else "ok", "engines": stats}
+        body: dict[str, Any] = {"status": "degraded" if stuck else "ok"}
+        if not request.scope.get("state", {}).get("authorized", True):
+            return body  # no key: model names and stacks are not for anyone who can reach the port
+        body["engines"] = registry.stats() if hasattr(registry, "stats") else {}
         if watchdog is not None:
             body["stuck"] = stuck
         return body
@@ -92,7 +95,9 @@ def create_app(registry: ModelRegistry, *, default_max_tokens: int = 1024,
 async def _complete(served: ServedModel, body: ChatCompletionRequest, default_max_tokens: int):
     engine = served.engine
     tokenizer = engine.tokenizer
-    prompt = _prompt_ids(tokenizer, body)
+    # Templating and tokenising a long prompt takes seconds: off the event loop, so /health and
+    # every other request keep being answered meanwhile.
+    prompt = await asyncio.to_thread(_prompt_ids, tokenizer, body)
     max_tokens = _max_tokens(body, len(prompt), engine.max_model_len, default_max_tokens)
     params = SamplingParams(
         n=body.n,

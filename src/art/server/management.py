@@ -65,7 +65,8 @@ from art.errors import (ArtError, ArtValueError, BackendError, BackendUnavailabl
                         StepConflictError, TrajectoryError)
 from art.model import Model, TrainableModel
 from art.naming import MAX_STEP, echo
-from art.server.app import error_response, error_object
+from art.server.app import error_object, error_response
+from art.server.security import check_base_model
 from art.storage.layout import validate_name
 from art.trajectories import ExceptionRecord, Trajectory, TrajectoryGroup
 from art.types import TrainConfig
@@ -373,8 +374,10 @@ class Registrations:
 # -- the routes ------------------------------------------------------------------------------
 
 
-def management_router(backend, *, heartbeat_s: float = 10.0, registrations: Registrations | None = None) -> APIRouter:
-    """Routes under `/art` backed by `backend` (a `LocalBackend` in this process)."""
+def management_router(backend, *, heartbeat_s: float = 10.0, registrations: Registrations | None = None,
+                      model_roots: list | None = None) -> APIRouter:
+    """Routes under `/art` backed by `backend` (a `LocalBackend` in this process). `model_roots`:
+    the server folders a registered `base_model` path may point into (None: any)."""
     router = APIRouter(prefix="/art", tags=["management"])
     registrations = registrations or Registrations(backend)
     models = registrations.models
@@ -402,6 +405,8 @@ def management_router(backend, *, heartbeat_s: float = 10.0, registrations: Regi
     @_answer_errors
     async def register(body: RegisterRequest) -> ModelInfo:
         key = (body.project, body.name)
+        if body.base_model is not None:
+            check_base_model(body.base_model, model_roots)
         async with registrations.lock(key):  # one load per model
             common = dict(name=body.name, project=body.project, config=body.config)
             if body.trainable:

@@ -20,7 +20,8 @@ from fastapi import FastAPI
 from art.backends.local import LocalBackend
 from art.server.app import create_app
 from art.server.management import Registrations, management_router
-from art.server.security import BearerAuth, BodyLimit
+from art.server.security import (BearerAuth, BodyLimit, RefuseQueryCredentials, default_model_roots,
+                                 redact_access_log)
 from art.server.thread import KEEP_ALIVE_S
 from art.server.watchdog import ENGINE_STALL_S, TRAINING_STEP_S, Watchdog
 
@@ -30,17 +31,22 @@ DEFAULT_PORT = 7999
 """ART's port for its server."""
 DEFAULT_MAX_BODY_MB = 256.0
 """Train and log bodies carry every trajectory with its token ids and logprobs."""
+DEFAULT_MAX_CHAT_BODY_MB = 8.0
+"""Chat requests (/v1): room for long agent contexts, not for a prompt that takes minutes to tokenise."""
 
 
 def create_serve_app(backend: LocalBackend, *, api_key: str | None = None,
-                     max_body_bytes: int = int(DEFAULT_MAX_BODY_MB * 2**20), heartbeat_s: float = 10.0,
+                     max_body_bytes: int = int(DEFAULT_MAX_BODY_MB * 2**20),
+                     max_chat_body_bytes: int = int(DEFAULT_MAX_CHAT_BODY_MB * 2**20), heartbeat_s: float = 10.0,
                      watchdog_s: float | None = ENGINE_STALL_S,
-                     watchdog_train_s: float | None = TRAINING_STEP_S) -> FastAPI:
-    """The whole app for `backend`. With `api_key`, every route but /health needs it.
-    `watchdog_s`: seconds an engine loop may have pending work without progress, and
-    `watchdog_train_s`: seconds a training step may run, before the watchdog reports them
-    (0 or None: not checked). The app's lifespan runs the watchdog thread, and shutting the
-    app down stops it and every model's engine."""
+                     watchdog_train_s: float | None = TRAINING_STEP_S, model_roots: list | None = None) -> FastAPI:
+    """The whole app for `backend`. With `api_key`, every route but /health needs it (and
+    /health shows details only with it). Bodies are bounded by `max_chat_body_bytes` on /v1
+    and `max_body_bytes` elsewhere. `watchdog_s`: seconds an engine loop may have pending work
+    without progress, and `watchdog_train_s`: seconds a training step may run, before the
+    watchdog reports them (0 or None: not checked). `model_roots`: the server folders a
+    registered `base_model` path may point into (None: any). The app's lifespan runs the
+    watchdog thread, and shutting the app down stops it and every model's engine."""
     watchdog = Watchdog(backend.activities, limits={"engine": watchdog_s, "training step": watchdog_train_s})
     registrations = Registrations(backend)
     app = create_app(backend, recover=registrations.recover_served, watchdog=watchdog)
@@ -55,10 +61,12 @@ def create_serve_app(backend: LocalBackend, *, api_key: str | None = None,
             await backend.close()
 
     app.router.lifespan_context = lifespan
-    app.include_router(management_router(backend, heartbeat_s=heartbeat_s, registrations=registrations))
-    app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
+    app.include_router(management_router(backend, heartbeat_s=heartbeat_s, registrations=registrations,
+                                         model_roots=model_roots))
+    app.add_middleware(BodyLimit, max_bytes=max_body_bytes, path_limits={"/v1/": max_chat_body_bytes})
     if api_key:
-        app.add_middleware(BearerAuth, api_key=api_key)  # added last: runs first, before any body is read
+        app.add_middleware(BearerAuth, api_key=api_key)  # runs before any body is read
+    app.add_middleware(RefuseQueryCredentials)  # added last: runs first, even before the key check
     return app
 
 
@@ -67,7 +75,9 @@ def url_for(host: str, port: int) -> str:
 
 
 def serve(*, host: str, port: int, path: str, api_key: str | None, max_body_mb: float = DEFAULT_MAX_BODY_MB,
-          watchdog_s: float | None = ENGINE_STALL_S, watchdog_train_s: float | None = TRAINING_STEP_S) -> None:
+          max_chat_body_mb: float = DEFAULT_MAX_CHAT_BODY_MB, watchdog_s: float | None = ENGINE_STALL_S,
+          watchdog_train_s: float | None = TRAINING_STEP_S, models_dirs: list[str] = (),
+          allow_any_model_path: bool = False) -> None:
     """Bind, print the address, serve until SIGINT/SIGTERM (uvicorn finishes open requests,
     the app's lifespan stops the engines, then re-raises the signal)."""
     import uvicorn
@@ -75,6 +85,7 @@ def serve(*, host: str, port: int, path: str, api_key: str | None, max_body_mb: 
     # The library's own INFO lines (a model ready, a step finished after its client left).
     logging.basicConfig(format="%(levelname)s:     %(name)s: %(message)s")
     logging.getLogger("art").setLevel(logging.INFO)
+    redact_access_log()
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -85,7 +96,9 @@ def serve(*, host: str, port: int, path: str, api_key: str | None, max_body_mb: 
     local = url_for("127.0.0.1" if host in ("0.0.0.0", "") else "::1" if host == "::" else host, port)
     backend = LocalBackend(path=path, served_at=local)
     app = create_serve_app(backend, api_key=api_key, max_body_bytes=int(max_body_mb * 2**20),
-                           watchdog_s=watchdog_s, watchdog_train_s=watchdog_train_s)
+                           max_chat_body_bytes=int(max_chat_body_mb * 2**20), watchdog_s=watchdog_s,
+                           watchdog_train_s=watchdog_train_s,
+                           model_roots=None if allow_any_model_path else default_model_roots(models_dirs))
     server = uvicorn.Server(uvicorn.Config(app, log_level="info", timeout_graceful_shutdown=10,
                                            timeout_keep_alive=KEEP_ALIVE_S))
     print(f"art serve: listening on {url} (storage {path}, auth {'on' if api_key else 'off'}); "
