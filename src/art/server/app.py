@@ -349,9 +349,9 @@ def error_object(exc: BaseException, what: str = "request") -> dict[str, Any]:
 
 
 def _loc(loc: tuple) -> str | None:
-    """('body', 'messages', 0, 'content') -> 'messages[0].content'."""
+    """('body', 'messages', 0, 'content') -> 'messages[0].content'; ('query', 'x') -> 'x'."""
     out = ""
-    for part in loc[1:] if loc and loc[0] == "body" else loc:
+    for part in loc[1:] if loc and loc[0] in ("body", "query", "path") else loc:
         out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
     return out or None
 

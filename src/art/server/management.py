@@ -64,7 +64,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from art.errors import (ArtError, ArtValueError, BackendError, BackendUnavailableError, ModelNotFoundError,
                         StepConflictError, TrajectoryError)
 from art.model import Model, TrainableModel
-from art.naming import MAX_STEP, echo
+from art.naming import MAX_METRIC_NAME, MAX_STEP, echo
 from art.server.app import error_object, error_response
 from art.server.security import check_base_model
 from art.storage.layout import validate_name
@@ -538,7 +538,8 @@ def management_router(backend, *, heartbeat_s: float = 10.0, registrations: Regi
     @_answer_errors
     async def delete_checkpoints(
         key: tuple[str, str] = Depends(model_key),
-        best_checkpoint_metric: str = Query("val/reward", description="History metric whose best step is kept."),
+        best_checkpoint_metric: str = Query("val/reward", min_length=1, max_length=MAX_METRIC_NAME,
+                                           description="History metric whose best step is kept."),
     ) -> DeletedCheckpoints:
         model = await trainable(key)
         deleted = await backend._delete_checkpoints(model, best_checkpoint_metric)
