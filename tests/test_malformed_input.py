@@ -102,6 +102,23 @@ CHAT_CASES = [
     Case("chat stream a word", "POST", CHAT, chat(stream="sometimes"), 400, "stream"),
     Case("chat ignore_eos a word", "POST", CHAT, chat(ignore_eos="always"), 400, "ignore_eos"),
     Case("chat penalty", "POST", CHAT, chat(frequency_penalty=1.0), 400, "frequency_penalty"),
+    Case("chat response_format unknown type", "POST", CHAT, chat(response_format={"type": "yaml"}), 400,
+         "response_format.type"),
+    Case("chat response_format a string", "POST", CHAT, chat(response_format="json"), 400, "response_format"),
+    Case("chat json_schema missing", "POST", CHAT, chat(response_format={"type": "json_schema"}), 400,
+         "response_format"),
+    Case("chat json_schema invalid", "POST", CHAT, chat(response_format={
+        "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nonsense"}}}), 400, "response_format"),
+    Case("chat json_schema a list", "POST", CHAT, chat(response_format={
+        "type": "json_schema", "json_schema": {"name": "x", "schema": [1]}}), 400, "response_format"),
+    Case("chat json_schema name too long", "POST", CHAT, chat(response_format={
+        "type": "json_schema", "json_schema": {"name": "n" * 100, "schema": {}}}), 400, "response_format"),
+    Case("chat response_format with a forced tool call", "POST", CHAT, chat(
+        response_format={"type": "json_object"}, tools=[{"type": "function", "function": {"name": "f"}}],
+        tool_choice="required"), 400, "response_format"),
+    Case("chat tool parameters an impossible schema", "POST", CHAT, chat(
+        tools=[{"type": "function", "function": {"name": "f", "parameters": {"type": "nonsense"}}}],
+        tool_choice="required"), 400, "tools"),
     Case("chat body not JSON", "POST", CHAT, b"{not json", 400),
     Case("chat body an array", "POST", CHAT, [1, 2], 400),
     Case("chat body empty", "POST", CHAT, b"", 400),

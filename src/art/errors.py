@@ -10,7 +10,8 @@
     │   ├── StepCancelledError             a train call was cancelled; the step was rolled back
     │   ├── BackendUnavailableError        stopped or shutting down: try again later
     │   └── WeightSyncError                served logprobs differ from the trainer's after an update
-    └── TooManyExceptionsError (RuntimeError)  gather saw more rollout exceptions than allowed
+    ├── TooManyExceptionsError (RuntimeError)  gather saw more rollout exceptions than allowed
+    └── JudgeError (RuntimeError)          a RULER judge gave no usable answer within its retries
 
 The HTTP server maps these once: ArtValueError -> 400, ModelNotFoundError -> 404,
 StepConflictError and StepCancelledError -> 409, BackendUnavailableError -> 503, any other ArtError -> 500.
@@ -88,3 +89,8 @@ class WeightSyncError(BackendError):
 
 class TooManyExceptionsError(ArtError, RuntimeError):
     """More rollouts raised than `max_exceptions` allows."""
+
+
+class JudgeError(ArtError, RuntimeError):
+    """A RULER judge gave no usable answer (malformed, ids missing or repeated, or the call
+    failed) in all of its tries."""

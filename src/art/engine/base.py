@@ -32,6 +32,9 @@ class SamplingParams:
     """Alternatives reported per position; 0 reports only the sampled token's logprob."""
     ignore_eos: bool = False
     """Keep sampling after end-of-sequence tokens until max_tokens (for benchmarks)."""
+    grammar: str | None = None
+    """An llguidance grammar (JSON schema or Lark) every completion must follow; None: free text.
+    `art.server.structured_output` builds it from `response_format` or a forced tool call."""
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ from art.engine.config import EngineConfig
 from art.engine.decoder import unsupported_reason
 from art.engine.hf_runner import HFRunner, kv_heads_and_dim
 from art.engine.prefix_cache import PrefixCache
+from art.engine.grammar import Grammars, consume
 from art.engine.sampling import make_generator, sample_next
 from art.engine.scheduler import Scheduler
 from art.engine.sequence import Request, Sample
@@ -67,6 +68,7 @@ class LLMEngine:
         self.rows: list[Sample] = []
         """The running samples; row i is row i of the runner's batch."""
         self.stopping = StopChecker(model, tokenizer, self.max_model_len)
+        self.grammars = Grammars(tokenizer, model.config.vocab_size, self.stopping.eos_ids)
         self.steps = 0
         self.prompt_tokens = 0
         """Prompt tokens of all admitted requests (compare runner.prefill_computed_tokens)."""
@@ -218,6 +220,10 @@ class LLMEngine:
         self.prompt_tokens += sum(len(r.prompt) for r in requests)
         for request in requests:
             try:
+                if request.params.grammar:  # one compile; the samples' matchers are copies
+                    first = self.grammars.matcher(request.params.grammar)
+                    for sample in request.samples:
+                        sample.matcher = first if sample.index == 0 else first.deep_copy()
                 request.adapter_name, request.served_step = self.adapters.acquire(request.adapter)
                 ready.append(request)
             except Exception as exc:  # e.g. a checkpoint that vanished: fail this request only
@@ -290,9 +296,12 @@ class LLMEngine:
 
     def _advance(self, samples: list[Sample], logits: torch.Tensor) -> list[Sample]:
         """Append one sampled token to each sample; return those that just finished."""
-        tokens, logprobs, top = sample_next(logits, [s.params for s in samples], [s.generator for s in samples])
+        tokens, logprobs, top = sample_next(logits, [s.params for s in samples], [s.generator for s in samples],
+                                            self._allowed(samples))
         finished = []
         for sample, token, logprob, alternatives in zip(samples, tokens.tolist(), logprobs.tolist(), top):
+            if sample.matcher is not None:
+                consume(sample.matcher, token)
             sample.ids.append(token)
             sample.logprobs.append(logprob)
             if sample.params.top_logprobs:
@@ -300,6 +309,15 @@ class LLMEngine:
             if self._finish_reason(sample):
                 finished.append(sample)
         return finished
+
+    def _allowed(self, samples: list[Sample]) -> torch.Tensor | None:
+        """The grammar mask of the batch (unconstrained rows allow everything), or None."""
+        constrained = [i for i, s in enumerate(samples) if s.matcher is not None]
+        if not constrained:
+            return None
+        allowed = torch.ones(len(samples), self.grammars.vocab_size, dtype=torch.bool)
+        allowed[constrained] = self.grammars.allowed([samples[i].matcher for i in constrained])
+        return allowed
 
     def _finish_reason(self, sample: Sample) -> str | None:
         result = self.stopping.check(sample.params, len(sample.request.prompt), sample.ids)

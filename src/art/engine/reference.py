@@ -1,7 +1,7 @@
 """A plain, unbatched sampler: one sample at a time, the whole sequence recomputed per token.
 
 Slow and obviously correct; the engine's tests compare against it token for token. It uses
-the same sampling, stopping and adapter code as the engine, and no KV cache.
+the same sampling, grammar, stopping and adapter code as the engine, and no KV cache.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import torch
 
 from art.engine.adapters import AdapterSet
 from art.engine.base import AdapterRef, Completion, SamplingParams
+from art.engine.grammar import Grammars, consume
 from art.engine.sampling import make_generator, sample_next
 from art.engine.stopping import StopChecker
 
@@ -21,6 +22,7 @@ class ReferenceSampler:
         self.device = next(model.parameters()).device
         limit = getattr(model.config, "max_position_embeddings", None) or 2048
         self.stopping = StopChecker(model, tokenizer, min(max_model_len or limit, limit))
+        self.grammars = Grammars(tokenizer, model.config.vocab_size, self.stopping.eos_ids)
 
     @torch.inference_mode()
     def generate(self, prompt: list[int], params: SamplingParams, adapter: AdapterRef | None) -> list[Completion]:
@@ -32,11 +34,15 @@ class ReferenceSampler:
 
     def _one(self, prompt, params, name, step, index) -> Completion:
         generator = make_generator(params.seed, index)
+        matcher = self.grammars.matcher(params.grammar) if params.grammar else None
         ids, logprobs, top = [], [], []
         while True:
             with self.adapters.activate([name]) as extra:
                 logits = self.model(input_ids=torch.tensor([prompt + ids], device=self.device), **extra).logits[:, -1].float()
-            token, logprob, alternatives = sample_next(logits, [params], [generator])
+            allowed = self.grammars.allowed([matcher]) if matcher is not None else None
+            token, logprob, alternatives = sample_next(logits, [params], [generator], allowed)
+            if matcher is not None:
+                consume(matcher, int(token[0]))
             ids.append(int(token[0]))
             logprobs.append(float(logprob[0]))
             if params.top_logprobs:

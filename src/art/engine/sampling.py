@@ -24,9 +24,17 @@ def sample_next(
     logits: torch.Tensor,  # [rows, vocab] float32
     params: list[SamplingParams],
     generators: list[torch.Generator],
+    allowed: torch.Tensor | None = None,  # [rows, vocab] bool: a grammar's mask; None allows all
 ) -> tuple[torch.Tensor, torch.Tensor, list[list[tuple[int, float]]]]:
-    """Returns (tokens [rows], their raw logprobs [rows], top alternatives per row)."""
+    """Returns (tokens [rows], their raw logprobs [rows], top alternatives per row).
+
+    With `allowed`, tokens are drawn from the distribution renormalised over the allowed ones;
+    the logprobs and alternatives reported are still the raw, unmasked ones."""
     logprobs = torch.log_softmax(logits, dim=-1)  # [rows, vocab]
+    raw_logprobs = logprobs
+    if allowed is not None:
+        logits = logits.masked_fill(~allowed.to(logits.device), float("-inf"))
+        logprobs = torch.log_softmax(logits, dim=-1)
     rows = logits.shape[0]
     device = logits.device
     tokens = torch.zeros(rows, dtype=torch.long, device=device)  # [rows]
@@ -52,6 +60,7 @@ def sample_next(
         target = (u * cdf[:, -1]).clamp(min=torch.finfo(cdf.dtype).tiny)[:, None]
         drawn = torch.searchsorted(cdf, target).squeeze(1)
         tokens[index] = drawn.clamp(max=logits.shape[-1] - 1)
+    logprobs = raw_logprobs
     chosen = logprobs.gather(1, tokens[:, None]).squeeze(1)  # [rows]
     top: list[list[tuple[int, float]]] = [[] for _ in range(rows)]
     want = max(p.top_logprobs for p in params)

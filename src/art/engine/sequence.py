@@ -51,6 +51,8 @@ class Sample:
     index: int
     generator: Any = None
     """torch.Generator of this sample (seeded from the request's seed and index)."""
+    matcher: Any = None
+    """The grammar matcher of a constrained sample (`art.engine.grammar`); None: unconstrained."""
     ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     top: list[list[tuple[int, float]]] = field(default_factory=list)

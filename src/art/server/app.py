@@ -39,6 +39,7 @@ from art.errors import (ArtError, ArtValueError, BackendUnavailableError, Contex
 from art.naming import echo
 from art.server.registry import ModelRegistry, ServedModel
 from art.server.schemas import ChatCompletionRequest
+from art.server.structured_output import grammar_for
 from art.server.tools import split_completion, stream_deltas, template_messages, tools_active
 
 log = logging.getLogger(__name__)
@@ -97,7 +98,7 @@ async def _complete(served: ServedModel, body: ChatCompletionRequest, default_ma
     tokenizer = engine.tokenizer
     # Templating and tokenising a long prompt takes seconds: off the event loop, so /health and
     # every other request keep being answered meanwhile.
-    prompt = await asyncio.to_thread(_prompt_ids, tokenizer, body)
+    prompt, grammar = await asyncio.to_thread(_prompt_and_grammar, engine, tokenizer, body)
     max_tokens = _max_tokens(body, len(prompt), engine.max_model_len, default_max_tokens)
     params = SamplingParams(
         n=body.n,
@@ -108,6 +109,7 @@ async def _complete(served: ServedModel, body: ChatCompletionRequest, default_ma
         seed=body.seed,
         ignore_eos=body.ignore_eos,
         top_logprobs=(body.top_logprobs or 0) if body.logprobs else 0,
+        grammar=grammar,
     )
     completions = await engine.generate(prompt, params, served.adapter)
     head = {
@@ -143,6 +145,16 @@ def _choice(index: int, c: Completion, prompt: list[int], tokens: _TokenText, pa
             "finish_reason": "tool_calls" if calls else c.finish_reason,
             "logprobs": {"content": [tokens.entry(c, k) for k in range(len(c.token_ids))]},
             "token_ids": c.token_ids, "prompt_token_ids": prompt}
+
+
+def _prompt_and_grammar(engine, tokenizer, body: ChatCompletionRequest) -> tuple[list[int], str | None]:
+    """The prompt's token ids and the completion's grammar (checked), off the event loop."""
+    grammar = grammar_for(body.response_format.as_dict() if body.response_format else None,
+                          body.tools, body.tool_choice, body.parallel_tool_calls)
+    if grammar is not None:
+        field = "response_format" if body.response_format and body.response_format.type != "text" else "tools"
+        engine.grammars.check(grammar, field)
+    return _prompt_ids(tokenizer, body), grammar
 
 
 def _prompt_ids(tokenizer, body: ChatCompletionRequest) -> list[int]:

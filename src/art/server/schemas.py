@@ -109,6 +109,39 @@ class StreamOptions(BaseModel):
     """Send a last chunk with token usage (and `choices: []`) before `[DONE]`."""
 
 
+class JsonSchemaFormat(BaseModel):
+    """`response_format.json_schema`: OpenAI's structured-output schema."""
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+
+    name: str = Field("response", min_length=1, max_length=64)
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = None
+    """Accepted for OpenAI's sake; every schema is enforced by constrained decoding."""
+
+
+class ResponseFormat(BaseModel):
+    """`response_format`: free text, any JSON object, or JSON that follows a schema."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_given(self) -> ResponseFormat:
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ValueError("type 'json_schema' needs json_schema: {'name': ..., 'schema': {...}}")
+        return self
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"type": self.type}
+        if self.json_schema is not None:
+            out["json_schema"] = {"name": self.json_schema.name, "schema": self.json_schema.schema_}
+        return out
+
+
 class ChatCompletionRequest(BaseModel):
     """POST /v1/chat/completions body (OpenAI's names and ranges)."""
 
@@ -139,8 +172,11 @@ class ChatCompletionRequest(BaseModel):
     tool_choice: str | dict[str, Any] | None = None
     """One of "auto" (None means the same), "none" (tools left out of the prompt, nothing
     parsed), "required" or {"type": "function", "function": {"name": ...}}. The last two are
-    asked of the model through the prompt only, not enforced by constrained decoding."""
+    enforced by constrained decoding: the completion is one or more tool calls."""
     parallel_tool_calls: bool | None = None
+    response_format: ResponseFormat | None = None
+    """{"type": "json_object"} or {"type": "json_schema", "json_schema": {"name", "schema"}}:
+    completions are constrained to that JSON by the engine (`art.server.structured_output`)."""
     user: str | None = None
     metadata: dict[str, Any] | None = None
     frequency_penalty: float | None = None

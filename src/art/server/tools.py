@@ -35,10 +35,10 @@ def tools_active(tools: list[dict[str, Any]] | None, tool_choice: str | dict[str
     `tool_choice` (validated by the request schema):
     - absent or "auto": offer the tools; the model decides whether to call one.
     - "none": the tools are left out of the prompt and completions are not parsed.
-    - "required" or {"type": "function", "function": {"name": ...}}: treated as "auto". They are
-      NOT enforced by constrained decoding: the model is asked, through the same prompt, and may
-      still answer in plain text (the choice then has no `tool_calls` and its usual
-      finish_reason).
+    - "required" or {"type": "function", "function": {"name": ...}}: offered the same way, and
+      enforced by constrained decoding (`art.server.structured_output`): the completion is one
+      or more `<tool_call>` blocks of the allowed functions, with arguments that fit their
+      schemas.
     """
     return bool(tools) and tool_choice != "none"
 

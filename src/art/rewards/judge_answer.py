@@ -1,0 +1,113 @@
+"""The judge's answer: its JSON schema, and parsing that trusts nothing.
+
+A judge asked for structured output (`response_format` json_schema) can only produce the
+schema's shape; any other judge may wrap the JSON in prose or a code fence, skip or repeat a
+trajectory, or score outside [0, 1]. Parsing finds the JSON object, validates it with pydantic,
+requires exactly one score per trajectory id, and clamps scores into [0, 1], counting each.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+
+from pydantic import BaseModel, Field, ValidationError
+
+MAX_EXPLANATION = 400
+"""Characters of explanation the schema allows per trajectory (keeps a small judge from rambling)."""
+
+
+class TrajectoryScore(BaseModel):
+    """One trajectory's score (ART's class)."""
+
+    trajectory_id: str = Field(description="The id of the trajectory being scored.")
+    explanation: str = Field(description="A short description of the trajectory's performance.")
+    score: float = Field(description="A score between 0 and 1.")
+
+
+class JudgeAnswer(BaseModel):
+    scores: list[TrajectoryScore] = Field(description="The scores for each trajectory.")
+
+
+class JudgeAnswerError(ValueError):
+    """The judge's answer cannot be used (not JSON, wrong shape, ids missing or repeated)."""
+
+
+def answer_schema(n: int) -> dict:
+    """The JSON schema of an answer for `n` trajectories (ids "1".."n"), in the subset of JSON
+    Schema that OpenAI's strict mode, vLLM and llguidance all accept."""
+    return {
+        "type": "object",
+        "properties": {"scores": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "trajectory_id": {"type": "string", "enum": [str(i) for i in range(1, n + 1)]},
+                    "explanation": {"type": "string", "maxLength": MAX_EXPLANATION},
+                    "score": {"type": "number", "minimum": 0, "maximum": 1},
+                },
+                "required": ["trajectory_id", "explanation", "score"],
+                "additionalProperties": False,
+            },
+            "minItems": n,
+            "maxItems": n,
+        }},
+        "required": ["scores"],
+        "additionalProperties": False,
+    }
+
+
+_FENCE = re.compile(r"```(?:json)?\s*(\{.*\})\s*```", re.DOTALL)
+
+
+def parse_answer(content: str | None, n: int) -> tuple[list[TrajectoryScore], int]:
+    """(scores in trajectory order "1".."n", how many were clamped into [0, 1])."""
+    data = _json_object(content or "")
+    try:
+        answer = JudgeAnswer.model_validate(data)
+    except ValidationError as exc:
+        raise JudgeAnswerError(f"the answer does not match the schema: {exc.errors()[0]['msg']} "
+                               f"at {'.'.join(map(str, exc.errors()[0]['loc']))}") from exc
+    by_id: dict[str, TrajectoryScore] = {}
+    for score in answer.scores:
+        key = score.trajectory_id.strip()
+        if key in by_id:
+            raise JudgeAnswerError(f"trajectory {key!r} was scored twice")
+        by_id[key] = score
+    expected = [str(i) for i in range(1, n + 1)]
+    missing = [i for i in expected if i not in by_id]
+    unknown = sorted(set(by_id) - set(expected))
+    if missing or unknown:
+        raise JudgeAnswerError(f"the answer must score trajectories {expected} once each; missing {missing}, "
+                               f"unknown {unknown}")
+    clamped = 0
+    out = []
+    for key in expected:
+        score = by_id[key]
+        if not math.isfinite(score.score):
+            raise JudgeAnswerError(f"trajectory {key!r} has a non-finite score {score.score!r}")
+        if not 0.0 <= score.score <= 1.0:
+            clamped += 1
+            score = score.model_copy(update={"score": min(1.0, max(0.0, score.score))})
+        out.append(score.model_copy(update={"trajectory_id": key}))
+    return out, clamped
+
+
+def _json_object(content: str) -> object:
+    """The answer's JSON: the whole text, a fenced block, or the outermost {...} in prose."""
+    candidates = [content.strip()]
+    fenced = _FENCE.search(content)
+    if fenced:
+        candidates.append(fenced.group(1))
+    start, end = content.find("{"), content.rfind("}")
+    if 0 <= start < end:
+        candidates.append(content[start:end + 1])
+    for text in candidates:
+        try:
+            return json.loads(text)
+        except ValueError:
+            continue
+    shown = content[:200] + ("..." if len(content) > 200 else "")
+    raise JudgeAnswerError(f"the answer is not JSON: {shown!r}")

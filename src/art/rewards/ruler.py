@@ -1,0 +1,263 @@
+"""RULER: a judge model scores a group's trajectories relative to each other, in [0, 1].
+
+GRPO only needs rewards that order a group's trajectories, and relative judging is easier than
+absolute: the judge sees all of them at once, with the rubric, and scores each. The API and its
+behaviour are ART's (`art.rewards.ruler_score_group`, `ruler`); the judge is any
+OpenAI-compatible endpoint, reached with the official `openai` client (no LiteLLM):
+
+- `judge=None`: OpenAI itself (`OPENAI_API_KEY`, `OPENAI_BASE_URL`); `judge_model="openai/o3"`
+  (LiteLLM's `openai/` prefix is dropped).
+- `judge=AsyncOpenAI(...)`, `judge="http://host:8000/v1"` (+ `judge_api_key`), or an `art.Model`
+  registered with a backend (our own server, e.g. the base model served next to the one being
+  trained: `judge=model, judge_model=model.base_model`).
+
+The judge is asked for a JSON schema through `response_format` (constrained decoding on our
+server, vLLM and OpenAI); a judge that refuses it is asked for a JSON object, then for plain
+text, and the level that worked is remembered per endpoint. Every answer is parsed strictly
+(`judge_answer`); an unusable one is retried `max_retries` times, then `JudgeError`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from openai import APIConnectionError, APIStatusError, AsyncOpenAI, BadRequestError, OpenAIError
+
+from art.errors import ArtValueError, JudgeError
+from art.rewards.judge_answer import JudgeAnswerError, TrajectoryScore, answer_schema, parse_answer
+from art.rewards.judge_cache import JudgeCache
+from art.rewards.judge_prompt import DEFAULT_RUBRIC, judge_messages
+from art.trajectories import Trajectory, TrajectoryGroup, get_messages, is_choice
+
+log = logging.getLogger(__name__)
+
+DEFAULT_CACHE = Path(".art") / "ruler_cache"
+"""Where answers are cached by default (beside ART's default run folder `.art`)."""
+FORMATS = ("json_schema", "json_object", None)
+"""What the judge is asked for, most structured first."""
+_format_of: dict[str, int] = {}
+"""Per endpoint + model: the index in FORMATS that it accepted last."""
+
+
+@dataclass
+class RulerStats:
+    """What judging a group cost and how it went; `ruler_score_group` puts it in the group's
+    metrics (`ruler/...`, logged per step as `train/group_ruler/...`)."""
+
+    judge_calls: int = 0
+    judge_errors: int = 0
+    """Answers that could not be used (malformed, ids missing or repeated) and failed calls."""
+    clamped_scores: int = 0
+    cache_hits: int = 0
+    judge_latency_s: float = 0.0
+    judge_prompt_tokens: int = 0
+    judge_completion_tokens: int = 0
+
+    def as_metrics(self) -> dict[str, float]:
+        return {f"ruler/{k}": float(v) for k, v in asdict(self).items()}
+
+
+@dataclass(frozen=True)
+class _Judge:
+    client: AsyncOpenAI
+    model: str
+    endpoint: str
+    """Where it is served (part of the cache key and of the remembered response format)."""
+
+
+def _judge(judge: Any, judge_model: str, api_key: str | None) -> _Judge:
+    model = judge_model.removeprefix("openai/")
+    if judge is None or isinstance(judge, str):
+        try:
+            client = AsyncOpenAI(base_url=judge, api_key=api_key or os.environ.get("OPENAI_API_KEY")
+                                 or (None if judge is None else "none"))
+        except OpenAIError as exc:
+            raise ArtValueError("no judge: set OPENAI_API_KEY for OpenAI, or pass judge= (an AsyncOpenAI "
+                                "client, a base URL or a registered art.Model)", "judge") from exc
+    elif isinstance(judge, AsyncOpenAI):
+        client = judge
+    elif hasattr(judge, "openai_client"):  # an art.Model registered with a backend
+        client = judge.openai_client()
+    else:
+        raise ArtValueError(f"judge must be an AsyncOpenAI client, a base URL or an art.Model, got "
+                            f"{type(judge).__name__}", "judge")
+    return _Judge(client, model, str(client.base_url))
+
+
+def _message_list(item: Any) -> list[dict[str, Any]]:
+    if isinstance(item, Trajectory):
+        if item.additional_histories:
+            raise ArtValueError("RULER does not judge additional_histories yet", "additional_histories")
+        return item.messages()
+    items = list(item)
+    return get_messages(items) if any(is_choice(m) for m in items) else items
+
+
+async def ruler(
+    message_lists: list[Any],
+    judge_model: str = "openai/o3",
+    extra_litellm_params: dict | None = None,
+    rubric: str = DEFAULT_RUBRIC,
+    *,
+    judge: Any = None,
+    judge_api_key: str | None = None,
+    extra_params: dict | None = None,
+    max_retries: int = 2,
+    max_trajectory_tokens: int = 2048,
+    cache: bool | str | os.PathLike | Any = True,
+    structured: bool | None = None,
+    debug: bool = False,
+    stats: RulerStats | None = None,
+) -> list[TrajectoryScore]:
+    """Score trajectories (Trajectory objects or message lists) relative to each other.
+
+    Returns one `TrajectoryScore` per input, in order, each clamped to [0, 1].
+    - `extra_params` (or ART's `extra_litellm_params`): request settings for the judge, e.g.
+      `{"temperature": 0, "max_tokens": 2000}`; they are part of the cache key.
+    - `max_trajectory_tokens`: each trajectory (and the shared context) is cut to about this
+      many tokens (4 characters each), keeping its start and end, the cut marked.
+    - `cache`: True for `.art/ruler_cache`, a folder, a registered `art.Model` (its run
+      folder's `ruler_cache`), or False. An identical request is answered from disk.
+    - `structured`: None asks for the JSON schema and steps down if the judge refuses it;
+      True insists on it; False never asks.
+    - `stats`: a `RulerStats` to add this call's counts to.
+    """
+    if max_retries < 0:
+        raise ArtValueError(f"max_retries must be >= 0, got {max_retries}", "max_retries")
+    lists = [_message_list(item) for item in message_lists]
+    if not lists:
+        return []
+    stats = stats if stats is not None else RulerStats()
+    target = _judge(judge, judge_model, judge_api_key)
+    store = _cache(cache)
+    params = {**(extra_litellm_params or {}), **(extra_params or {})}
+    messages = judge_messages(lists, rubric, max_trajectory_tokens)
+    where = f"{target.endpoint}|{target.model}"
+    level = 0 if structured else 2 if structured is False else _format_of.get(where, 0)
+    last_error: Exception | None = None
+    attempts, read_cache = 0, True
+    while attempts <= max_retries:
+        request = {"model": target.model, "messages": messages, **params}
+        if FORMATS[level] == "json_schema":
+            request["response_format"] = {"type": "json_schema", "json_schema": {
+                "name": "ruler_scores", "schema": answer_schema(len(lists)), "strict": True}}
+        elif FORMATS[level] == "json_object":
+            request["response_format"] = {"type": "json_object"}
+        key = JudgeCache.key(request, target.endpoint) if store else ""
+        content = store.get(key) if store and read_cache else None
+        read_cache = False  # a cached answer is used once: a retry asks the judge
+        if content is not None:
+            stats.cache_hits += 1
+        else:
+            attempts += 1
+            try:
+                content = await _ask(target, request, stats)
+            except BadRequestError as exc:
+                if structured is None and level < 2 and _about_format(exc):
+                    log.info("judge %s refused response_format %s; asking for %s", where, FORMATS[level],
+                             FORMATS[level + 1] or "plain text")
+                    level += 1
+                    _format_of[where] = level
+                    attempts -= 1  # not the judge's fault: the same try, asked differently
+                    read_cache = True
+                    continue
+                raise JudgeError(f"the judge {target.model} at {target.endpoint} refused the request: {exc}") from exc
+            except (APIConnectionError, APIStatusError) as exc:
+                stats.judge_errors += 1
+                last_error = exc
+                log.warning("judge call failed (try %d of %d): %s", attempts, max_retries + 1, exc)
+                continue
+        try:
+            scores, clamped = parse_answer(content, len(lists))
+        except JudgeAnswerError as exc:
+            stats.judge_errors += 1
+            last_error = exc
+            log.warning("unusable judge answer (try %d of %d): %s", attempts, max_retries + 1, exc)
+            continue
+        stats.clamped_scores += clamped
+        if store:
+            store.put(key, content)
+        if debug:
+            for score in scores:
+                print(f"[RULER] trajectory {score.trajectory_id}: {score.score:.3f} - {score.explanation}")
+        return scores
+    raise JudgeError(f"the judge {target.model} gave no usable answer in {max_retries + 1} tries; last: {last_error}")
+
+
+async def _ask(target: _Judge, request: dict[str, Any], stats: RulerStats) -> str:
+    started = time.monotonic()
+    stats.judge_calls += 1
+    try:
+        response = await target.client.chat.completions.create(**request)
+    finally:
+        stats.judge_latency_s += time.monotonic() - started
+    if response.usage is not None:
+        stats.judge_prompt_tokens += response.usage.prompt_tokens or 0
+        stats.judge_completion_tokens += response.usage.completion_tokens or 0
+    if not response.choices:
+        return ""
+    return response.choices[0].message.content or ""
+
+
+def _about_format(exc: BadRequestError) -> bool:
+    """Whether a 400 is about response_format (the judge does not support it)."""
+    text = f"{getattr(exc, 'param', '') or ''} {exc.message}".lower()
+    return any(word in text for word in ("response_format", "json_schema", "json_object", "schema"))
+
+
+def _cache(cache: Any) -> JudgeCache | None:
+    if cache is False or cache is None:
+        return None
+    if cache is True:
+        return JudgeCache(DEFAULT_CACHE)
+    if hasattr(cache, "project") and hasattr(cache, "base_path"):  # an art.Model: its run folder
+        return JudgeCache(Path(cache.base_path) / cache.project / "models" / cache.name / "ruler_cache")
+    return JudgeCache(cache)
+
+
+async def ruler_score_group(
+    group: TrajectoryGroup,
+    judge_model: str = "openai/o3",
+    extra_litellm_params: dict | None = None,
+    rubric: str = DEFAULT_RUBRIC,
+    *,
+    swallow_exceptions: bool = False,
+    debug: bool = False,
+    **options: Any,
+) -> TrajectoryGroup | None:
+    """Score a group with RULER; for `gather_trajectory_groups(after_each=...)`.
+
+    Returns a new group whose trajectories carry the judge's score as `reward`, the previous
+    reward in `metrics["independent_reward"]`, the score in `metrics["ruler_score"]` and the
+    explanation in their logs; the group's metrics get `ruler/...` counts (`RulerStats`). The
+    input group is left as it was. With `swallow_exceptions`, a failure returns None (the group
+    is dropped) instead of raising. `options` are `ruler`'s (judge=, cache=, max_retries=, ...).
+    """
+    for trajectory in group.trajectories:
+        if trajectory.additional_histories:
+            raise ArtValueError("RULER does not judge additional_histories yet", "additional_histories")
+    if not group.trajectories:
+        return group
+    stats = RulerStats()
+    try:
+        scores = await ruler(list(group.trajectories), judge_model, extra_litellm_params, rubric,
+                             debug=debug, stats=stats, **options)
+    except Exception as exc:
+        if not swallow_exceptions:
+            raise
+        log.warning("RULER dropped a group of %d: %s (%s)", len(group.trajectories), exc, stats.as_metrics())
+        return None
+    trajectories = []
+    for trajectory, score in zip(group.trajectories, scores):
+        judged = trajectory.model_copy()
+        judged.metrics = {**trajectory.metrics, "independent_reward": trajectory.reward, "ruler_score": score.score}
+        judged.logs = [*trajectory.logs, f"RULER explanation: {score.explanation}"]
+        judged.reward = score.score
+        trajectories.append(judged)
+    return TrajectoryGroup(trajectories, exceptions=group.exceptions, metadata=group.metadata,
+                           metrics={**group.metrics, **stats.as_metrics()}, logs=group.logs)

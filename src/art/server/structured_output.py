@@ -1,0 +1,74 @@
+"""OpenAI's `response_format` and forced tool calls, as grammars for the engine.
+
+- `{"type": "json_object"}`: any JSON object.
+- `{"type": "json_schema", "json_schema": {"name", "schema", "strict"}}`: JSON that the schema
+  accepts (every schema is enforced, `strict` or not).
+- `tool_choice="required"` (or a named function) with tools: a Hermes `<tool_call>` block, a
+  JSON object `{"name", "arguments"}` whose arguments follow that function's `parameters`,
+  which `art.server.tools` then parses into `message.tool_calls`. One call, unless the request
+  sets `parallel_tool_calls: true` (then one or more): left free, a small model keeps calling.
+
+JSON is generated compact (no optional whitespace): a free choice of whitespace lets a small
+model pad forever. Grammars are llguidance's (`art.engine.grammar` applies them).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from art.errors import ArtValueError
+from art.server.tools import CLOSE, OPEN
+
+COMPACT = {"whitespace_flexible": False}
+"""llguidance's JSON options: no optional whitespace between tokens of the JSON."""
+
+
+def grammar_for(response_format: dict[str, Any] | None, tools: list[dict[str, Any]] | None,
+                tool_choice: str | dict[str, Any] | None, parallel_tool_calls: bool | None = None) -> str | None:
+    """The grammar a request's completions must follow, or None for free text."""
+    forced = _forced_tools(tools, tool_choice)
+    kind = (response_format or {}).get("type", "text")
+    if forced and kind != "text":
+        raise ArtValueError("response_format cannot be combined with tool_choice 'required' or a named function: "
+                            "the completion is the tool call", "response_format")
+    if forced:
+        return _tool_call_grammar(forced, several=parallel_tool_calls is True)
+    if kind == "json_object":
+        return _json_grammar({"type": "object"})
+    if kind == "json_schema":
+        return _json_grammar(response_format["json_schema"].get("schema") or {"type": "object"})
+    return None
+
+
+def _json_grammar(schema: dict[str, Any]) -> str:
+    return json.dumps({"grammars": [{"json_schema": {**schema, "x-guidance": COMPACT}}]})
+
+
+def _forced_tools(tools, tool_choice) -> list[dict[str, Any]]:
+    """The functions a forced tool choice may call (empty when the model may answer in text)."""
+    if not tools:
+        return []
+    functions = [t["function"] for t in tools]
+    if tool_choice == "required":
+        return functions
+    if isinstance(tool_choice, dict):
+        return [f for f in functions if f["name"] == tool_choice["function"]["name"]]
+    return []
+
+
+def _tool_call_grammar(functions: list[dict[str, Any]], several: bool) -> str:
+    """Lark: `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`, once or `several`."""
+    calls = [{
+        "type": "object",
+        "properties": {"name": {"const": f["name"]},
+                       "arguments": f.get("parameters") or {"type": "object"}},
+        "required": ["name", "arguments"],
+        "additionalProperties": False,
+    } for f in functions]
+    schema = {"anyOf": calls} if len(calls) > 1 else calls[0]
+    start = 'start: block ("\\n" block)*' if several else "start: block"
+    lark = (f"{start}\n"
+            f"block: {json.dumps(OPEN + chr(10))} call {json.dumps(chr(10) + CLOSE)}\n"
+            f"call: %json {json.dumps({**schema, 'x-guidance': COMPACT})}\n")
+    return json.dumps({"grammars": [{"lark_grammar": lark}]})
