@@ -35,25 +35,25 @@ class JudgeAnswerError(ValueError):
 
 
 def answer_schema(n: int) -> dict:
-    """The JSON schema of an answer for `n` trajectories (ids "1".."n"), in the subset of JSON
-    Schema that OpenAI's strict mode, vLLM and llguidance all accept."""
+    """The JSON schema of an answer for `n` trajectories: exactly one entry per id, "1".."n" in
+    order (prefixItems), so a constrained judge cannot skip or repeat one. A judge that refuses
+    the schema is asked for a plain JSON object instead (`ruler`)."""
+    def entry(i: int) -> dict:
+        return {
+            "type": "object",
+            "properties": {
+                "trajectory_id": {"type": "string", "enum": [str(i)]},
+                "explanation": {"type": "string", "maxLength": MAX_EXPLANATION},
+                "score": {"type": "number", "minimum": 0, "maximum": 1},
+            },
+            "required": ["trajectory_id", "explanation", "score"],
+            "additionalProperties": False,
+        }
+
     return {
         "type": "object",
-        "properties": {"scores": {
-            "type": "array",
-            "items": {
-                "type": "object",
-                "properties": {
-                    "trajectory_id": {"type": "string", "enum": [str(i) for i in range(1, n + 1)]},
-                    "explanation": {"type": "string", "maxLength": MAX_EXPLANATION},
-                    "score": {"type": "number", "minimum": 0, "maximum": 1},
-                },
-                "required": ["trajectory_id", "explanation", "score"],
-                "additionalProperties": False,
-            },
-            "minItems": n,
-            "maxItems": n,
-        }},
+        "properties": {"scores": {"type": "array", "prefixItems": [entry(i) for i in range(1, n + 1)],
+                                  "items": False, "minItems": n, "maxItems": n}},
         "required": ["scores"],
         "additionalProperties": False,
     }
