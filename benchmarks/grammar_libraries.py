@@ -1,6 +1,9 @@
 """Grammar-constrained decoding libraries on the CPU: the per-token cost of the next-token mask.
 
+    pip install --no-deps --target /tmp/gramlibs xgrammar apache-tvm-ffi outlines-core   # llguidance is a dependency
     PYTHONPATH=/tmp/gramlibs python benchmarks/grammar_libraries.py [--batch 32] [--repeats 5] [--threads N] [--decode]
+
+(--no-deps keeps xgrammar from pulling triton and another torch; its CPU masks need neither.)
 
 For llguidance, xgrammar and outlines-core (each one that imports; one that does not is skipped
 with the reason), on the default model's tokenizer with masks as wide as its logits

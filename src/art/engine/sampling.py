@@ -31,26 +31,35 @@ def sample_next(
     With `allowed`, tokens are drawn from the distribution renormalised over the allowed ones;
     the logprobs and alternatives reported are still the raw, unmasked ones."""
     logprobs = torch.log_softmax(logits, dim=-1)  # [rows, vocab]
-    raw_logprobs = logprobs
-    if allowed is not None:
-        logits = logits.masked_fill(~allowed.to(logits.device), float("-inf"))
-        logprobs = torch.log_softmax(logits, dim=-1)
     rows = logits.shape[0]
     device = logits.device
+    if allowed is not None:
+        allowed = allowed.to(device)
     tokens = torch.zeros(rows, dtype=torch.long, device=device)  # [rows]
     greedy = [i for i, p in enumerate(params) if p.temperature == 0]
     sampled = [i for i, p in enumerate(params) if p.temperature != 0]
     if greedy:
         index = torch.tensor(greedy, device=device)
-        tokens[index] = torch.argmax(logits[index], dim=-1)
+        scores = logits[index] if allowed is None else logits[index].masked_fill(~allowed[index], float("-inf"))
+        tokens[index] = torch.argmax(scores, dim=-1)
     if sampled:
         index = torch.tensor(sampled, device=device)
         if all(params[i].temperature == 1 and params[i].top_p == 1 for i in sampled):
             probs = logprobs[index].exp()  # [sampled, vocab]
+            if allowed is not None:  # renormalised by the draw below (it scales by the total)
+                probs = probs * allowed[index]
+                starved = probs.sum(dim=-1) < 1e-30  # every allowed token underflowed: renormalise in log space
+                if starved.any():
+                    rows_starved = index[starved]
+                    probs[starved] = torch.softmax(
+                        logits[rows_starved].masked_fill(~allowed[rows_starved], float("-inf")), dim=-1)
         else:
             temps = torch.tensor([params[i].temperature for i in sampled], dtype=logits.dtype, device=device)
             top_p = torch.tensor([params[i].top_p for i in sampled], dtype=logits.dtype, device=device)
-            probs = torch.softmax(logits[index] / temps[:, None], dim=-1)
+            scaled = logits[index] / temps[:, None]
+            if allowed is not None:
+                scaled = scaled.masked_fill(~allowed[index], float("-inf"))
+            probs = torch.softmax(scaled, dim=-1)
             if any(params[i].top_p < 1 for i in sampled):
                 probs = _nucleus(probs, top_p)
         # Inverse-CDF draw with one uniform per sample from its own generator.
@@ -60,7 +69,6 @@ def sample_next(
         target = (u * cdf[:, -1]).clamp(min=torch.finfo(cdf.dtype).tiny)[:, None]
         drawn = torch.searchsorted(cdf, target).squeeze(1)
         tokens[index] = drawn.clamp(max=logits.shape[-1] - 1)
-    logprobs = raw_logprobs
     chosen = logprobs.gather(1, tokens[:, None]).squeeze(1)  # [rows]
     top: list[list[tuple[int, float]]] = [[] for _ in range(rows)]
     want = max(p.top_logprobs for p in params)

@@ -44,7 +44,8 @@ def answer_schema(n: int) -> dict:
             "properties": {
                 "trajectory_id": {"type": "string", "enum": [str(i)]},
                 "explanation": {"type": "string", "maxLength": MAX_EXPLANATION},
-                "score": {"type": "number", "minimum": 0, "maximum": 1},
+                # multipleOf bounds the digits: unbounded, a small judge can write them forever.
+                "score": {"type": "number", "minimum": 0, "maximum": 1, "multipleOf": 0.01},
             },
             "required": ["trajectory_id", "explanation", "score"],
             "additionalProperties": False,
