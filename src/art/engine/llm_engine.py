@@ -26,9 +26,9 @@ from art.engine.adapters import LIVE, AdapterSet, is_peft
 from art.engine.base import AdapterRef, Completion, SamplingParams
 from art.engine.config import EngineConfig
 from art.engine.decoder import unsupported_reason
+from art.engine.grammar import Grammars, consume
 from art.engine.hf_runner import HFRunner, kv_heads_and_dim
 from art.engine.prefix_cache import PrefixCache
-from art.engine.grammar import Grammars, consume
 from art.engine.sampling import make_generator, sample_next
 from art.engine.scheduler import Scheduler
 from art.engine.sequence import Request, Sample
