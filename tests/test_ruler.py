@@ -139,16 +139,24 @@ def test_answers_in_prose_or_fences_parse_and_scores_are_clamped():
 # -- against a scripted judge ---------------------------------------------------------------
 
 
-async def test_errors_are_retried_counted_and_clamping_reported(judge):
+async def test_errors_are_retried_counted_and_clamping_reported(judge, tmp_path):
     judge.answers = ["not json at all", answer(0.5, 0.5, 0.5, ids=["1", "1", "2"]), 503, answer(1.7, 0.2, 0.6)]
     stats = RulerStats()
-    scores = await ruler(list(group("a", "b", "c").trajectories), "judge-model", judge=judge.client, cache=False,
-                         max_retries=3, stats=stats)
+    trajectories = list(group("a", "b", "c").trajectories)
+    scores = await ruler(trajectories, "judge-model", judge=judge.client, cache=tmp_path, max_retries=3, stats=stats,
+                         extra_params={"temperature": 0})
     assert [s.score for s in scores] == [1.0, 0.2, 0.6]
     assert (stats.judge_calls, stats.judge_errors, stats.clamped_scores) == (4, 3, 1)
     assert stats.judge_prompt_tokens == 300 and stats.judge_latency_s > 0  # the 503 reported no usage
     schema = judge.requests[0]["response_format"]["json_schema"]["schema"]
     assert schema == answer_schema(3) and judge.requests[0]["model"] == "judge-model"
+    # A greedy request repeats its answer, so the retries were sampled.
+    assert [r["temperature"] for r in judge.requests] == [0, 1.0, 1.0, 1.0]
+    # The answer a retry got is cached under the first try's request: a rerun asks nothing.
+    again = RulerStats()
+    assert await ruler(trajectories, "judge-model", judge=judge.client, cache=tmp_path, stats=again,
+                       extra_params={"temperature": 0}) == scores
+    assert (again.cache_hits, again.judge_calls, len(judge.requests)) == (1, 0, 4)
 
 
 async def test_retries_are_bounded_then_raised_or_swallowed(judge):

@@ -41,6 +41,8 @@ DEFAULT_CACHE = Path(".art") / "ruler_cache"
 FORMATS = ("json_schema", "json_object", None)
 """What the judge is asked for, most structured first."""
 _format_of: dict[str, int] = {}
+RETRY_TEMPERATURE = 1.0
+"""Retries of a request sent at temperature 0 are sampled at this temperature instead."""
 """Per endpoint + model: the index in FORMATS that it accepted last."""
 
 
@@ -140,21 +142,19 @@ async def ruler(
     where = f"{target.endpoint}|{target.model}"
     level = 0 if structured else 2 if structured is False else _format_of.get(where, 0)
     last_error: Exception | None = None
-    attempts, read_cache = 0, True
-    while attempts <= max_retries:
-        request = {"model": target.model, "messages": messages, **params}
-        if FORMATS[level] == "json_schema":
-            request["response_format"] = {"type": "json_schema", "json_schema": {
-                "name": "ruler_scores", "schema": answer_schema(len(lists)), "strict": True}}
-        elif FORMATS[level] == "json_object":
-            request["response_format"] = {"type": "json_object"}
-        key = JudgeCache.key(request, target.endpoint) if store else ""
-        content = store.get(key) if store and read_cache else None
-        read_cache = False  # a cached answer is used once: a retry asks the judge
-        if content is not None:
-            stats.cache_hits += 1
-        else:
-            attempts += 1
+    key = ""
+    for attempt in range(max_retries + 1):
+        content = None
+        while content is None:  # a refused response_format is the same try, asked differently
+            request = _request(target.model, messages, params, FORMATS[level], len(lists))
+            if attempt and params.get("temperature") == 0:
+                request["temperature"] = RETRY_TEMPERATURE  # greedy would repeat the same bad answer
+            if attempt == 0 and store:  # the answer is cached under the first try's request
+                key = JudgeCache.key(request, target.endpoint)
+                cached = store.get(key)
+                if cached is not None and (found := _usable(cached, len(lists))) is not None:
+                    stats.cache_hits += 1
+                    return _report(found, stats, debug)
             try:
                 content = await _ask(target, request, stats)
             except BadRequestError as exc:
@@ -163,30 +163,52 @@ async def ruler(
                              FORMATS[level + 1] or "plain text")
                     level += 1
                     _format_of[where] = level
-                    attempts -= 1  # not the judge's fault: the same try, asked differently
-                    read_cache = True
                     continue
                 raise JudgeError(f"the judge {target.model} at {target.endpoint} refused the request: {exc}") from exc
             except (APIConnectionError, APIStatusError) as exc:
                 stats.judge_errors += 1
                 last_error = exc
-                log.warning("judge call failed (try %d of %d): %s", attempts, max_retries + 1, exc)
-                continue
+                log.warning("judge call failed (try %d of %d): %s", attempt + 1, max_retries + 1, exc)
+                break
+        if content is None:
+            continue
         try:
             scores, clamped = parse_answer(content, len(lists))
         except JudgeAnswerError as exc:
             stats.judge_errors += 1
             last_error = exc
-            log.warning("unusable judge answer (try %d of %d): %s", attempts, max_retries + 1, exc)
+            log.warning("unusable judge answer (try %d of %d): %s", attempt + 1, max_retries + 1, exc)
             continue
         stats.clamped_scores += clamped
         if store:
             store.put(key, content)
-        if debug:
-            for score in scores:
-                print(f"[RULER] trajectory {score.trajectory_id}: {score.score:.3f} - {score.explanation}")
-        return scores
+        return _report(scores, stats, debug)
     raise JudgeError(f"the judge {target.model} gave no usable answer in {max_retries + 1} tries; last: {last_error}")
+
+
+def _request(model: str, messages: list[dict], params: dict, response_format: str | None, n: int) -> dict:
+    request = {"model": model, "messages": messages, **params}
+    if response_format == "json_schema":
+        request["response_format"] = {"type": "json_schema", "json_schema": {
+            "name": "ruler_scores", "schema": answer_schema(n), "strict": True}}
+    elif response_format == "json_object":
+        request["response_format"] = {"type": "json_object"}
+    return request
+
+
+def _usable(content: str, n: int) -> list[TrajectoryScore] | None:
+    """A cached answer's scores (a cache only holds answers that parsed), or None if it no longer does."""
+    try:
+        return parse_answer(content, n)[0]
+    except JudgeAnswerError:
+        return None
+
+
+def _report(scores: list[TrajectoryScore], stats: RulerStats, debug: bool) -> list[TrajectoryScore]:
+    if debug:
+        for score in scores:
+            print(f"[RULER] trajectory {score.trajectory_id}: {score.score:.3f} - {score.explanation}")
+    return scores
 
 
 async def _ask(target: _Judge, request: dict[str, Any], stats: RulerStats) -> str:
