@@ -24,6 +24,7 @@ import json
 import random
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from _common import environment, table
@@ -35,6 +36,10 @@ from yes_no_maybe import make_prompts, score  # noqa: E402
 
 import art  # noqa: E402
 from art.rewards import RulerStats, ruler  # noqa: E402
+
+MAX_TOKENS = 1024
+"""Judge answer tokens at most: room for four explanations of 200 characters (the schema's
+bound); a free-text judge that loops stops here (and fails to parse)."""
 
 
 def ranks(values: list[float]) -> list[float]:
@@ -92,17 +97,21 @@ def summary(name: str, groups: list[list[float]], scored: list[list[float] | Non
 
 async def judge_all(lists, judge, judge_model, *, structured, api_key=None) -> tuple[list, RulerStats]:
     stats = RulerStats()
+    started = time.monotonic()
 
     async def one(messages):
         try:
             found = await ruler(messages, judge_model, rubric=RUBRIC, judge=judge, judge_api_key=api_key,
                                 cache=False, structured=structured, stats=stats, max_retries=1,
-                                extra_params={"temperature": 0.0, "max_tokens": 1024})
+                                extra_params={"temperature": 0.0, "max_tokens": MAX_TOKENS})
             return [s.score for s in found]
         except art.ArtError:
             return None
 
-    return await asyncio.gather(*(one(m) for m in lists)), stats
+    scored = await asyncio.gather(*(one(m) for m in lists))
+    print(f"judged {len(lists)} groups in {time.monotonic() - started:.0f} s: {stats.judge_calls} calls, "
+          f"{stats.judge_errors} errors", flush=True)
+    return scored, stats
 
 
 async def main(args) -> dict:

@@ -1,6 +1,5 @@
 """The public surface: __all__ complete, ART's import paths, and the seed guide's code as written."""
 
-import sys
 import types
 
 import art
@@ -17,9 +16,8 @@ def test_all_lists_every_public_name():
 
 
 async def test_seed_guide_snippets_run_as_written(tiny_model_path, tmp_path, monkeypatch):
-    """The seed's three snippets, with only the backend path and model name changed.
-    `weave` (W&B's tracing service) cannot exist here: a stand-in whose `op` is the identity."""
-    monkeypatch.setitem(sys.modules, "weave", types.SimpleNamespace(op=lambda f: f))
+    """The seed's three snippets, with only the backend path and model name changed, and the
+    real `weave` package (the `tracing` extra): `@weave.op` works without `weave.init`."""
     monkeypatch.chdir(tmp_path)
 
     class Scenario:

@@ -16,6 +16,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from .errors import ArtValueError, TooManyExceptionsError, TrajectoryError
+from .observability import tracing
 from .trajectories import _REPORTER, Trajectory, TrajectoryGroup, _cancel, _run_all, _wait_all, is_choice
 
 
@@ -187,16 +188,19 @@ async def gather_trajectory_groups(
     for item in items:
         if isinstance(item, TrajectoryGroup):
             progress.expect(item, item._expected_size())
-    token = _REPORTER.set(progress)  # tasks copy the context when created
-    try:
-        tasks = [asyncio.ensure_future(_finish_group(item, progress, after_each)) for item in items]
-    finally:
-        _REPORTER.reset(token)
-    try:
-        results = await _wait_all(tasks)
-    finally:
-        progress.close()
-    return [group for group in results if group is not None]
+    with tracing.span("art.gather", {"openinference.span.kind": "CHAIN", "art.groups": len(items)}) as current:
+        token = _REPORTER.set(progress)  # tasks copy the context (and the span) when created
+        try:
+            tasks = [asyncio.ensure_future(_finish_group(item, progress, after_each)) for item in items]
+        finally:
+            _REPORTER.reset(token)
+        try:
+            results = await _wait_all(tasks)
+        finally:
+            progress.close()
+        kept = [group for group in results if group is not None]
+        tracing.set_attributes(current, {"art.groups_kept": len(kept)})
+    return kept
 
 
 async def gather_trajectories(
@@ -210,10 +214,11 @@ async def gather_trajectories(
     _check_awaitables([i for i in items if not isinstance(i, Trajectory)], "trajectories")
     progress = _Progress(pbar_desc, max_exceptions, None, True)
     progress.expect(items, len(items))
-    try:
-        results = await _run_all(items, progress)
-    finally:
-        progress.close()
+    with tracing.span("art.gather", {"openinference.span.kind": "CHAIN", "art.rollouts": len(items)}):
+        try:
+            results = await _run_all(items, progress)
+        finally:
+            progress.close()
     return [r for r in results if isinstance(r, Trajectory)]
 
 

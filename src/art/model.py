@@ -10,12 +10,13 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from openai import AsyncOpenAI
+from openai import AsyncOpenAI, DefaultAsyncHttpxClient
 from pydantic import BaseModel, ConfigDict, PrivateAttr
 
 from art.errors import ArtValueError
 from art.metrics import summarize
-from art.observability import log_to_wandb
+from art.observability import log_to_wandb, tracing
+from art.observability.weave_sink import init_weave
 from art.storage.layout import ModelDir, validate_name
 from art.storage.run_log import write_log
 from art.trajectories import Trajectory, TrajectoryGroup
@@ -47,8 +48,10 @@ class Model(BaseModel):
         validate_name(self.project, "project")
 
     async def register(self, backend) -> None:
-        """Bind to a backend; afterwards `openai_client()` talks to it."""
+        """Bind to a backend; afterwards `openai_client()` talks to it. With `WANDB_API_KEY` set
+        and Weave installed, Weave starts tracing the project (`art.observability.weave_sink`)."""
         await backend.register(self)
+        init_weave(self.project)
         self._backend = backend
         self._client = None
 
@@ -65,7 +68,8 @@ class Model(BaseModel):
                 timeout=httpx.Timeout(timeout=1800.0, connect=10.0),
                 max_retries=0,
                 # A backend that reaches its server through a custom transport supplies the client.
-                http_client=getattr(self._backend, "_openai_http_client", lambda model: None)(self),
+                http_client=getattr(self._backend, "_openai_http_client", lambda model: None)(self)
+                or DefaultAsyncHttpxClient(event_hooks={"request": [tracing.inject_headers]}),
             )
         return self._client
 
@@ -131,7 +135,9 @@ class TrainableModel(Model):
         backend = self._require_backend()
         groups = list(trajectory_groups)
         step = await self.get_step()
-        result = await backend._train_model(self, groups, config, _config or {}, verbose)
+        with tracing.span("art.train", {"art.model": f"{self.project}/{self.name}", "art.step_from": step,
+                                        "art.groups": len(groups)}):
+            result = await backend._train_model(self, groups, config, _config or {}, verbose)
         metrics = {f"train/{k}": v for k, v in result.metrics.items()}
         await self.log(groups, split="train", metrics=metrics, step=step)
 

@@ -22,6 +22,7 @@ import torch
 from tqdm.auto import tqdm
 
 from art import base_models, weight_sync
+from art.observability import tracing
 from art.engine.adapters import AdapterSet
 from art.engine.base import AdapterRef
 from art.engine.llm_engine import LLMEngine
@@ -167,13 +168,18 @@ class ModelService:
                 raise StepConflictError.between(f"{self.project}/{self.name}", expected_step, self.step)
             if options != self._shown_options:
                 self._show_options(options)
-            result = await asyncio.to_thread(self._train_watched, groups, options, progress)
-            try:
-                result.metrics.update(await weight_sync.check(self))
-            except WeightSyncError as exc:
-                log.error("%s", exc)
-                await asyncio.to_thread(self._roll_back, result.step - 1)
-                raise
+            with tracing.span("art.train_step", {"art.model": f"{self.project}/{self.name}",
+                                                 "art.step_from": self.step}) as current:
+                result = await asyncio.to_thread(self._train_watched, groups, options, progress)  # context copied
+                try:
+                    with tracing.span("art.train.weight_sync_probe"):
+                        result.metrics.update(await weight_sync.check(self))
+                except WeightSyncError as exc:
+                    log.error("%s", exc)
+                    await asyncio.to_thread(self._roll_back, result.step - 1)
+                    raise
+                tracing.set_attributes(current, {"art.step": result.step, **{
+                    f"art.train.{k}": v for k, v in result.metrics.items() if isinstance(v, (int, float))}})
             return result
 
     def check_groups(self, groups) -> None:
@@ -225,7 +231,8 @@ class ModelService:
                 metrics = self.trainer.step(groups, options, desc=f"train step {self.step + 1}",
                                             on_optimizer_step=on_optimizer_step if progress else None,
                                             should_stop=self._cancel.is_set)
-                self.store.write(self.step + 1, self.trainer.save)
+                with tracing.span("art.train.checkpoint", {"art.step": self.step + 1}):
+                    self.store.write(self.step + 1, self.trainer.save)
             except torch.cuda.OutOfMemoryError as exc:
                 exc.__traceback__ = None  # its frames hold the step's activations
                 out_of_memory = True

@@ -32,6 +32,7 @@ from pydantic import (
 from pydantic_core import to_jsonable_python
 
 from .errors import TrajectoryError
+from .observability import tracing
 from .types import Messages, MessagesAndChoices, Tools
 
 MetricValue = Union[float, int, bool]
@@ -251,17 +252,24 @@ async def _run_one(item: Any, reporter: _Reporter | None) -> Trajectory | BaseEx
     if isinstance(item, Trajectory):
         result: Any = item
     else:
-        try:
-            result = await item
-        except Exception as e:  # a failed rollout; cancellation and interrupts propagate
-            if reporter is not None:
-                reporter.record_exception(e)
-            return e
-        if not isinstance(result, Trajectory):
-            error = TrajectoryError(f"a rollout returned {type(result).__name__}, expected a Trajectory")
-            if reporter is not None:
-                reporter.record_exception(error)
-            return error
+        # The rollout runs inside its span: its completions (our clients send the trace
+        # context) hang under it.
+        with tracing.span("art.rollout", {"openinference.span.kind": "AGENT"}) as current:
+            try:
+                result = await item
+            except Exception as e:  # a failed rollout; cancellation and interrupts propagate
+                tracing.record_failure(current, e)
+                if reporter is not None:
+                    reporter.record_exception(e)
+                return e
+            if not isinstance(result, Trajectory):
+                error = TrajectoryError(f"a rollout returned {type(result).__name__}, expected a Trajectory")
+                tracing.record_failure(current, error)
+                if reporter is not None:
+                    reporter.record_exception(error)
+                return error
+            if current is not None:
+                tracing.set_attributes(current, tracing.rollout_attributes(result))
     if reporter is not None:
         reporter.record_trajectory(result)
     return result
@@ -376,10 +384,15 @@ class TrajectoryGroup(BaseModel):
         reporter = _REPORTER.get()
         if reporter is not None:
             reporter.expect(self, len(items))
-        try:
-            results = await _run_all(items, reporter)
-        finally:
-            self._state = "done"
+        with tracing.span("art.group", {"openinference.span.kind": "CHAIN", "art.rollouts": len(items)}) as current:
+            try:
+                results = await _run_all(items, reporter)
+            finally:
+                self._state = "done"
+            rewards = [r.reward for r in results if isinstance(r, Trajectory)]
+            tracing.set_attributes(current, {
+                "art.exceptions": sum(isinstance(r, BaseException) for r in results),
+                "art.reward_mean": sum(rewards) / len(rewards) if rewards else None})
         self.trajectories = [r for r in results if isinstance(r, Trajectory)]
         self.exceptions = self.exceptions + [
             ExceptionRecord.from_exception(r) for r in results if isinstance(r, BaseException)

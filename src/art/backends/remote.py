@@ -30,6 +30,7 @@ from tqdm.auto import tqdm
 
 from art.errors import (ArtValueError, BackendError, BackendUnavailableError, ContextLengthError, ModelNotFoundError,
                         StepCancelledError, StepConflictError)
+from art.observability import tracing
 from art.storage.layout import validate_name
 from art.types import TrainConfig
 
@@ -59,7 +60,7 @@ class RemoteBackend:
         self._timeout = httpx.Timeout(timeout, connect=10.0)
         headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
         self._client = httpx.AsyncClient(base_url=self.base_url, headers=headers, transport=transport,
-                                         timeout=self._timeout)
+                                         timeout=self._timeout, event_hooks={"request": [tracing.inject_headers]})
         self._openai_clients: list[httpx.AsyncClient] = []
         self._steps: dict[tuple[str, str], int] = {}  # the step last seen per model
         self._in_doubt: dict[tuple[str, str], tuple[str, int | None]] = {}  # body digest, step sent
@@ -168,7 +169,8 @@ class RemoteBackend:
         """With a custom transport, `model.openai_client()` must use it too (for our URL only)."""
         if self._transport is None or not (model.inference_base_url or "").startswith(self.base_url):
             return None
-        client = httpx.AsyncClient(transport=self._transport, timeout=self._timeout)
+        client = httpx.AsyncClient(transport=self._transport, timeout=self._timeout,
+                                   event_hooks={"request": [tracing.inject_headers]})
         self._openai_clients.append(client)
         return client
 

@@ -62,6 +62,10 @@ class Completion:
     """Per position, the `top_logprobs` most likely (token id, logprob); empty when not asked."""
     step: int | None = None
     """Training step of the weights that sampled it, when the engine knows (None: base model)."""
+    queue_s: float | None = None
+    """Seconds the request waited before the engine admitted it."""
+    time_to_first_token_s: float | None = None
+    """Seconds from the request's arrival to its first sampled token."""
 
 
 class Engine(Protocol):

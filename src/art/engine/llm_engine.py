@@ -218,7 +218,9 @@ class LLMEngine:
         token, and let the unfinished samples join the running batch."""
         ready, finished = [], []
         self.prompt_tokens += sum(len(r.prompt) for r in requests)
+        admitted = time.monotonic()
         for request in requests:
+            request.admitted_at = admitted
             try:
                 if request.params.grammar:  # one compile; the samples' matchers are copies
                     first = self.grammars.matcher(request.params.grammar)
@@ -256,6 +258,9 @@ class LLMEngine:
         samples = [s for r in requests for s in r.samples]
         row_of = [row_of_request[j] for j, r in enumerate(requests) for _ in r.samples]
         finished = self._advance(samples, logits[torch.tensor(row_of, device=logits.device)])
+        first_token = time.monotonic()
+        for r in requests:
+            r.first_token_at = first_token
         done = set(map(id, finished))
         live = [k for k, s in enumerate(samples) if id(s) not in done]
         if live:

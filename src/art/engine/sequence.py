@@ -8,6 +8,7 @@ WAITING -> RUNNING -> FINISHED; the request is answered when all its samples are
 from __future__ import annotations
 
 import itertools
+import time
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Callable
@@ -35,6 +36,9 @@ class Request:
     served_step: int | None = None
     adapter_name: str = "__base__"
     """The peft adapter name its samples decode with (set at admission)."""
+    arrived_at: float = field(default_factory=time.monotonic)
+    admitted_at: float | None = None
+    first_token_at: float | None = None
 
     @property
     def kv_tokens(self) -> int:
@@ -42,7 +46,13 @@ class Request:
         return self.params.n * (len(self.prompt) + self.params.max_tokens)
 
     def completions(self) -> list[Completion]:
-        return [s.completion() for s in self.samples]
+        out = [s.completion() for s in self.samples]
+        for completion in out:
+            if self.admitted_at is not None:
+                completion.queue_s = self.admitted_at - self.arrived_at
+            if self.first_token_at is not None:
+                completion.time_to_first_token_s = self.first_token_at - self.arrived_at
+        return out
 
 
 @dataclass(eq=False)

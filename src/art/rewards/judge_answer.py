@@ -14,7 +14,7 @@ import re
 
 from pydantic import BaseModel, Field, ValidationError
 
-MAX_EXPLANATION = 400
+MAX_EXPLANATION = 200
 """Characters of explanation the schema allows per trajectory (keeps a small judge from rambling)."""
 
 

@@ -37,6 +37,7 @@ from art.engine.base import Completion, SamplingParams
 from art.errors import (ArtError, ArtValueError, BackendUnavailableError, ContextLengthError, ModelNotFoundError,
                         StepCancelledError, StepConflictError)
 from art.naming import echo
+from art.observability import tracing
 from art.server.registry import ModelRegistry, ServedModel
 from art.server.schemas import ChatCompletionRequest
 from art.server.structured_output import grammar_for
@@ -76,24 +77,57 @@ def create_app(registry: ModelRegistry, *, default_max_tokens: int = 1024,
         return {"object": "list", "data": data}
 
     @app.post("/v1/chat/completions")
-    async def chat_completions(body: ChatCompletionRequest):
-        try:
+    async def chat_completions(body: ChatCompletionRequest, request: Request):
+        # The caller's trace (a rollout's span) continues here: the completion hangs under it.
+        with tracing.span(f"chat {body.model}", kind="SERVER",
+                          context=tracing.extract_context(request.headers)) as current:
+            if current is not None:
+                tracing.set_attributes(current, _request_attributes(body))
             try:
-                served = registry.resolve(body.model)
-            except ModelNotFoundError:
-                if recover is None or not await recover(body.model):
-                    raise
-                served = registry.resolve(body.model)  # stored on disk, loaded again just now
-            return await _complete(served, body, default_max_tokens)
-        except (ArtError, StarletteHTTPException):
-            raise
-        except Exception as exc:  # answered here so it is logged once, without a re-raise
-            return error_response(error_object(exc, "chat completion"))
+                try:
+                    served = registry.resolve(body.model)
+                except ModelNotFoundError:
+                    if recover is None or not await recover(body.model):
+                        raise
+                    served = registry.resolve(body.model)  # stored on disk, loaded again just now
+                return await _complete(served, body, default_max_tokens, current)
+            except (ArtError, StarletteHTTPException):
+                raise
+            except Exception as exc:  # answered here so it is logged once, without a re-raise
+                tracing.record_failure(current, exc)
+                return error_response(error_object(exc, "chat completion"))
 
     return app
 
 
-async def _complete(served: ServedModel, body: ChatCompletionRequest, default_max_tokens: int):
+def _request_attributes(body: ChatCompletionRequest) -> dict[str, Any]:
+    """GenAI semantic-convention attributes of a chat request (and what Phoenix reads)."""
+    return {"gen_ai.operation.name": "chat", "gen_ai.provider.name": "art", "gen_ai.request.model": body.model,
+            "gen_ai.request.temperature": body.temperature, "gen_ai.request.top_p": body.top_p,
+            "gen_ai.request.max_tokens": body.requested_max_tokens, "gen_ai.request.choice.count": body.n,
+            "gen_ai.request.seed": body.seed, "openinference.span.kind": "LLM", "llm.model_name": body.model,
+            "langfuse.observation.type": "generation",
+            "input.value": json.dumps([m.for_template() for m in body.messages], default=str, ensure_ascii=False),
+            "input.mime_type": "application/json"}
+
+
+def _response_attributes(served: ServedModel, completions: list[Completion], prompt_tokens: int,
+                         generated: int, head: dict) -> dict[str, Any]:
+    first = completions[0] if completions else None
+    return {
+        "gen_ai.response.id": head["id"], "gen_ai.response.model": served.name,
+        "gen_ai.response.finish_reasons": [c.finish_reason for c in completions],
+        "gen_ai.usage.input_tokens": prompt_tokens, "gen_ai.usage.output_tokens": generated,
+        "llm.token_count.prompt": prompt_tokens, "llm.token_count.completion": generated,
+        "art.step": head["step"], "art.adapter": served.adapter.key if served.adapter else None,
+        "art.queue_time_s": first.queue_s if first else None,
+        "art.time_to_first_token_s": first.time_to_first_token_s if first else None,
+        "output.value": json.dumps([c.text for c in completions], ensure_ascii=False),
+        "gen_ai.completion": json.dumps([c.text for c in completions], ensure_ascii=False),
+    }
+
+
+async def _complete(served: ServedModel, body: ChatCompletionRequest, default_max_tokens: int, span=None):
     engine = served.engine
     tokenizer = engine.tokenizer
     # Templating and tokenising a long prompt takes seconds: off the event loop, so /health and
@@ -122,6 +156,8 @@ async def _complete(served: ServedModel, body: ChatCompletionRequest, default_ma
     generated = sum(len(c.token_ids) for c in completions)
     usage = {"prompt_tokens": len(prompt), "completion_tokens": generated,
              "total_tokens": len(prompt) + generated}
+    if span is not None:
+        tracing.set_attributes(span, _response_attributes(served, completions, len(prompt), generated, head))
     tokens = _TokenText(tokenizer)
     parse = tools_active(body.tools, body.tool_choice)
     if not body.stream:

@@ -54,7 +54,7 @@ import time
 from datetime import datetime
 from typing import Any, Literal, Union
 
-from fastapi import APIRouter, Depends, Query
+from fastapi import APIRouter, Depends, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response, StreamingResponse
 from openai.types.chat.chat_completion import Choice
@@ -65,6 +65,7 @@ from art.errors import (ArtError, ArtValueError, BackendError, BackendUnavailabl
                         StepConflictError, TrajectoryError)
 from art.model import Model, TrainableModel
 from art.naming import MAX_METRIC_NAME, MAX_STEP, echo
+from art.observability import tracing
 from art.server.app import error_object, error_response
 from art.server.security import check_base_model
 from art.storage.layout import validate_name
@@ -447,7 +448,8 @@ def management_router(backend, *, heartbeat_s: float = 10.0, registrations: Regi
                          "content": {"application/x-ndjson": {"schema": TrainEvent.model_json_schema()}}}},
     )
     @_answer_errors
-    async def train(body: TrainRequest, key: tuple[str, str] = Depends(model_key)) -> StreamingResponse:
+    async def train(body: TrainRequest, request: Request,
+                    key: tuple[str, str] = Depends(model_key)) -> StreamingResponse:
         from art.training.options import TrainOptions  # server side only: it brings torch
 
         model = await trainable(key)
@@ -468,9 +470,15 @@ def management_router(backend, *, heartbeat_s: float = 10.0, registrations: Regi
         def progress(event: dict[str, Any]) -> None:  # called from the training thread
             loop.call_soon_threadsafe(queue.put_nowait, event)
 
-        task = asyncio.ensure_future(backend.train(model, groups, config=body.config, _config=body.dev_config,
-                                                   progress=progress, expected_step=body.expected_step,
-                                                   **body.options))
+        caller = tracing.extract_context(request.headers)  # the client's trace continues in the step
+
+        async def train_step():
+            with tracing.span("art.train_request", {"art.model": f"{key[0]}/{key[1]}"}, kind="SERVER",
+                              context=caller):
+                return await backend.train(model, groups, config=body.config, _config=body.dev_config,
+                                           progress=progress, expected_step=body.expected_step, **body.options)
+
+        task = asyncio.ensure_future(train_step())
         running.add(task)
 
         def finished(task: asyncio.Task) -> None:

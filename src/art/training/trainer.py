@@ -23,6 +23,7 @@ import torch
 from tqdm.auto import tqdm
 
 from art.errors import ArtValueError, StepCancelledError
+from art.observability import tracing
 
 from art.training.advantages import balance_advantage, group_advantages, reward_std
 from art.training import packing
@@ -75,7 +76,8 @@ class Trainer:
         if any(getattr(module, "merged", False) for module in self.model.modules()):
             raise RuntimeError("the adapter is merged into the base weights for serving; unmerge it before training "
                                "(AdapterSet.unmerge)")
-        sequences, issues, stats = prepare_batch(groups, options)
+        with tracing.span("art.train.pack"):
+            sequences, issues, stats = prepare_batch(groups, options)
         metrics: dict[str, float] = {f"skipped/{k}": float(v) for k, v in sorted(issues.items())}
         metrics.update(stats)
         if issues:
@@ -85,8 +87,9 @@ class Trainer:
             log.warning("nothing to train in this step (%s); the step advances with unchanged weights",
                         describe(issues) or "no groups given")
             return metrics
-        parts = [part for part in split_mini_batches(sequences, options.mini_batches) if part]
-        plans = [plan_micro_batches(part, options) for part in parts]
+        with tracing.span("art.train.pack", {"art.sequences": len(sequences)}):
+            parts = [part for part in split_mini_batches(sequences, options.mini_batches) if part]
+            plans = [plan_micro_batches(part, options) for part in parts]
         for group in self.optimizer.param_groups:
             group["lr"] = options.learning_rate
         sums: Counter = Counter()
@@ -142,17 +145,20 @@ class Trainer:
                                 options.max_tokens_normalizer)
         sums: Counter = Counter()
         self.optimizer.zero_grad(set_to_none=True)
-        for i, batch in enumerate(micro):
-            if should_stop is not None and should_stop():
-                raise StepCancelledError("the training step was cancelled before it finished; it is rolled back")
-            terms = self._forward(batch, options, normalizer, None if before is None else before[i])
-            terms["loss"].backward()  # this micro-batch's share of the mini-batch loss
-            sums.update({k: float(v.detach()) for k, v in terms.items()})
-            bar.update(1)
-        sums["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.params, options.max_grad_norm))
-        if not (math.isfinite(sums["loss"]) and math.isfinite(sums["grad_norm"])):
-            raise _diverged(options, f"the loss ({sums['loss']}) or its gradient norm ({sums['grad_norm']}) is not finite")
-        self.optimizer.step()
+        with tracing.span("art.train.forward_backward", {"art.micro_batches": len(micro)}):
+            for i, batch in enumerate(micro):
+                if should_stop is not None and should_stop():
+                    raise StepCancelledError("the training step was cancelled before it finished; it is rolled back")
+                terms = self._forward(batch, options, normalizer, None if before is None else before[i])
+                terms["loss"].backward()  # this micro-batch's share of the mini-batch loss
+                sums.update({k: float(v.detach()) for k, v in terms.items()})
+                bar.update(1)
+        with tracing.span("art.train.optimizer"):
+            sums["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.params, options.max_grad_norm))
+            if not (math.isfinite(sums["loss"]) and math.isfinite(sums["grad_norm"])):
+                raise _diverged(options, f"the loss ({sums['loss']}) or its gradient norm ({sums['grad_norm']}) "
+                                "is not finite")
+            self.optimizer.step()
         if not all(bool(torch.isfinite(p).all()) for p in self.params):
             raise _diverged(options, "a trained weight became NaN or Inf after the optimizer step")
         return sums
