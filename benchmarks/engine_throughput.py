@@ -1,6 +1,6 @@
 """Sampling throughput of our serving path against Hugging Face `generate` and llama.cpp.
 
-    python benchmarks/engine_throughput.py [--max-tokens 64] [--shapes a,b] [--skip-hf] [--skip-llama-cpp]
+    python benchmarks/engine_throughput.py [--max-tokens 64] [--shapes a,b] [--skip-hf] [--skip-llama-cpp] [--tracing on]
 
 Two request shapes, the same sampling settings everywhere (temperature 1, top_p 1, no top-k,
 no min-p, end-of-sequence disabled so every completion has exactly max_tokens tokens):
@@ -159,6 +159,14 @@ async def main(args: argparse.Namespace) -> None:
             llama, llama_status = LlamaCpp(), "ok"
         except Exception as exc:  # ImportError when not installed; anything the C library raises
             llama_status = f"unavailable: {type(exc).__name__}: {exc}"
+    exporter = None
+    if args.tracing == "on":  # every span recorded by the SDK and kept in memory (no network)
+        from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+        import art.tracing
+
+        exporter = InMemorySpanExporter()
+        art.tracing.configure(exporter=exporter)
     with tempfile.TemporaryDirectory(prefix="art-bench-") as root:
         ours = Ours()
         await ours.start(root)
@@ -203,6 +211,7 @@ async def main(args: argparse.Namespace) -> None:
         "model": art.DEFAULT_MODEL, "max_tokens": args.max_tokens, **SAMPLING, "top_k": "off", "min_p": "off",
         "ignore_eos": True, "shapes": {s.name: f"{len(s.prompts)} prompts x n={s.n}" for s in shapes},
         "goal": ">= 4x hf_generate on both shapes, >= 2x llama_cpp on shape b"}
+    report["tracing"] = {"mode": args.tracing, "spans": len(exporter.get_finished_spans()) if exporter else 0}
     report.update(environment())
     print()
     print(table(["shape  system", "tokens", "seconds", "tok/s", "ours x"], rows))
@@ -215,4 +224,6 @@ if __name__ == "__main__":
     parser.add_argument("--shapes", default="a,b", help="comma-separated subset of a,b")
     parser.add_argument("--skip-hf", action="store_true", help="do not run the transformers generate baseline")
     parser.add_argument("--skip-llama-cpp", action="store_true", help="do not run the llama.cpp reference")
+    parser.add_argument("--tracing", choices=["off", "on"], default="off",
+                        help="on: OpenTelemetry spans recorded (in memory) for every request (tracing_overhead.py)")
     asyncio.run(main(parser.parse_args()))

@@ -70,6 +70,8 @@ class _Judge:
     model: str
     endpoint: str
     """Where it is served (part of the cache key and of the remembered response format)."""
+    owned: bool = False
+    """Made here (from None or a URL), so closed here after the call."""
 
 
 def _judge(judge: Any, judge_model: str, api_key: str | None) -> _Judge:
@@ -88,7 +90,7 @@ def _judge(judge: Any, judge_model: str, api_key: str | None) -> _Judge:
     else:
         raise ArtValueError(f"judge must be an AsyncOpenAI client, a base URL or an art.Model, got "
                             f"{type(judge).__name__}", "judge")
-    return _Judge(client, model, str(client.base_url))
+    return _Judge(client, model, str(client.base_url), owned=judge is None or isinstance(judge, str))
 
 
 def _message_list(item: Any) -> list[dict[str, Any]]:
@@ -136,8 +138,19 @@ async def ruler(
         return []
     stats = stats if stats is not None else RulerStats()
     target = _judge(judge, judge_model, judge_api_key)
-    store = _cache(cache)
-    params = {**(extra_litellm_params or {}), **(extra_params or {})}
+    try:
+        return await _score(lists, target, rubric=rubric, params={**(extra_litellm_params or {}), **(extra_params or {})},
+                            max_retries=max_retries, max_trajectory_tokens=max_trajectory_tokens, store=_cache(cache),
+                            structured=structured, debug=debug, stats=stats)
+    finally:
+        if target.owned:
+            await target.client.close()
+
+
+async def _score(lists: list[list[dict]], target: _Judge, *, rubric: str, params: dict, max_retries: int,
+                 max_trajectory_tokens: int, store: JudgeCache | None, structured: bool | None, debug: bool,
+                 stats: RulerStats) -> list[TrajectoryScore]:
+    """Ask the judge until an answer parses (at most 1 + max_retries tries), using the cache."""
     messages = judge_messages(lists, rubric, max_trajectory_tokens)
     where = f"{target.endpoint}|{target.model}"
     level = 0 if structured else 2 if structured is False else _format_of.get(where, 0)
