@@ -19,3 +19,8 @@ pip install -q ray==2.60.0 omegaconf==2.3.0 codetiming==1.4.0 cloudpickle==3.1.3
 if [ "${1:-}" = "--tests" ] && [ ! -x .venv-phoenix/bin/phoenix ]; then
     python3 -m venv .venv-phoenix && .venv-phoenix/bin/pip install -q arize-phoenix==20.26.1
 fi
+# With --tests: Debian's headless Chromium and its driver for the dashboard's browser test
+# (tests/test_dashboard.py, through selenium from the test extra).
+if [ "${1:-}" = "--tests" ] && ! { command -v chromium >/dev/null && command -v chromedriver >/dev/null; }; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver
+fi

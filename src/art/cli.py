@@ -1,4 +1,4 @@
-"""The `art` command (also `python -m art`). One subcommand so far: `art serve`.
+"""The `art` command (also `python -m art`): `art serve` and `art dashboard`.
 
 Importing this module is cheap; the server and its heavy dependencies load only when a
 subcommand runs.
@@ -45,7 +45,38 @@ def _parser() -> argparse.ArgumentParser:
                             "/health says degraded")
     serve.add_argument("--watchdog-train-s", type=float, default=1800.0,
                        help="report a training step running longer than this many seconds (default 1800; 0 off)")
+    dashboard = commands.add_parser(
+        "dashboard", help="a local web page to watch runs: curves, samples, trained tokens",
+        description="Serve a page over the runs stored under --path: reward and metric curves, each step's "
+                    "samples and their trained tokens, updated live. Reads the run folders only; no model is loaded.",
+    )
+    dashboard.add_argument("--path", default=".art", help="storage root of the runs (default ./.art)")
+    dashboard.add_argument("--host", default="127.0.0.1",
+                           help="address to bind (default 127.0.0.1; the page has no key, so only loopback)")
+    dashboard.add_argument("--port", type=int, default=7990, help="port (default 7990; 0 picks a free one)")
     return parser
+
+
+def _dashboard(args: argparse.Namespace) -> int:
+    if not is_loopback(args.host):
+        print(f"art dashboard: refusing to listen on {args.host}: the page has no key and shows every run's "
+              "samples. Bind to 127.0.0.1 and reach it through an SSH tunnel, or use `art serve` with an API key "
+              "(it serves the same page at /dashboard).", file=sys.stderr)
+        return 2
+    try:
+        from art.dashboard.app import serve_dashboard
+    except ImportError as exc:
+        print(f"art dashboard: missing {exc.name or exc}: install the backend extra, "
+              "pip install 'agent-rl-trainer[backend]'", file=sys.stderr)
+        return 1
+    if not os.path.isdir(args.path):
+        print(f"art dashboard: {args.path} does not exist yet; runs appear once training writes there", flush=True)
+    try:
+        serve_dashboard(host=args.host, port=args.port, path=args.path)
+    except OSError as exc:
+        print(f"art dashboard: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
+        return 1
+    return 0
 
 
 def is_loopback(host: str) -> bool:
@@ -90,6 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "serve":
         return _serve(args)
+    if args.command == "dashboard":
+        return _dashboard(args)
     return 2  # argparse rejects unknown commands before this
 
 

@@ -37,6 +37,11 @@ class LocalBackend:
         self._server = None
         self._served_at = served_at
 
+    @property
+    def root(self) -> Path:
+        """The storage root of this backend's runs."""
+        return self._root
+
     # -- the registry the HTTP app resolves names with --------------------------------------
     def served_model_names(self) -> list[str]:
         names: list[str] = []
@@ -164,11 +169,16 @@ class LocalBackend:
         if self._served_at is not None:
             return self._served_at
         if self._server is None:
+            from art.dashboard import dashboard_router
             from art.server.app import create_app
             from art.server.thread import ServerThread
 
-            self._server = ServerThread(create_app(self), host=self._host, port=self._port)
+            app = create_app(self)
+            app.include_router(dashboard_router(self._root))
+            self._server = ServerThread(app, host=self._host, port=self._port)
             self._server.start()
+            print(f"[art] dashboard: {self._server.base_url}/dashboard (while this process runs; "
+                  f"`art dashboard --path {self._root}` serves it on its own)", flush=True)
         return self._server.base_url
 
     async def close(self) -> None:

@@ -1,9 +1,10 @@
 """`art serve`: one process holding a `LocalBackend`, reachable over HTTP.
 
-The app is the OpenAI routes (`art.server.app`) plus the management routes
-(`art.server.management`), behind a bearer key and a request-size bound
-(`art.server.security`). Unlike `LocalBackend`'s own loopback server, this one is meant to be
-reached from other machines (the `art serve` command refuses a non-loopback address without a key).
+The app is the OpenAI routes (`art.server.app`), the management routes
+(`art.server.management`) and the dashboard (`art.dashboard`, under /dashboard), behind a
+bearer key and a request-size bound (`art.server.security`). Unlike `LocalBackend`'s own
+loopback server, this one is meant to be reached from other machines (the `art serve` command
+refuses a non-loopback address without a key).
 A restarted server loads stored runs again when a request names them
 (`management.Registrations`), and a watchdog thread (`art.server.watchdog`) reports a stuck
 engine loop or training step in the log and on /health.
@@ -18,6 +19,7 @@ import socket
 from fastapi import FastAPI
 
 from art.backends.local import LocalBackend
+from art.dashboard import dashboard_router
 from art.server.app import create_app
 from art.server.management import Registrations, management_router
 from art.server.security import (BearerAuth, BodyLimit, RefuseQueryCredentials, default_model_roots,
@@ -63,6 +65,7 @@ def create_serve_app(backend: LocalBackend, *, api_key: str | None = None,
     app.router.lifespan_context = lifespan
     app.include_router(management_router(backend, heartbeat_s=heartbeat_s, registrations=registrations,
                                          model_roots=model_roots))
+    app.include_router(dashboard_router(backend.root))  # /dashboard, behind the same key
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes, path_limits={"/v1/": max_chat_body_bytes})
     if api_key:
         app.add_middleware(BearerAuth, api_key=api_key)  # runs before any body is read
@@ -102,7 +105,8 @@ def serve(*, host: str, port: int, path: str, api_key: str | None, max_body_mb: 
     server = uvicorn.Server(uvicorn.Config(app, log_level="info", timeout_graceful_shutdown=10,
                                            timeout_keep_alive=KEEP_ALIVE_S))
     print(f"art serve: listening on {url} (storage {path}, auth {'on' if api_key else 'off'}); "
-          f"OpenAI routes at {url}/v1, management at {url}/art, schema at {url}/openapi.json", flush=True)
+          f"OpenAI routes at {url}/v1, management at {url}/art, schema at {url}/openapi.json, "
+          f"dashboard at {url}/dashboard", flush=True)
     try:
         server.run(sockets=[sock])
     finally:

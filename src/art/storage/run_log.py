@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 from art.errors import ArtValueError
 from art.naming import MAX_METRIC_NAME, MAX_STEP, echo
@@ -27,6 +28,12 @@ def check_log(step: int, metrics: dict) -> None:
                                 f"(the row keys are {', '.join(ROW_KEYS)})", field=f"metrics.{key}")
 
 
+def exceptions_file(model_dir: ModelDir, split: str, step: int) -> Path:
+    """`trajectories/{split}/{step:04d}.exceptions.jsonl`: one line per group whose rollouts raised."""
+    path = model_dir.trajectories(split, step)
+    return path.with_name(f"{path.stem}.exceptions.jsonl")
+
+
 def write_log(model_dir: ModelDir, *, split: str, step: int, metrics: dict, groups=()) -> None:
     check_log(step, metrics)
     rows = []
@@ -35,6 +42,10 @@ def write_log(model_dir: ModelDir, *, split: str, step: int, metrics: dict, grou
             row = trajectory.for_logging()
             row["group"] = index
             rows.append(row)
+    failed = [{"group": index, "exceptions": [e.model_dump(mode="json") for e in group.exceptions]}
+              for index, group in enumerate(groups) if getattr(group, "exceptions", None)]
     if rows:  # trajectories first: a history row never points at missing trajectories
         append_jsonl(model_dir.trajectories(split, step), rows)
+    if failed:  # beside them, so each line of the trajectories file stays one trajectory
+        append_jsonl(exceptions_file(model_dir, split, step), failed)
     append_history(model_dir.history, {"step": step, "split": split, "recorded_at": time.time(), **metrics})

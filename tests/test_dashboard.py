@@ -1,0 +1,283 @@
+"""The dashboard (`art dashboard`, /dashboard on `art serve`) over a run folder written by real
+training: its JSON API through a real loopback server, its auth on `art serve`, and the page
+itself in headless Chromium (curves, samples, trained tokens, a new step without reload)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+import art
+from art.cli import main as cli_main
+from art.dashboard.app import create_dashboard_app
+from art.dashboard.runs import TRAINING_WINDOW_S, list_runs
+from art.server.serve import create_serve_app
+from art.server.thread import ServerThread
+
+SHOTS = os.environ.get("ART_DASHBOARD_SHOTS")
+"""A folder to copy the browser test's screenshots to (they are always saved under tmp_path)."""
+
+
+async def rollout(model: art.TrainableModel, seed: int) -> art.Trajectory:
+    messages = [{"role": "user", "content": "Pick a token."}]
+    completion = await model.openai_client().chat.completions.create(
+        model=model.get_inference_name(), messages=messages, max_tokens=4, seed=seed)
+    # Alternating rewards: every group has a spread, so every trained token has an advantage.
+    return art.Trajectory(messages_and_choices=[*messages, completion.choices[0]], reward=float(seed % 2),
+                          metrics={"tokens": len(completion.choices[0].token_ids)})
+
+
+async def train_step(model: art.TrainableModel, step: int) -> None:
+    groups = await art.gather_trajectory_groups(
+        [art.TrajectoryGroup(rollout(model, seed=100 * step + 10 * g + i) for i in range(4)) for g in range(2)],
+        pbar_desc=None)
+    await model.train(groups, config=art.TrainConfig(learning_rate=1e-2))
+
+
+@pytest.fixture(scope="module")
+async def run(tiny_model_path, tmp_path_factory):
+    """Two training steps of dash/tiny, and a val step whose group had a failed rollout and equal
+    rewards; the backend stays open so a test can train a third step while the page is open."""
+    root = tmp_path_factory.mktemp("runs")
+    backend = art.LocalBackend(path=str(root))
+    model = art.TrainableModel(name="tiny", project="dash", base_model=str(tiny_model_path))
+    await model.register(backend)
+    for step in range(2):
+        await train_step(model, step)
+    tool_turn = [{"role": "user", "content": "Weather?"},
+                 {"role": "assistant", "content": None, "tool_calls": [
+                     {"id": "call_1", "type": "function", "function": {"name": "weather", "arguments": '{"city": "Oslo"}'}}]},
+                 {"role": "tool", "tool_call_id": "call_1", "content": "rain"}]
+    await model.log([art.TrajectoryGroup([art.Trajectory(messages_and_choices=tool_turn, reward=0.5) for _ in range(2)],
+                                         exceptions=[RuntimeError("the tool crashed")])], split="val")
+    yield backend, model, root
+    await backend.close()
+
+
+@pytest.fixture(scope="module")
+def dashboard(run):
+    with ServerThread(create_dashboard_app(run[2])) as server:
+        yield server.base_url
+
+
+def get(url: str, **kwargs) -> httpx.Response:
+    return httpx.get(url, timeout=30, **kwargs)
+
+
+def test_runs_history_and_steps(run, dashboard):
+    root = run[2]
+    page = get(f"{dashboard}/dashboard")
+    assert page.status_code == 200 and "/dashboard/static/uPlot.iife.min.js" in page.text
+    assert get(f"{dashboard}/dashboard/static/uPlot.iife.min.js").text.startswith("/*! https://github.com/leeoniya/uPlot")
+    history_rows = [json.loads(line) for line in (root / "dash" / "models" / "tiny" / "history.jsonl").open()]
+
+    (listed,) = get(f"{dashboard}/dashboard/api/runs").json()["runs"]
+    assert (listed["project"], listed["name"], listed["step"], listed["trainable"]) == ("dash", "tiny", 2, True)
+    assert listed["reward"] == history_rows[1]["train/reward"] and listed["reward_step"] == 1
+
+    history = get(f"{dashboard}/dashboard/api/runs/dash/tiny/history").json()
+    assert [(r["step"], r["split"]) for r in history["rows"]] == [(0, "train"), (1, "train"), (2, "val")]
+    assert all("train/reward" in r and "train/loss" in r for r in history["rows"][:2])
+    again = get(f"{dashboard}/dashboard/api/runs/dash/tiny/history", params={"since": history["next"]}).json()
+    assert again == {"rows": [], "next": history["next"], "reset": False}
+    replaced = get(f"{dashboard}/dashboard/api/runs/dash/tiny/history", params={"since": history["next"] + 10}).json()
+    assert replaced["reset"] and len(replaced["rows"]) == 3
+
+    assert get(f"{dashboard}/dashboard/api/runs/dash/tiny/steps").json() == {"train": [0, 1], "val": [2]}
+
+
+def test_a_steps_groups_trajectories_and_advantages(run, dashboard):
+    step = get(f"{dashboard}/dashboard/api/runs/dash/tiny/steps/train/1").json()
+    assert [len(g["trajectories"]) for g in step["groups"]] == [4, 4] and step["scale_rewards"] is True
+    for group in step["groups"]:
+        rewards = [t["reward"] for t in group["trajectories"]]
+        mean = sum(rewards) / 4
+        std = (sum((r - mean) ** 2 for r in rewards) / 4) ** 0.5
+        assert rewards == [0.0, 1.0, 0.0, 1.0] and not group["zero_variance"] and group["exceptions"] == []
+        assert [t["advantage"] for t in group["trajectories"]] == pytest.approx([(r - mean) / (std + 1e-6) for r in rewards])
+    first = step["groups"][0]["trajectories"][0]
+    assert [m["role"] for m in first["messages"]] == ["user", "assistant"]
+    assert first["messages"][1]["choice"] and first["messages"][1]["trained"] and first["metrics"]["tokens"] >= 1
+
+    val = get(f"{dashboard}/dashboard/api/runs/dash/tiny/steps/val/2").json()
+    (group,) = val["groups"]
+    assert group["zero_variance"] and [t["advantage"] for t in group["trajectories"]] == [0.0, 0.0]
+    (exception,) = group["exceptions"]
+    assert exception["type"] == "RuntimeError" and exception["message"] == "the tool crashed"
+    messages = group["trajectories"][0]["messages"]
+    assert messages[1]["tool_calls"] == [{"id": "call_1", "name": "weather", "arguments": '{"city": "Oslo"}'}]
+    assert messages[2]["role"] == "tool" and messages[2]["tool_call_id"] == "call_1" and messages[2]["content"] == "rain"
+
+
+def test_token_rows_carry_trained_flags_advantages_and_sampler_logprobs(run, dashboard):
+    root = run[2]
+    lines = (root / "dash" / "models" / "tiny" / "trajectories" / "train" / "0001.jsonl").read_text().splitlines()
+    logged = json.loads(lines[1])
+    choice = logged["messages_and_choices"][-1]
+    step = get(f"{dashboard}/dashboard/api/runs/dash/tiny/steps/train/1").json()
+    advantage = step["groups"][0]["trajectories"][1]["advantage"]
+    assert advantage > 0
+
+    tokens = get(f"{dashboard}/dashboard/api/runs/dash/tiny/steps/train/1/trajectories/1/tokens").json()
+    trained = [t for t in tokens["tokens"] if t["trained"]]
+    assert [t["id"] for t in trained] == choice["token_ids"] and tokens["trained_tokens"] == len(trained)
+    assert [t["sampler_logprob"] for t in trained] == pytest.approx([c["logprob"] for c in choice["logprobs"]["content"]])
+    assert all(t["advantage"] == pytest.approx(advantage) for t in trained)
+    context = [t for t in tokens["tokens"] if not t["trained"]]
+    assert context and all(t["advantage"] == 0.0 for t in context)
+    assert all(t["trainer_logprob"] is None for t in tokens["tokens"]) and "not computed" in tokens["trainer_logprob_note"]
+    assert tokens["has_text"] and "".join(t["text"] for t in context).count("Pick a token.") == 1
+
+
+@pytest.mark.parametrize("path, field", [
+    ("/runs/a%5Cb/tiny/history", "project"),
+    ("/runs/%2E%2E/tiny/history", "project"),
+    ("/runs/dash/ti%20ny/history", "name"),
+    ("/runs/dash/tiny/history?since=-1", "since"),
+    ("/runs/dash/tiny/history?since=ten", "since"),
+    ("/runs/dash/tiny/steps/%2E%2E/1", "split"),
+    ("/runs/dash/tiny/steps/.hidden/1", "split"),
+    ("/runs/dash/tiny/steps/train/one", "step"),
+    ("/runs/dash/tiny/steps/train/-1", "step"),
+    ("/runs/dash/tiny/steps/train/1/trajectories/x/tokens", "index"),
+])
+def test_bad_input_is_a_400_naming_the_field(dashboard, path, field):
+    response = get(f"{dashboard}/dashboard/api{path}")
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == field
+
+
+@pytest.mark.parametrize("path", ["/api/runs/dash/nope/history", "/api/runs/dash/tiny/steps/train/7",
+                                  "/api/runs/dash/tiny/steps/train/1/trajectories/8/tokens", "/static/..%2Froutes.py",
+                                  "/api/runs/..%2F..%2Fetc/tiny/history", "/api/runs/dash/tiny/steps/..%2F..%2F/1",
+                                  "/static/routes.py"])
+def test_what_does_not_exist_is_a_404(dashboard, path):
+    response = get(f"{dashboard}/dashboard{path}")
+    assert response.status_code == 404, response.text
+
+
+def test_art_serve_puts_the_dashboard_behind_its_key(run):
+    backend = art.LocalBackend(path=str(run[2]), served_at="http://127.0.0.1:9")
+    with ServerThread(create_serve_app(backend, api_key="dash-key", watchdog_s=None)) as server:
+        for path in ("/dashboard", "/dashboard/api/runs", "/dashboard/static/dashboard.js"):
+            assert get(server.base_url + path).status_code == 401
+            assert get(server.base_url + path, headers={"Authorization": "Bearer wrong"}).status_code == 401
+        answer = get(server.base_url + "/dashboard/api/runs", headers={"Authorization": "Bearer dash-key"})
+        assert [(r["project"], r["name"]) for r in answer.json()["runs"]] == [("dash", "tiny")]
+        assert "/dashboard" not in get(server.base_url + "/openapi.json",
+                                       headers={"Authorization": "Bearer dash-key"}).json()["paths"]
+
+
+def test_local_backends_own_server_serves_the_dashboard(run):
+    backend = run[0]
+    runs = get(f"{backend._server.base_url}/dashboard/api/runs").json()["runs"]
+    assert [(r["project"], r["name"], r["step"]) for r in runs] == [("dash", "tiny", 2)]
+
+
+def test_status_is_training_while_a_checkpoint_is_written_or_history_grows(tmp_path):
+    run_dir = tmp_path / "p" / "models" / "m"
+    (run_dir / "checkpoints" / "0000").mkdir(parents=True)
+    (run_dir / "model.json").write_text(json.dumps({"base_model": "x"}))
+    (run_dir / "history.jsonl").write_text(json.dumps({"step": 0, "split": "train", "train/reward": 0.25}) + "\n")
+    (tmp_path / "p" / "models" / "baseline").mkdir()  # a folder with neither file: not a run
+    now = time.time()
+    old = now - TRAINING_WINDOW_S - 5
+    os.utime(run_dir / "history.jsonl", (old, old))
+    (run,) = list_runs(tmp_path, now=now)
+    assert (run["status"], run["step"], run["reward"]) == ("idle", 0, 0.25)
+    assert list_runs(tmp_path, now=old + 1)[0]["status"] == "training"  # history appended a second ago
+    (run_dir / "checkpoints" / ".tmp-0001-abc").mkdir()
+    assert list_runs(tmp_path, now=now)[0]["status"] == "training"
+
+
+def test_the_dashboard_command_refuses_other_interfaces(capsys):
+    assert cli_main(["dashboard", "--host", "0.0.0.0", "--path", "nowhere"]) == 2
+    assert "SSH tunnel" in capsys.readouterr().err
+
+
+# -- the page in a browser ------------------------------------------------------------------
+
+
+def chromium():
+    """A headless Chromium driver, or a skip saying what is missing."""
+    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (the test extra)")
+    from selenium.webdriver.chrome.service import Service
+
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    driver = shutil.which("chromedriver")
+    if browser is None or driver is None:
+        pytest.skip("chromium / chromium-driver are not installed (scripts/setup.sh --tests installs them)")
+    options = webdriver.ChromeOptions()
+    options.binary_location = browser
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1400,1700"):
+        options.add_argument(flag)
+    return webdriver.Chrome(service=Service(executable_path=driver), options=options)
+
+
+async def test_the_page_shows_curves_samples_tokens_and_a_new_step_live(run, dashboard, tmp_path):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    model = run[1]
+    browser = chromium()
+    shots: list[Path] = []
+
+    def shoot(name: str) -> None:
+        shots.append(tmp_path / f"{name}.png")
+        browser.save_screenshot(str(shots[-1]))
+
+    def wait_for(condition, what: str):
+        return WebDriverWait(browser, 60, poll_frequency=0.2).until(lambda _: condition(), message=what)
+
+    def points(chart: str) -> int:
+        return int(browser.find_element(By.ID, chart).get_attribute("data-points"))
+
+    try:
+        browser.get(f"{dashboard}/dashboard")
+        row = wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, 'tr[data-run="dash/tiny"]'), "the run is listed")
+        assert "idle" in row[0].text or "training" in row[0].text
+        wait_for(lambda: points("chart-reward") == 2, "the reward curve has one point per step")
+        assert points("chart-loss") == 2
+        assert browser.find_elements(By.CSS_SELECTOR, "#chart-reward canvas")
+        shoot("curves")
+
+        wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, '#steps button[data-step="1"]'), "step 1 is listed")
+        browser.find_element(By.CSS_SELECTOR, '#steps button[data-step="1"]').click()
+        wait_for(lambda: len(browser.find_elements(By.CSS_SELECTOR, "#groups .trajectory")) == 8, "8 trajectories")
+        assert len(browser.find_elements(By.CSS_SELECTOR, "#groups .group")) == 2
+        browser.find_element(By.CSS_SELECTOR, '.filters button[data-filter="best"]').click()
+        best = browser.find_elements(By.CSS_SELECTOR, "#groups .trajectory")
+        assert [b.get_attribute("data-reward") for b in best] == ["1", "1"]
+        browser.find_element(By.CSS_SELECTOR, '.filters button[data-filter="all"]').click()
+        shoot("samples")
+
+        browser.find_element(By.CSS_SELECTOR, '.trajectory[data-index="1"] .show-tokens').click()
+        trained = wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, '#token-text .tok[data-trained="1"]'),
+                           "trained tokens are shown")
+        assert all(t.get_attribute("class") == "tok pos" for t in trained)
+        colour = trained[0].value_of_css_property("background-color")
+        assert colour.startswith("rgba(22, 163, 74"), colour  # green: positive advantage
+        context = browser.find_elements(By.CSS_SELECTOR, '#token-text .tok[data-trained="0"]')
+        assert context and context[0].value_of_css_property("background-color") == "rgba(0, 0, 0, 0)"
+        assert "trainer logprob n/a" in trained[0].get_attribute("title")
+        browser.execute_script("document.getElementById('tokens').scrollIntoView()")
+        shoot("tokens")
+
+        browser.execute_script("window.scrollTo(0, 0); window.__noReload = true")
+        await train_step(model, 2)  # while the page is open
+        wait_for(lambda: points("chart-reward") == 3, "the new step is drawn")
+        wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, '#steps button[data-step="2"]'), "step 2 is listed")
+        assert browser.execute_script("return window.__noReload") is True  # the same page, not reloaded
+        shoot("live")
+    finally:
+        browser.quit()
+        if SHOTS:
+            Path(SHOTS).mkdir(parents=True, exist_ok=True)
+            for shot in shots:
+                shutil.copy(shot, Path(SHOTS) / shot.name)
