@@ -20,17 +20,20 @@ import argparse
 import asyncio
 import os
 import random
+from pathlib import Path
 
 import art
-from yes_no_maybe import make_prompts, rollout  # the task: prompts, rollout and reward
+from yes_no_maybe import make_prompts, plot_rewards, rollout  # the task: prompts, rollout and reward
 
 
 async def main(backend, *, steps: int, seed: int, group_size: int, prompts_per_step: int,
-               learning_rate: float, base_model: str = art.DEFAULT_MODEL) -> list[float]:
+               learning_rate: float, base_model: str = art.DEFAULT_MODEL, curve: Path | None = None) -> list[float]:
     model = art.TrainableModel(name=f"maybe-seed{seed}", project="yes-no-maybe", base_model=base_model)
     await model.register(backend)  # loads the model on the server (once), at its latest step
     prompts = make_prompts()
-    rewards = []
+    rewards, points = [], []
+    curve = curve or Path(f"{model.name}-reward.png")  # here: the run's own files stay on the server
+    print(f"reward curve of this session's steps (redrawn every step): {curve.resolve()}")
     for step in range(await model.get_step(), steps):
         rng = random.Random(seed * 10_000 + step)
         groups = await art.gather_trajectory_groups(
@@ -44,6 +47,8 @@ async def main(backend, *, steps: int, seed: int, group_size: int, prompts_per_s
         await model.train(groups, config=art.TrainConfig(learning_rate=learning_rate))  # streams progress
         rewards.append(reward)
         print(f"step {step}: mean reward {reward:.3f}", flush=True)
+        points.append((step, reward))
+        plot_rewards(points, curve)
     return rewards
 
 

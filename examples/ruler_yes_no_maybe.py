@@ -64,6 +64,9 @@ async def main(args: argparse.Namespace) -> None:
                                        extra_params={"temperature": 0.0, "max_tokens": 1024})
 
     prompts = make_prompts()
+    run_dir = Path(args.path) / model.project / "models" / model.name
+    curve = run_dir / "task_reward.png"
+    print(f"task reward curve (redrawn every step): {curve}")
     for step in range(await model.get_step(), args.steps):
         rng = random.Random(args.seed * 10_000 + step)
         groups = await art.gather_trajectory_groups(
@@ -78,10 +81,9 @@ async def main(args: argparse.Namespace) -> None:
         judge_mean = sum(t.reward for t in trajectories) / len(trajectories)
         await model.train(groups, config=art.TrainConfig(learning_rate=args.learning_rate))
         print(f"step {step}: task reward {true:.3f}, judge score {judge_mean:.3f}", flush=True)
-    run_dir = Path(args.path) / model.project / "models" / model.name
-    history = [json.loads(line) for line in (run_dir / "history.jsonl").read_text().splitlines()]
-    plot_rewards([{"step": r["step"], "train/reward": r["train/independent_reward"]} for r in history
-                  if "train/independent_reward" in r], run_dir / "task_reward.png")
+        rows = [json.loads(line) for line in (run_dir / "history.jsonl").read_text().splitlines()]
+        plot_rewards(sorted((r["step"], r["train/independent_reward"]) for r in rows if "train/independent_reward" in r),
+                     curve, title="yes/no/maybe on RULER rewards: the task's own score per step")
     await backend.close()
 
 

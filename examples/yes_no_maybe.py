@@ -56,6 +56,9 @@ async def main(steps: int, seed: int, group_size: int, prompts_per_step: int, le
     await model.register(backend)
     prompts = make_prompts()
     rewards = []
+    run_dir = Path(path) / model.project / "models" / model.name
+    curve = run_dir / "reward.png"
+    print(f"reward curve (redrawn every step): {curve}")
     for step in range(await model.get_step(), steps):
         rng = random.Random(seed * 10_000 + step)
         batch = rng.sample(prompts, prompts_per_step)
@@ -70,29 +73,35 @@ async def main(steps: int, seed: int, group_size: int, prompts_per_step: int, le
         await model.train(groups, config=art.TrainConfig(learning_rate=learning_rate))
         rewards.append(reward)
         print(f"step {step}: mean reward {reward:.3f}", flush=True)
-    run_dir = Path(path) / model.project / "models" / model.name
-    history = [json.loads(line) for line in (run_dir / "history.jsonl").read_text().splitlines()]
-    plot_rewards(history, run_dir / "reward.png")
+        plot_rewards(_train_rewards(run_dir), curve)  # as it goes: a killed run keeps its curve
     await backend.close()
     return rewards
 
 
-def plot_rewards(history: list[dict], out: Path) -> None:
+def _train_rewards(run_dir: Path) -> list[tuple[int, float]]:
+    """(step, train/reward) of every logged step, resumed runs included."""
+    rows = [json.loads(line) for line in (run_dir / "history.jsonl").read_text().splitlines()]
+    return sorted((row["step"], row["train/reward"]) for row in rows if "train/reward" in row)
+
+
+def plot_rewards(points: list[tuple[int, float]], out: Path, title: str = "yes/no/maybe: mean reward per step") -> None:
+    """Write the reward curve to `out` (called after every step; the file is replaced atomically)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    points = sorted((row["step"], row["train/reward"]) for row in history if "train/reward" in row)
     fig, ax = plt.subplots(figsize=(6, 3.5))
     ax.plot([s for s, _ in points], [r for _, r in points], marker="o")
     ax.set_xlabel("step")
     ax.set_ylabel("mean reward")
-    ax.set_title("yes/no/maybe: mean reward per step")
+    ax.set_title(title)
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(out, dpi=120)
-    print(f"reward curve: {out}")
+    tmp = out.with_name(f".{out.name}.tmp.png")
+    fig.savefig(tmp, dpi=120)
+    plt.close(fig)
+    tmp.replace(out)
 
 
 if __name__ == "__main__":

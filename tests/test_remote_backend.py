@@ -317,7 +317,9 @@ async def test_remote_example_at_tiny_scale(tiny_model_path, tmp_path, monkeypat
     local, app = serve_app(tmp_path / "server")
     async with art.RemoteBackend("http://testserver", transport=httpx.ASGITransport(app)) as backend:
         rewards = await remote_training.main(backend, steps=2, seed=0, group_size=2, prompts_per_step=2,
-                                             learning_rate=1e-3, base_model=str(tiny_model_path))
+                                             learning_rate=1e-3, base_model=str(tiny_model_path),
+                                             curve=tmp_path / "curve.png")
     await local.close()
     assert len(rewards) == 2
+    assert (tmp_path / "curve.png").stat().st_size > 1000  # drawn as it went, on the client
     assert (tmp_path / "server" / "yes-no-maybe" / "models" / "maybe-seed0" / "checkpoints" / "0002").is_dir()
