@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import sys
 import time
 from pathlib import Path
 from typing import Callable
@@ -178,7 +179,7 @@ class LocalBackend:
             self._server = ServerThread(app, host=self._host, port=self._port)
             self._server.start()
             print(f"[art] dashboard: {self._server.base_url}/dashboard (while this process runs; "
-                  f"`art dashboard --path {self._root}` serves it on its own)", flush=True)
+                  f"`art dashboard --path {self._root}` serves it on its own)", file=sys.stderr, flush=True)
         return self._server.base_url
 
     async def close(self) -> None:
