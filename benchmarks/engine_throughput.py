@@ -163,10 +163,10 @@ async def main(args: argparse.Namespace) -> None:
     if args.tracing == "on":  # every span recorded by the SDK and kept in memory (no network)
         from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-        import art.tracing
+        from art.observability import tracing
 
         exporter = InMemorySpanExporter()
-        art.tracing.configure(exporter=exporter)
+        tracing.configure(exporter=exporter)
     with tempfile.TemporaryDirectory(prefix="art-bench-") as root:
         ours = Ours()
         await ours.start(root)
