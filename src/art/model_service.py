@@ -178,8 +178,9 @@ class ModelService:
                     log.error("%s", exc)
                     await asyncio.to_thread(self._roll_back, result.step - 1)
                     raise
-                tracing.set_attributes(current, {"art.step": result.step, **{
-                    f"art.train.{k}": v for k, v in result.metrics.items() if isinstance(v, (int, float))}})
+                if current is not None:
+                    tracing.set_attributes(current, {"art.step": result.step, **{
+                        f"art.train.{k}": v for k, v in result.metrics.items() if isinstance(v, (int, float))}})
             return result
 
     def check_groups(self, groups) -> None:

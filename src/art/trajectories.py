@@ -389,10 +389,11 @@ class TrajectoryGroup(BaseModel):
                 results = await _run_all(items, reporter)
             finally:
                 self._state = "done"
-            rewards = [r.reward for r in results if isinstance(r, Trajectory)]
-            tracing.set_attributes(current, {
-                "art.exceptions": sum(isinstance(r, BaseException) for r in results),
-                "art.reward_mean": sum(rewards) / len(rewards) if rewards else None})
+            if current is not None:
+                rewards = [r.reward for r in results if isinstance(r, Trajectory)]
+                tracing.set_attributes(current, {
+                    "art.exceptions": sum(isinstance(r, BaseException) for r in results),
+                    "art.reward_mean": sum(rewards) / len(rewards) if rewards else None})
         self.trajectories = [r for r in results if isinstance(r, Trajectory)]
         self.exceptions = self.exceptions + [
             ExceptionRecord.from_exception(r) for r in results if isinstance(r, BaseException)

@@ -7,7 +7,6 @@ anyone who reaches the port reads every run's samples.
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 from fastapi import FastAPI
@@ -34,12 +33,10 @@ def serve_dashboard(*, host: str, port: int, path: str) -> None:
     """Bind, print the address, serve until interrupted."""
     import uvicorn
 
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    port = sock.getsockname()[1]
-    url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+    from art.server.serve import bind, url_for
+
+    sock, port = bind(host, port)
+    url = url_for(host, port)
     print(f"art dashboard: {url}/dashboard (runs under {Path(path).resolve()})", flush=True)
     server = uvicorn.Server(uvicorn.Config(create_dashboard_app(path), log_level="warning"))
     try:

@@ -29,6 +29,7 @@ from art.dashboard import page
 from art.dashboard.runs import list_runs, logged_steps, read_history, run_dir
 from art.dashboard.samples import parse_index, read_step, trajectory_tokens
 from art.errors import ArtValueError, ModelNotFoundError
+from art.server.app import error_object, error_response
 from art.storage.layout import validate_name
 
 STATIC = Path(__file__).parent / "static"
@@ -85,15 +86,13 @@ def dashboard_router(root: str | Path) -> APIRouter:
 
 
 def _answer(read):
-    """`read()`'s result, or the 400/404 its error stands for."""
+    """`read()`'s result, or the 400/404 its error stands for (the server's one mapping)."""
     try:
         return read()
-    except ModelNotFoundError as exc:
-        return _error(404, str(exc), None, "not_found")
-    except ArtValueError as exc:
-        return _error(400, str(exc), exc.field if isinstance(exc.field, str) else None)
+    except (ModelNotFoundError, ArtValueError) as exc:
+        return error_response(error_object(exc, "dashboard"))
 
 
-def _error(status: int, message: str, param: str | None, code: str | None = None) -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "type": "invalid_request_error", "param": param,
-                                   "code": code}}, status_code=status)
+def _error(status: int, message: str, param: str | None) -> JSONResponse:
+    return error_response({"status": status, "message": message, "type": "invalid_request_error",
+                           "param": param, "code": None})

@@ -69,25 +69,29 @@ class Grammars:
         llguidance, tokenizer, _ = self._llguidance()
         return llguidance.LLMatcher(tokenizer, grammar, log_level=0)
 
-    def allowed(self, matchers: list[Any]) -> torch.Tensor:
-        """[len(matchers), vocab_size] bool: the tokens each matcher accepts next. A matcher in an
-        error state, or one with nothing left, allows only end-of-sequence."""
+    def allowed(self, matchers: list[Any], device: torch.device | str = "cpu") -> torch.Tensor:
+        """[len(matchers), vocab_size] bool on `device`: the tokens each matcher accepts next. A
+        matcher in an error state, or one with nothing left, allows only end-of-sequence. The
+        bitmask is filled on the CPU (llguidance writes host memory) and unpacked on `device`,
+        so only 1/32 of the mask crosses to a GPU."""
         llguidance, _, executor = self._llguidance()
         import llguidance.torch as ll_torch
 
         words = (self.vocab_size + 31) // 32
-        bitmask = torch.zeros(len(matchers), words, dtype=torch.int32)
+        bitmask = torch.zeros(len(matchers), words, dtype=torch.int32, device="cpu")
         ll_torch.fill_next_token_bitmask_par(executor, [(m, i) for i, m in enumerate(matchers)], bitmask)
-        allowed = unpack_bitmask(bitmask, self.vocab_size)
+        allowed = unpack_bitmask(bitmask.to(device), self.vocab_size)
         empty = ~allowed.any(dim=1)
         if empty.any():
-            allowed[empty.nonzero().flatten()[:, None], torch.tensor(self.eos_ids or [0])] = True
+            eos = torch.tensor(self.eos_ids or [0], device=allowed.device)
+            allowed[empty.nonzero().flatten()[:, None], eos] = True
         return allowed
 
 
 def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """int32 [rows, words] with bit j of word w = token 32w+j -> bool [rows, vocab_size]."""
-    shifts = torch.arange(32, dtype=torch.int32)
+    """int32 [rows, words] with bit j of word w = token 32w+j -> bool [rows, vocab_size], on the
+    bitmask's device."""
+    shifts = torch.arange(32, dtype=torch.int32, device=bitmask.device)
     bits = (bitmask[:, :, None] >> shifts) & 1  # [rows, words, 32]
     return bits.reshape(bitmask.shape[0], -1)[:, :vocab_size].bool()
 

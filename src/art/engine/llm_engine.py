@@ -302,7 +302,7 @@ class LLMEngine:
     def _advance(self, samples: list[Sample], logits: torch.Tensor) -> list[Sample]:
         """Append one sampled token to each sample; return those that just finished."""
         tokens, logprobs, top = sample_next(logits, [s.params for s in samples], [s.generator for s in samples],
-                                            self._allowed(samples))
+                                            self._allowed(samples, logits.device))
         finished = []
         for sample, token, logprob, alternatives in zip(samples, tokens.tolist(), logprobs.tolist(), top):
             if sample.matcher is not None:
@@ -315,13 +315,15 @@ class LLMEngine:
                 finished.append(sample)
         return finished
 
-    def _allowed(self, samples: list[Sample]) -> torch.Tensor | None:
-        """The grammar mask of the batch (unconstrained rows allow everything), or None."""
+    def _allowed(self, samples: list[Sample], device: torch.device) -> torch.Tensor | None:
+        """The grammar mask of the batch on the logits' device (unconstrained rows allow
+        everything), or None when no row is constrained."""
         constrained = [i for i, s in enumerate(samples) if s.matcher is not None]
         if not constrained:
             return None
-        allowed = torch.ones(len(samples), self.grammars.vocab_size, dtype=torch.bool)
-        allowed[constrained] = self.grammars.allowed([samples[i].matcher for i in constrained])
+        allowed = torch.ones(len(samples), self.grammars.vocab_size, dtype=torch.bool, device=device)
+        allowed[torch.tensor(constrained, device=device)] = self.grammars.allowed(
+            [samples[i].matcher for i in constrained], device)
         return allowed
 
     def _finish_reason(self, sample: Sample) -> str | None:

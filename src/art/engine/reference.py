@@ -39,7 +39,7 @@ class ReferenceSampler:
         while True:
             with self.adapters.activate([name]) as extra:
                 logits = self.model(input_ids=torch.tensor([prompt + ids], device=self.device), **extra).logits[:, -1].float()
-            allowed = self.grammars.allowed([matcher]) if matcher is not None else None
+            allowed = self.grammars.allowed([matcher], logits.device) if matcher is not None else None
             token, logprob, alternatives = sample_next(logits, [params], [generator], allowed)
             if matcher is not None:
                 consume(matcher, int(token[0]))

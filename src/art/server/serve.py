@@ -77,6 +77,14 @@ def url_for(host: str, port: int) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
+def bind(host: str, port: int) -> tuple[socket.socket, int]:
+    """A listening socket bound before anything starts, so port 0 gives the real port."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    return sock, sock.getsockname()[1]
+
+
 def serve(*, host: str, port: int, path: str, api_key: str | None, max_body_mb: float = DEFAULT_MAX_BODY_MB,
           max_chat_body_mb: float = DEFAULT_MAX_CHAT_BODY_MB, watchdog_s: float | None = ENGINE_STALL_S,
           watchdog_train_s: float | None = TRAINING_STEP_S, models_dirs: list[str] = (),
@@ -89,11 +97,7 @@ def serve(*, host: str, port: int, path: str, api_key: str | None, max_body_mb: 
     logging.basicConfig(format="%(levelname)s:     %(name)s: %(message)s")
     logging.getLogger("art").setLevel(logging.INFO)
     redact_access_log()
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))  # bound here so port 0 gives the real port before anything starts
-    port = sock.getsockname()[1]
+    sock, port = bind(host, port)
     url = url_for(host, port)
     # A wildcard bind is served on every address; the backend's own URL uses loopback.
     local = url_for("127.0.0.1" if host in ("0.0.0.0", "") else "::1" if host == "::" else host, port)

@@ -76,8 +76,11 @@ class Trainer:
         if any(getattr(module, "merged", False) for module in self.model.modules()):
             raise RuntimeError("the adapter is merged into the base weights for serving; unmerge it before training "
                                "(AdapterSet.unmerge)")
-        with tracing.span("art.train.pack"):
+        with tracing.span("art.train.pack") as pack:  # sequences, mini-batches and micro-batch plans
             sequences, issues, stats = prepare_batch(groups, options)
+            parts = [part for part in split_mini_batches(sequences, options.mini_batches) if part]
+            plans = [plan_micro_batches(part, options) for part in parts]
+            tracing.set_attributes(pack, {"art.sequences": len(sequences)})
         metrics: dict[str, float] = {f"skipped/{k}": float(v) for k, v in sorted(issues.items())}
         metrics.update(stats)
         if issues:
@@ -87,9 +90,6 @@ class Trainer:
             log.warning("nothing to train in this step (%s); the step advances with unchanged weights",
                         describe(issues) or "no groups given")
             return metrics
-        with tracing.span("art.train.pack", {"art.sequences": len(sequences)}):
-            parts = [part for part in split_mini_batches(sequences, options.mini_batches) if part]
-            plans = [plan_micro_batches(part, options) for part in parts]
         for group in self.optimizer.param_groups:
             group["lr"] = options.learning_rate
         sums: Counter = Counter()
