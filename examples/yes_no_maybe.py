@@ -112,5 +112,18 @@ if __name__ == "__main__":
     parser.add_argument("--prompts-per-step", type=int, default=4)
     parser.add_argument("--learning-rate", type=float, default=1e-3)
     parser.add_argument("--path", default=".art")
+    parser.add_argument("--otlp", metavar="URL", help="trace to an OTLP/HTTP endpoint, e.g. Phoenix's "
+                        "http://127.0.0.1:6006/v1/traces (needs the tracing extra)")
+    parser.add_argument("--langfuse", action="store_true",
+                        help="trace to Langfuse, rewards as scores (LANGFUSE_PUBLIC_KEY/SECRET_KEY/HOST)")
     args = parser.parse_args()
+    if args.otlp or args.langfuse:
+        import art.tracing
+
+        if args.otlp:
+            art.tracing.configure(args.otlp)
+        else:
+            art.tracing.configure_langfuse()
     asyncio.run(main(args.steps, args.seed, args.group_size, args.prompts_per_step, args.learning_rate, args.path))
+    if args.otlp or args.langfuse:
+        art.tracing.flush()

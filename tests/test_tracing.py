@@ -7,6 +7,7 @@ provider is set once per process, and the rest of the suite runs with tracing of
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import socket
@@ -164,40 +165,94 @@ def test_traces_reach_phoenix(tiny_model_path, tmp_path, phoenix):
     check_trace_shape(shaped)
 
 
-# -- Langfuse's OTLP endpoint -------------------------------------------------------------------
+# -- Langfuse ---------------------------------------------------------------------------------
 
 
-def test_langfuse_gets_the_key_pair_and_the_attributes_it_reads(tiny_model_path, tmp_path):
-    """A loopback stand-in for Langfuse's OTLP endpoint (its server cannot run here) records what
-    arrives: the basic-auth key pair, and spans whose attributes Langfuse maps to a trace with
-    input, output and metadata. The check against a real Langfuse is manual (README)."""
-    received: list[tuple[str, dict]] = []
-    app = FastAPI()
+class LangfuseStandIn:
+    """A loopback stand-in for Langfuse's ingestion (its server needs Postgres and ClickHouse and
+    cannot run here): it records the OTLP spans and the score batches that arrive, with their
+    basic-auth header. The check against a real Langfuse is manual (README)."""
 
-    @app.post("/api/public/otel/v1/traces")
-    async def traces(request: Request) -> Response:
-        payload = ExportTraceServiceRequest.FromString(await request.body())
-        for resource in payload.resource_spans:
-            for scope in resource.scope_spans:
-                for span in scope.spans:
-                    attributes = {a.key: getattr(a.value, a.value.WhichOneof("value")) for a in span.attributes}
-                    received.append((request.headers.get("authorization", ""), {"name": span.name, **attributes}))
-        return Response(status_code=200)
+    def __init__(self) -> None:
+        self.spans: list[tuple[str, dict]] = []
+        self.scores: list[tuple[str, dict]] = []
+        self.app = FastAPI()
 
-    with ServerThread(app) as langfuse:
-        env = {"LANGFUSE_PUBLIC_KEY": "pk-lf-test", "LANGFUSE_SECRET_KEY": "sk-lf-test"}
-        os.environ.update(env)
-        try:
-            run_traced(tiny_model_path, tmp_path / "runs", "--langfuse", langfuse.base_url)
-        finally:
-            for name in env:
-                os.environ.pop(name)
-    assert received and {auth for auth, _ in received} == {"Basic cGstbGYtdGVzdDpzay1sZi10ZXN0"}  # pk:sk
-    rollouts = [a for _, a in received if a["name"] == "art.rollout"]
+        @self.app.post("/api/public/otel/v1/traces")
+        async def traces(request: Request) -> Response:
+            body = await request.body()
+            if request.headers.get("content-encoding") == "gzip":
+                body = gzip.decompress(body)
+            payload = ExportTraceServiceRequest.FromString(body)
+            for resource in payload.resource_spans:
+                for scope in resource.scope_spans:
+                    for span in scope.spans:
+                        attributes = {a.key: getattr(a.value, a.value.WhichOneof("value")) for a in span.attributes}
+                        self.spans.append((request.headers.get("authorization", ""), {
+                            "name": span.name, "span_id": span.span_id.hex(), "trace_id": span.trace_id.hex(),
+                            **attributes}))
+            return Response(status_code=200)
+
+        @self.app.post("/api/public/scores")
+        async def scores(request: Request) -> dict:
+            body = await request.json()
+            for score in body if isinstance(body, list) else [body]:
+                self.scores.append((request.headers.get("authorization", ""), score))
+            return {"id": "ok"}
+
+    def run(self, model: Path, root: Path, *args: str) -> None:
+        with ServerThread(self.app) as langfuse:
+            env = {"LANGFUSE_PUBLIC_KEY": "pk-lf-test", "LANGFUSE_SECRET_KEY": "sk-lf-test"}
+            os.environ.update(env)
+            try:
+                run_traced(model, root, "--langfuse", langfuse.base_url, *args)
+            finally:
+                for name in env:
+                    os.environ.pop(name)
+
+
+KEY_PAIR = "Basic cGstbGYtdGVzdDpzay1sZi10ZXN0"  # base64 of pk-lf-test:sk-lf-test
+
+
+def check_langfuse_spans(spans: list[tuple[str, dict]]) -> list[dict]:
+    """The key pair on every export, and the attributes Langfuse maps to observations: each
+    rollout an agent observation with its messages as input and reward as output, each
+    completion a generation with its usage. Returns the rollouts."""
+    assert spans and {auth for auth, _ in spans} == {KEY_PAIR}
+    rollouts = [a for _, a in spans if a["name"] == "art.rollout"]
     assert len(rollouts) == 8
     for rollout in rollouts:
+        assert rollout["langfuse.observation.type"] == "agent"
         assert json.loads(rollout["langfuse.observation.input"])[0] == {"role": "user", "content": "Pick a token."}
         assert json.loads(rollout["langfuse.observation.output"])["reward"] == rollout["art.reward"]
-    chats = [a for _, a in received if a["name"] == "chat traced"]
-    assert chats and all(c["langfuse.observation.type"] == "generation" and c["gen_ai.usage.input_tokens"] > 0
-                         for c in chats)
+    chats = [a for _, a in spans if a["name"] == "chat traced"]
+    assert len(chats) == 8 and all(c["langfuse.observation.type"] == "generation"
+                                   and c["gen_ai.usage.input_tokens"] > 0 for c in chats)
+    return rollouts
+
+
+def test_langfuse_sdk_gets_spans_and_the_reward_as_a_score(tiny_model_path, tmp_path):
+    """Through the real langfuse SDK: our spans pass its export filter, and every rollout's reward
+    and metric arrive on Langfuse's score API, on that rollout's trace and observation."""
+    langfuse = LangfuseStandIn()
+    langfuse.run(tiny_model_path, tmp_path / "runs")
+    rollouts = check_langfuse_spans(langfuse.spans)
+    assert {s["name"] for _, s in langfuse.spans} >= {"art.gather", "art.group", "art.train_step"} | PHASES
+    assert langfuse.scores and {auth for auth, _ in langfuse.scores} == {KEY_PAIR}
+    by_observation: dict[str, dict] = {}
+    for _, score in langfuse.scores:
+        by_observation.setdefault(score["observationId"], {})[score["name"]] = (score["traceId"], score["value"])
+    assert len(by_observation) == 8
+    for rollout in rollouts:
+        scores = by_observation[rollout["span_id"]]
+        assert scores["reward"] == (rollout["trace_id"], rollout["art.reward"])
+        assert scores["first_token"] == (rollout["trace_id"], float(rollout["art.metrics.first_token"]))
+
+
+def test_langfuse_without_the_sdk_exports_over_otlp(tiny_model_path, tmp_path):
+    """Without the SDK, the spans go straight to Langfuse's OTLP endpoint with the key pair; the
+    reward is then an attribute and the rollout's output, not a score."""
+    langfuse = LangfuseStandIn()
+    langfuse.run(tiny_model_path, tmp_path / "runs", "--without-langfuse-sdk")
+    check_langfuse_spans(langfuse.spans)
+    assert langfuse.scores == []

@@ -2,9 +2,11 @@
 provider can be set only once per process, so the tests that trace run this as a subprocess).
 
     python tests/traced_training.py MODEL_PATH ROOT (--memory SPANS_JSON | --otlp ENDPOINT | --langfuse HOST) [--remote]
+        [--without-langfuse-sdk]
 
 --memory keeps the spans in an in-memory exporter and writes them as JSON; --otlp sends them to
-a real OTLP/HTTP receiver. --remote trains through `art serve`'s app on a loopback port with
+a real OTLP/HTTP receiver; --langfuse to a Langfuse host through the langfuse SDK (or, with
+--without-langfuse-sdk, as if it were not installed: straight to its OTLP endpoint). --remote trains through `art serve`'s app on a loopback port with
 RemoteBackend (the trace context must cross HTTP both for completions and for train calls).
 """
 
@@ -58,8 +60,11 @@ def main() -> None:
     parser.add_argument("--memory")
     parser.add_argument("--otlp")
     parser.add_argument("--langfuse", help="a Langfuse host: keys from LANGFUSE_PUBLIC_KEY / LANGFUSE_SECRET_KEY")
+    parser.add_argument("--without-langfuse-sdk", action="store_true")
     parser.add_argument("--remote", action="store_true")
     args = parser.parse_args()
+    if args.without_langfuse_sdk:
+        sys.modules["langfuse"] = None  # its import now raises ImportError
     exporter = None
     if args.memory:
         from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter

@@ -31,6 +31,7 @@ from art.internal_config import parse_internal_config
 from art.naming import echo, parse_served_name
 from art.server.registry import ServedModel
 from art.storage import CheckpointStore, ModelDir
+from art.storage.run_log import write_trainer_logprobs
 from art.training.options import TrainOptions
 from art.training.trainer import Trainer
 from art.training.validate import check_groups
@@ -234,6 +235,8 @@ class ModelService:
                                             should_stop=self._cancel.is_set)
                 with tracing.span("art.train.checkpoint", {"art.step": self.step + 1}):
                     self.store.write(self.step + 1, self.trainer.save)
+                    if self.trainer.last_trainer_logprobs:  # beside the trajectories of the step they trained on
+                        write_trainer_logprobs(self.dir, self.step, self.trainer.last_trainer_logprobs)
             except torch.cuda.OutOfMemoryError as exc:
                 exc.__traceback__ = None  # its frames hold the step's activations
                 out_of_memory = True

@@ -6,6 +6,6 @@
 Off, and free, unless configured; see `art.observability.tracing`.
 """
 
-from art.observability.tracing import configure, configure_langfuse, enabled, flush
+from art.observability.tracing import configure, configure_langfuse, enabled, flush, langfuse_should_export
 
-__all__ = ["configure", "configure_langfuse", "enabled", "flush"]
+__all__ = ["configure", "configure_langfuse", "enabled", "flush", "langfuse_should_export"]

@@ -270,6 +270,7 @@ async def _run_one(item: Any, reporter: _Reporter | None) -> Trajectory | BaseEx
                 return error
             if current is not None:
                 tracing.set_attributes(current, tracing.rollout_attributes(result))
+                tracing.send_scores(current, result)
     if reporter is not None:
         reporter.record_trajectory(result)
     return result

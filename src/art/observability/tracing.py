@@ -4,7 +4,8 @@ Spans are recorded when one of these holds, checked when a span would start:
 - `art.tracing.configure(endpoint=...)` was called (OTLP over HTTP, e.g. Phoenix or Langfuse);
 - the standard `OTEL_EXPORTER_OTLP_ENDPOINT` / `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` variables are
   set (configured on first use with `OTEL_EXPORTER_OTLP_HEADERS` and `OTEL_SERVICE_NAME`);
-- the application installed an SDK tracer provider itself (the Langfuse SDK v3+ does).
+- `art.tracing.configure_langfuse()` made a Langfuse SDK client, or the application installed an
+  SDK tracer provider itself (the Langfuse SDK v3+ does).
 `OTEL_SDK_DISABLED=true` turns all of it off. Without the `tracing` extra (opentelemetry) every
 span is a no-op.
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import threading
 from collections.abc import Iterator, Mapping
@@ -30,6 +32,8 @@ _tracer: Any = None
 _env_checked = False
 _otel: Any = None
 """The `opentelemetry.trace` module once imported; False when it is not installed."""
+_langfuse: Any = None
+"""The Langfuse SDK client rollout scores go to (configure_langfuse), if any."""
 
 
 def _trace_module():
@@ -81,21 +85,66 @@ def configure(endpoint: str | None = None, *, headers: Mapping[str, str] | None 
 
 
 def configure_langfuse(public_key: str | None = None, secret_key: str | None = None, host: str | None = None,
-                       *, service_name: str | None = None) -> None:
-    """Send spans to Langfuse's OTLP endpoint (`{host}/api/public/otel/v1/traces`, basic auth with
-    the key pair). Keys and host default to LANGFUSE_PUBLIC_KEY, LANGFUSE_SECRET_KEY and
-    LANGFUSE_HOST (or LANGFUSE_BASE_URL; Langfuse Cloud EU when unset)."""
-    import base64
+                       *, service_name: str | None = None, client: Any = None) -> None:
+    """Send spans to Langfuse, and each rollout's reward and numeric metrics as Langfuse scores.
 
+    Keys and host default to LANGFUSE_PUBLIC_KEY, LANGFUSE_SECRET_KEY and LANGFUSE_HOST (or
+    LANGFUSE_BASE_URL; Langfuse Cloud EU when unset). With the `langfuse` SDK installed (the
+    tracing extra has it) a client is made (or `client`, one the application made, is used):
+    it exports the spans and sends the scores, which Langfuse takes only through its score API,
+    never from span attributes. Without the SDK, spans go straight to Langfuse's OTLP endpoint
+    (`{host}/api/public/otel/v1/traces`, basic auth with the key pair) and the reward is only a
+    span attribute and the rollout's output."""
+    global _langfuse
     public_key = public_key or os.environ.get("LANGFUSE_PUBLIC_KEY")
     secret_key = secret_key or os.environ.get("LANGFUSE_SECRET_KEY")
-    if not public_key or not secret_key:
+    if client is None and (not public_key or not secret_key):
         raise ValueError("Langfuse needs a key pair: public_key/secret_key or LANGFUSE_PUBLIC_KEY/LANGFUSE_SECRET_KEY")
     host = (host or os.environ.get("LANGFUSE_HOST") or os.environ.get("LANGFUSE_BASE_URL")
             or "https://cloud.langfuse.com").rstrip("/")
+    if client is None:
+        try:
+            from langfuse import Langfuse
+        except ImportError:
+            _configure_langfuse_otlp(public_key, secret_key, host, service_name)
+            return
+        client = Langfuse(public_key=public_key, secret_key=secret_key, base_url=host,
+                          should_export_span=langfuse_should_export)
+    _langfuse = client
+
+
+def langfuse_should_export(span: Any) -> bool:
+    """The Langfuse SDK's span filter that also lets art's spans through (its default keeps
+    only its own, GenAI and known LLM-library spans, which would orphan our rollouts). Pass
+    it as `Langfuse(should_export_span=...)` to a client you make yourself."""
+    from langfuse.span_filter import is_default_export_span
+
+    scope = span.instrumentation_scope
+    return (scope is not None and scope.name == TRACER_NAME) or is_default_export_span(span)
+
+
+def _configure_langfuse_otlp(public_key: str, secret_key: str, host: str, service_name: str | None) -> None:
+    import base64
+
     token = base64.b64encode(f"{public_key}:{secret_key}".encode()).decode()
     configure(f"{host}/api/public/otel/v1/traces", headers={"Authorization": f"Basic {token}"},
               service_name=service_name)
+
+
+def send_scores(current: Any, trajectory: Any) -> None:
+    """Langfuse: the rollout's reward and numeric metrics as scores on its observation."""
+    if _langfuse is None or current is None:
+        return
+    context = current.get_span_context()
+    trace_id, observation_id = format(context.trace_id, "032x"), format(context.span_id, "016x")
+    scores = {"reward": trajectory.reward}
+    for key, value in (trajectory.metrics or {}).items():
+        if isinstance(value, (int, float)) and key != "reward":
+            scores[key] = value
+    for name, value in scores.items():
+        if isinstance(value, (int, float)) and math.isfinite(value):
+            _langfuse.create_score(name=name, value=float(value), trace_id=trace_id,
+                                   observation_id=observation_id, data_type="NUMERIC")
 
 
 def flush(timeout_s: float = 10.0) -> None:
@@ -104,6 +153,8 @@ def flush(timeout_s: float = 10.0) -> None:
     provider = trace.get_tracer_provider() if trace else None
     if provider is not None and hasattr(provider, "force_flush"):
         provider.force_flush(int(timeout_s * 1000))
+    if _langfuse is not None:
+        _langfuse.flush()  # its scores are queued apart from the spans
 
 
 def _active_tracer() -> Any:
@@ -172,6 +223,7 @@ def rollout_attributes(trajectory: Any) -> dict[str, Any]:
         "input.mime_type": "application/json",
         "output.value": json.dumps({"reward": trajectory.reward, "metrics": trajectory.metrics}, default=str),
         "output.mime_type": "application/json",
+        "langfuse.observation.type": "agent",
         "langfuse.observation.input": json.dumps(messages, default=str, ensure_ascii=False),
         "langfuse.observation.output": json.dumps({"reward": trajectory.reward}, default=str),
     }

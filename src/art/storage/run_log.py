@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
 from art.errors import ArtValueError
 from art.naming import MAX_METRIC_NAME, MAX_STEP, echo
 from art.storage.history import append_history, append_jsonl
-from art.storage.layout import ModelDir
+from art.storage.layout import ModelDir, write_atomic
 
 ROW_KEYS = ("step", "split", "recorded_at")
 """What every history row carries itself; a metric may not take these names."""
@@ -32,6 +33,22 @@ def exceptions_file(model_dir: ModelDir, split: str, step: int) -> Path:
     """`trajectories/{split}/{step:04d}.exceptions.jsonl`: one line per group whose rollouts raised."""
     path = model_dir.trajectories(split, step)
     return path.with_name(f"{path.stem}.exceptions.jsonl")
+
+
+def trainer_logprobs_file(model_dir: ModelDir, step: int) -> Path:
+    """`trajectories/train/{step:04d}.trainer_logprobs.jsonl`: the trainer's logprob of every
+    trained token of the step that trained on that step's trajectories, one line per sequence
+    ({group, trajectory (its index in the group), sequence, logprobs}); the dashboard's token
+    view sets them beside the sampler's."""
+    path = model_dir.trajectories("train", step)
+    return path.with_name(f"{path.stem}.trainer_logprobs.jsonl")
+
+
+def write_trainer_logprobs(model_dir: ModelDir, step: int, rows: list[dict]) -> None:
+    """Replace the step's file (a step trained again after a rollback writes it anew)."""
+    path = trainer_logprobs_file(model_dir, step)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, "".join(json.dumps(row, separators=(",", ":")) + "\n" for row in rows))
 
 
 def write_log(model_dir: ModelDir, *, split: str, step: int, metrics: dict, groups=()) -> None:

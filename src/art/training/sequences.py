@@ -31,6 +31,12 @@ class Sequence:
     advantage: float = 0.0
     group: int = -1
     """Index of the trajectory group it came from (its samples share a prompt)."""
+    member: int = -1
+    """Index of its trajectory within the group."""
+    ordinal: int = -1
+    """Its place among its trajectory's sequences (the numbering `art.training.audit` shows)."""
+    trainer_logprobs: list[float | None] | None = None
+    """[tokens] The trainer's logprob of each trained token at its first forward pass; None elsewhere."""
 
     def extend(self, ids: list[int], logprobs: list[float] | None) -> None:
         self.token_ids += ids
@@ -114,6 +120,8 @@ def sequences_of_trajectory(trajectory, issues: Counter) -> list[Sequence]:
     out = sequences_of_history(trajectory.messages_and_choices, issues)
     for history in getattr(trajectory, "additional_histories", None) or []:
         out += sequences_of_history(history.messages_and_choices, issues)
+    for ordinal, sequence in enumerate(out):
+        sequence.ordinal = ordinal
     if not any(s.num_trained for s in out):
         issues[NO_CHOICES] += 1
     return [s for s in out if s.num_trained]

@@ -64,6 +64,8 @@ class Trainer:
         self.optimizer = torch.optim.AdamW(
             self.params, lr=5e-6, betas=ADAMW_BETAS, weight_decay=ADAMW_WEIGHT_DECAY
         )
+        self.last_trainer_logprobs: list[dict] = []
+        """The last step's `trainer_logprob_rows`, for the run's storage."""
 
     # -- the update -----------------------------------------------------------------------
     def step(self, groups, options: TrainOptions, *, desc: str = "train",
@@ -73,6 +75,7 @@ class Trainer:
         `skipped/<reason>` counts and, when nothing could be trained, `nothing_to_train` = 1
         and a warning that says why). `on_optimizer_step(done, total, metrics)` follows each
         optimizer step."""
+        self.last_trainer_logprobs = []
         if any(getattr(module, "merged", False) for module in self.model.modules()):
             raise RuntimeError("the adapter is merged into the base weights for serving; unmerge it before training "
                                "(AdapterSet.unmerge)")
@@ -103,10 +106,10 @@ class Trainer:
             self.model.train()
             try:
                 before = [self._pre_update_logprobs(p) for p in plans] if options.precalculate_logprobs else None
-                for _ in range(options.epochs):
+                for epoch in range(options.epochs):
                     for index, (part, micro) in enumerate(zip(parts, plans)):
                         done = self._optimizer_step(part, micro, options, before[index] if before else None, bar,
-                                                    should_stop)
+                                                    should_stop, record=epoch == 0)
                         sums.update(done)
                         norms.append(done["grad_norm"])
                         if on_optimizer_step is not None:
@@ -129,6 +132,7 @@ class Trainer:
             "tokens_computed": float(sum(m.tokens_computed for micro in plans for m in micro)),
             "sequences": float(len(sequences)),
         })
+        self.last_trainer_logprobs = trainer_logprob_rows(sequences)
         if self.device.type == "cuda":
             metrics["peak_gpu_memory_gb"] = torch.cuda.max_memory_allocated(self.device) / 2**30
         if "kl" in sums:
@@ -139,8 +143,9 @@ class Trainer:
         return metrics
 
     def _optimizer_step(self, part: list[Sequence], micro: list[MicroBatch], options: TrainOptions,
-                        before: list[torch.Tensor] | None, bar, should_stop=None) -> Counter:
-        """Gradient accumulation over `micro`, then one clipped AdamW step; sums for metrics."""
+                        before: list[torch.Tensor] | None, bar, should_stop=None, record: bool = False) -> Counter:
+        """Gradient accumulation over `micro`, then one clipped AdamW step; sums for metrics.
+        `record`: keep each sequence's trainer logprobs (`Sequence.trainer_logprobs`)."""
         normalizer = Normalizer(options.loss_normalization, sum(s.num_trained for s in part), len(part),
                                 options.max_tokens_normalizer)
         sums: Counter = Counter()
@@ -149,7 +154,7 @@ class Trainer:
             for i, batch in enumerate(micro):
                 if should_stop is not None and should_stop():
                     raise StepCancelledError("the training step was cancelled before it finished; it is rolled back")
-                terms = self._forward(batch, options, normalizer, None if before is None else before[i])
+                terms = self._forward(batch, options, normalizer, None if before is None else before[i], record)
                 terms["loss"].backward()  # this micro-batch's share of the mini-batch loss
                 sums.update({k: float(v.detach()) for k, v in terms.items()})
                 bar.update(1)
@@ -229,9 +234,11 @@ class Trainer:
         return [self._logprobs(self._inputs(batch)) for batch in batches]
 
     def _forward(self, batch: MicroBatch, options: TrainOptions, normalizer: Normalizer,
-                 before: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+                 before: torch.Tensor | None = None, record: bool = False) -> dict[str, torch.Tensor]:
         inputs = self._inputs(batch)
         new = self._logprobs(inputs)  # [sequences, tokens-1]
+        if record:
+            keep_trainer_logprobs(batch.sequences, new if before is None else before)
         ref = None
         if options.beta > 0:
             ref = self._reference_logprobs(inputs)
@@ -333,15 +340,33 @@ def prepare_batch(groups, options: TrainOptions) -> tuple[list[Sequence], Counte
             continue
         trained_groups += 1
         advantages = group_advantages(rewards, scale_rewards=options.reward_scaling, batch_std=batch_std)
-        for trajectory, advantage in zip(trajectories, advantages):
+        for member, (trajectory, advantage) in enumerate(zip(trajectories, advantages)):
             advantage = balance_advantage(advantage, options.advantage_balance)
             for sequence in sequences_of_trajectory(trajectory, issues):
                 if advantage == 0.0 and options.beta == 0:
                     continue  # contributes no gradient
                 sequence.advantage = advantage
-                sequence.group = index
+                sequence.group, sequence.member = index, member
                 sequences.append(sequence)
     return sequences, issues, {"groups_trained": float(trained_groups)}
+
+
+def keep_trainer_logprobs(batch: list[Sequence], logprobs: torch.Tensor) -> None:
+    """Each sequence's trainer logprobs (laid out like `Trainer._logprobs`: position t-1 holds
+    token t) on the sequence, for the token audit to set beside the sampler's: the pre-update
+    ones with precalculate_logprobs, otherwise the first forward pass's (before this step's
+    first optimizer step for the first mini-batch, after the earlier ones for the others)."""
+    rows = logprobs.detach().float().cpu().tolist()
+    for sequence, row in zip(batch, rows):
+        sequence.trainer_logprobs = [None] + [round(row[t - 1], 6) if sequence.trained[t] else None
+                                              for t in range(1, len(sequence.token_ids))]
+
+
+def trainer_logprob_rows(sequences: list[Sequence]) -> list[dict]:
+    """What the dashboard's token view reads (one row per trained sequence): where the sequence
+    comes from and its trainer logprobs."""
+    return [{"group": s.group, "trajectory": s.member, "sequence": s.ordinal, "logprobs": s.trainer_logprobs}
+            for s in sequences if s.trainer_logprobs is not None]
 
 
 def split_mini_batches(sequences: list[Sequence], parts: int) -> list[list[Sequence]]:
