@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import time
 from pathlib import Path
@@ -115,7 +116,9 @@ def test_a_steps_groups_trajectories_and_advantages(run, dashboard):
     assert messages[2]["role"] == "tool" and messages[2]["tool_call_id"] == "call_1" and messages[2]["content"] == "rain"
 
 
-def test_token_rows_carry_trained_flags_advantages_and_sampler_logprobs(run, dashboard):
+def test_token_rows_carry_trained_flags_advantages_and_both_logprobs(run, dashboard):
+    """The trainer's logprobs are the ones the training step recorded; the sampler and the
+    trainer hold the same weights at that step, so on the CPU they agree closely."""
     root = run[2]
     lines = (root / "dash" / "models" / "tiny" / "trajectories" / "train" / "0001.jsonl").read_text().splitlines()
     logged = json.loads(lines[1])
@@ -131,7 +134,13 @@ def test_token_rows_carry_trained_flags_advantages_and_sampler_logprobs(run, das
     assert all(t["advantage"] == pytest.approx(advantage) for t in trained)
     context = [t for t in tokens["tokens"] if not t["trained"]]
     assert context and all(t["advantage"] == 0.0 for t in context)
-    assert all(t["trainer_logprob"] is None for t in tokens["tokens"]) and "not computed" in tokens["trainer_logprob_note"]
+    assert [t["trainer_logprob"] for t in trained] == pytest.approx([t["sampler_logprob"] for t in trained], abs=2e-3)
+    assert all(t["trainer_logprob"] is None for t in context) and tokens["trainer_logprob_note"] is None
+    recorded = root / "dash" / "models" / "tiny" / "trajectories" / "train" / "0001.trainer_logprobs.jsonl"
+    row = next(r for r in map(json.loads, recorded.read_text().splitlines()) if (r["group"], r["trajectory"]) == (0, 1))
+    assert [v for v in row["logprobs"] if v is not None] == [t["trainer_logprob"] for t in trained]
+    val = get(f"{dashboard}/dashboard/api/runs/dash/tiny/steps/val/2/trajectories/0/tokens")
+    assert val.status_code == 200 and "no trainer logprobs" in val.json()["trainer_logprob_note"]  # not trained
     assert tokens["has_text"] and "".join(t["text"] for t in context).count("Pick a token.") == 1
 
 
@@ -162,16 +171,123 @@ def test_what_does_not_exist_is_a_404(dashboard, path):
     assert response.status_code == 404, response.text
 
 
-def test_art_serve_puts_the_dashboard_behind_its_key(run):
+KEY = "dash-key"
+AS_BROWSER = {"Accept": "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8"}
+"""What a browser's Accept says when it opens a page."""
+
+
+@pytest.fixture(scope="module")
+def keyed(run):
+    """`art serve --api-key dash-key` over the test's runs, on a loopback port."""
     backend = art.LocalBackend(path=str(run[2]), served_at="http://127.0.0.1:9")
-    with ServerThread(create_serve_app(backend, api_key="dash-key", watchdog_s=None)) as server:
-        for path in ("/dashboard", "/dashboard/api/runs", "/dashboard/static/dashboard.js"):
-            assert get(server.base_url + path).status_code == 401
-            assert get(server.base_url + path, headers={"Authorization": "Bearer wrong"}).status_code == 401
-        answer = get(server.base_url + "/dashboard/api/runs", headers={"Authorization": "Bearer dash-key"})
-        assert [(r["project"], r["name"]) for r in answer.json()["runs"]] == [("dash", "tiny")]
-        assert "/dashboard" not in get(server.base_url + "/openapi.json",
-                                       headers={"Authorization": "Bearer dash-key"}).json()["paths"]
+    with ServerThread(create_serve_app(backend, api_key=KEY, watchdog_s=None)) as server:
+        yield server.base_url
+
+
+def test_art_serve_puts_the_dashboard_behind_its_key(keyed):
+    for path in ("/dashboard", "/dashboard/api/runs", "/dashboard/static/dashboard.js"):
+        assert get(keyed + path).status_code == 401
+        assert get(keyed + path, headers={"Authorization": "Bearer wrong"}).status_code == 401
+    answer = get(keyed + "/dashboard/api/runs", headers={"Authorization": f"Bearer {KEY}"})
+    assert [(r["project"], r["name"]) for r in answer.json()["runs"]] == [("dash", "tiny")]
+    assert "/dashboard" not in get(keyed + "/openapi.json", headers={"Authorization": f"Bearer {KEY}"}).json()["paths"]
+
+
+def login_cookie(response: httpx.Response) -> tuple[str, set[str]]:
+    """The `art_dashboard` cookie's value and its attributes, from a login's Set-Cookie."""
+    first, *attributes = [part.strip() for part in response.headers["set-cookie"].split(";")]
+    name, _, value = first.partition("=")
+    assert name == "art_dashboard", response.headers["set-cookie"]
+    return value, set(attributes)
+
+
+def test_without_a_credential_the_page_is_a_login_form_and_the_api_stays_json(keyed):
+    for path in ("/dashboard", "/dashboard/"):
+        form = get(keyed + path, headers=AS_BROWSER)
+        assert form.status_code == 401 and form.headers["content-type"].startswith("text/html")
+        assert '<form method="post" action="/dashboard/login">' in form.text
+        assert 'name="key" type="password"' in form.text
+        # Self-contained: nothing loaded from anywhere, no script.
+        assert "src=" not in form.text and "href=" not in form.text and "<script" not in form.text
+        assert "default-src 'none'" in form.headers["content-security-policy"]
+    for path, headers in (("/dashboard", {}), ("/dashboard/api/runs", AS_BROWSER),
+                          ("/dashboard/static/dashboard.js", AS_BROWSER), ("/dashboard/nowhere", AS_BROWSER)):
+        answer = get(keyed + path, headers=headers)
+        assert answer.status_code == 401 and answer.json()["error"]["code"] == "invalid_api_key", path
+    bookmarked = get(keyed + "/dashboard/login", headers=AS_BROWSER)  # a GET of the form's URL: to the page
+    assert bookmarked.status_code == 303 and bookmarked.headers["location"] == "/dashboard/"
+
+
+def test_the_login_form_sets_a_cookie_that_opens_the_dashboard_only(keyed):
+    wrong = httpx.post(keyed + "/dashboard/login", data={"key": "dash-kez"}, timeout=30)
+    assert wrong.status_code == 401 and "wrong key" in wrong.text and "set-cookie" not in wrong.headers
+    assert 'action="/dashboard/login"' in wrong.text  # the form again, to try once more
+    missing = httpx.post(keyed + "/dashboard/login", data={"other": KEY}, timeout=30)
+    assert missing.status_code == 401 and "`key`" in missing.text and "set-cookie" not in missing.headers
+
+    right = httpx.post(keyed + "/dashboard/login", data={"key": KEY}, timeout=30)
+    assert right.status_code == 303 and right.headers["location"] == "/dashboard/"
+    token, attributes = login_cookie(right)
+    assert {"HttpOnly", "SameSite=Strict", "Path=/dashboard"} <= attributes and "Secure" not in attributes  # http
+    assert len(token) == 64 and KEY not in token  # an HMAC of the key, not the key
+
+    cookie = {"Cookie": f"art_dashboard={token}"}
+    for path in ("/dashboard", "/dashboard/", "/dashboard/static/dashboard.js", "/dashboard/api/runs/dash/tiny/steps"):
+        assert get(keyed + path, headers={**AS_BROWSER, **cookie}).status_code == 200, path
+    page = get(keyed + "/dashboard/", headers={**AS_BROWSER, **cookie})
+    assert 'action="/dashboard/logout"' in page.text  # the log-out button
+    runs = get(keyed + "/dashboard/api/runs", headers=cookie).json()["runs"]
+    assert [(r["project"], r["name"]) for r in runs] == [("dash", "tiny")]
+
+    # The cookie opens /dashboard and nothing else; the token is no API key either.
+    for method, path in (("GET", "/v1/models"), ("POST", "/v1/chat/completions"), ("GET", "/art/models"),
+                         ("GET", "/art/models/dash/tiny/step"), ("GET", "/openapi.json"), ("GET", "/dashboardx")):
+        for headers in (cookie, {"Authorization": f"Bearer {token}"}):
+            answer = httpx.request(method, keyed + path, headers=headers, json={"model": "x"}, timeout=30)
+            assert answer.status_code == 401 and answer.json()["error"]["code"] == "invalid_api_key", (path, headers)
+    assert get(keyed + "/health", headers=cookie).json() == {"status": "ok"}  # no details without the key
+    assert get(keyed + "/dashboard/..%2F..%2Fv1/models", headers=cookie).status_code == 404
+    assert get(keyed + "/dashboard/api/runs", headers={"Cookie": f"art_dashboard={KEY}"}).status_code == 401
+
+
+def test_logout_clears_the_cookie(keyed):
+    with httpx.Client(base_url=keyed, headers=AS_BROWSER, timeout=30) as browser:  # keeps cookies as a browser does
+        assert browser.post("/dashboard/login", data={"key": KEY}).status_code == 303
+        assert browser.get("/dashboard/api/runs").status_code == 200
+        out = browser.post("/dashboard/logout")
+        assert out.status_code == 303 and out.headers["location"] == "/dashboard/"
+        value, attributes = login_cookie(out)
+        assert value == "" and {"Max-Age=0", "Path=/dashboard"} <= attributes
+        assert not browser.cookies
+        assert browser.get("/dashboard/api/runs").status_code == 401
+        assert "/dashboard/login" in browser.get("/dashboard/").text
+
+
+def test_the_key_never_travels_in_the_url_and_the_login_body_is_bounded(keyed):
+    for method, path in (("GET", f"/dashboard?key={KEY}"), ("GET", f"/dashboard/api/runs?key={KEY}"),
+                         ("POST", f"/dashboard/login?key={KEY}")):
+        answer = httpx.request(method, keyed + path, headers=AS_BROWSER, timeout=30)
+        assert answer.status_code == 400 and answer.json()["error"]["code"] == "credentials_in_url", path
+    big = httpx.post(keyed + "/dashboard/login", data={"key": KEY, "pad": "x" * 10_000}, timeout=30)
+    assert big.status_code == 413 and "set-cookie" not in big.headers
+
+
+async def test_the_cookie_is_secure_when_the_login_came_over_https(run):
+    backend = art.LocalBackend(path=str(run[2]), served_at="http://127.0.0.1:9")
+    app = create_serve_app(backend, api_key=KEY, watchdog_s=None)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="https://testserver") as client:
+        for path in ("/dashboard/login", "/dashboard/logout"):
+            _, attributes = login_cookie(await client.post(path, data={"key": KEY}))
+            assert "Secure" in attributes, path
+
+
+def test_without_a_key_there_is_no_login(run):
+    backend = art.LocalBackend(path=str(run[2]), served_at="http://127.0.0.1:9")
+    with ServerThread(create_serve_app(backend, watchdog_s=None)) as server:
+        page = get(server.base_url + "/dashboard", headers=AS_BROWSER)
+        assert page.status_code == 200 and "/dashboard/static/dashboard.js" in page.text
+        assert "logout" not in page.text
+        assert httpx.post(server.base_url + "/dashboard/login", data={"key": KEY}).status_code in (404, 405)
 
 
 def test_local_backends_own_server_serves_the_dashboard(run):
@@ -220,6 +336,14 @@ def chromium():
     return webdriver.Chrome(service=Service(executable_path=driver), options=options)
 
 
+def keep(shots: list[Path]) -> None:
+    """Copy the screenshots to `ART_DASHBOARD_SHOTS`, when set."""
+    if SHOTS:
+        Path(SHOTS).mkdir(parents=True, exist_ok=True)
+        for shot in shots:
+            shutil.copy(shot, Path(SHOTS) / shot.name)
+
+
 async def test_the_page_shows_curves_samples_tokens_and_a_new_step_live(run, dashboard, tmp_path):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
@@ -265,7 +389,10 @@ async def test_the_page_shows_curves_samples_tokens_and_a_new_step_live(run, das
         assert colour.startswith("rgba(22, 163, 74"), colour  # green: positive advantage
         context = browser.find_elements(By.CSS_SELECTOR, '#token-text .tok[data-trained="0"]')
         assert context and context[0].value_of_css_property("background-color") == "rgba(0, 0, 0, 0)"
-        assert "trainer logprob n/a" in trained[0].get_attribute("title")
+        title = trained[0].get_attribute("title")  # the hover: sampler, trainer and their difference
+        assert re.search(r"sampler logprob -?\d+\.\d{4}\ntrainer logprob -?\d+\.\d{4}\ndifference .* -?\d\.\d{5}",
+                         title), title
+        assert "|trainer − sampler| logprob mean" in browser.find_element(By.ID, "tokens-title").text
         browser.execute_script("document.getElementById('tokens').scrollIntoView()")
         shoot("tokens")
 
@@ -277,7 +404,44 @@ async def test_the_page_shows_curves_samples_tokens_and_a_new_step_live(run, das
         shoot("live")
     finally:
         browser.quit()
-        if SHOTS:
-            Path(SHOTS).mkdir(parents=True, exist_ok=True)
-            for shot in shots:
-                shutil.copy(shot, Path(SHOTS) / shot.name)
+        keep(shots)
+
+
+
+def test_a_browser_logs_in_to_a_keyed_server_with_the_form(keyed, tmp_path):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    browser = chromium()
+    shots: list[Path] = []
+
+    def shoot(name: str) -> None:
+        shots.append(tmp_path / f"{name}.png")
+        browser.save_screenshot(str(shots[-1]))
+
+    def wait_for(condition, what: str):
+        return WebDriverWait(browser, 60, poll_frequency=0.2).until(lambda _: condition(), message=what)
+
+    def log_in(key: str) -> None:
+        field = wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, 'input[name="key"][type="password"]'),
+                         "the login form is shown")[0]
+        field.send_keys(key)
+        browser.find_element(By.CSS_SELECTOR, 'button[type="submit"]').click()
+
+    try:
+        browser.get(f"{keyed}/dashboard")
+        log_in("not-the-key")
+        wait_for(lambda: "wrong key" in browser.find_element(By.TAG_NAME, "body").text, "a wrong key is named")
+        shoot("login-wrong-key")
+        log_in(KEY)
+        wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, 'tr[data-run="dash/tiny"]'), "the run is listed")
+        assert browser.current_url == f"{keyed}/dashboard/"
+        (cookie,) = browser.get_cookies()
+        assert cookie["name"] == "art_dashboard" and cookie["httpOnly"] and KEY not in cookie["value"]
+        shoot("logged-in")
+        browser.find_element(By.CSS_SELECTOR, "form.logout button").click()
+        wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, 'input[name="key"]'), "logged out: the form again")
+        assert not browser.get_cookies()
+    finally:
+        browser.quit()
+        keep(shots)

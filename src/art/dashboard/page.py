@@ -2,7 +2,8 @@
 
 Everything the page loads is served by the dashboard itself (uPlot is vendored under
 `static/`), so it works on a machine with no internet. Asset URLs carry the files' modification
-times, so a browser never runs a stale script after an upgrade.
+times, so a browser never runs a stale script after an upgrade. On a keyed `art serve` the header
+has a log-out button (the login itself is `login_page`).
 """
 
 from __future__ import annotations
@@ -17,8 +18,14 @@ def _asset(name: str) -> str:
     return f"/dashboard/static/{name}?v={int((STATIC / name).stat().st_mtime)}"
 
 
-def render(root: Path) -> str:
+LOGOUT_FORM = ('<form class="logout" method="post" action="/dashboard/logout">'
+               '<button type="submit">log out</button></form>')
+"""A form, not a script: the cookie is HttpOnly, and posting needs no JavaScript."""
+
+
+def render(root: Path, *, logout: bool = False) -> str:
     where = html.escape(str(Path(root).resolve()))
+    logout_form = LOGOUT_FORM if logout else ""
     return f"""<!doctype html>
 <html lang="en">
 <head>
@@ -33,6 +40,7 @@ def render(root: Path) -> str:
   <h1>art dashboard</h1>
   <span class="root" title="storage root">{where}</span>
   <span id="updated" class="muted"></span>
+  {logout_form}
 </header>
 <main>
   <aside>
@@ -68,8 +76,9 @@ def render(root: Path) -> str:
     <h2>Tokens <span id="tokens-title" class="muted"></span> <button id="tokens-close">close</button></h2>
     <p class="legend"><span class="tok pos">trained, advantage &gt; 0</span> <span class="tok neg">trained,
       advantage &lt; 0</span> <span class="tok zero">trained, advantage 0</span> <span class="tok ctx">not
-      trained</span>. Hover a token for its logprobs. Trainer logprob: n/a, the dashboard does not load the
-      model (<code>python -m art.training.audit FILE --model ID</code> computes it).</p>
+      trained</span>. Hover a token for its sampler logprob, the trainer's (recorded by the training
+      step) and their difference: a large difference means the trainer does not see what the sampler
+      sampled from.</p>
     <div id="token-text" class="token-text"></div>
   </section>
 </main>

@@ -1,6 +1,6 @@
 """The dashboard's HTTP routes, as an `APIRouter` any app can include.
 
-    GET /dashboard                                                          the page
+    GET /dashboard  (and /dashboard/)                                       the page
     GET /dashboard/static/{file}                                            its script, styles, uPlot
     GET /dashboard/api/runs                                                 every run, with status
     GET /dashboard/api/runs/{project}/{name}/history?since=BYTES            history rows from a byte offset
@@ -9,7 +9,8 @@
     GET /dashboard/api/runs/{project}/{name}/steps/{split}/{step}/trajectories/{index}/tokens
 
 The routes read the storage root only, never a backend: the same router serves `art dashboard`
-(no model loaded) and `art serve` (mounted behind its API key). Bad input is a 400 naming the
+(no model loaded) and `art serve` (mounted behind its API key; `art.server.dashboard_login` adds
+the browser's login, and `logout=True` a button for it on the page). Bad input is a 400 naming the
 field (`project`, `name`, `split`, `step`, `index`, `since`) and a missing run or step a 404,
 in OpenAI's error shape whatever app includes the router. Names are checked with the storage's
 own `validate_name` before any path is built, so no request reaches outside the root. The
@@ -39,14 +40,16 @@ ASSETS = {"dashboard.js": "text/javascript", "dashboard.css": "text/css", "uPlot
 MAX_OFFSET = 2**53
 
 
-def dashboard_router(root: str | Path) -> APIRouter:
-    """The dashboard over the runs stored under `root` (`<root>/<project>/models/<name>/`)."""
+def dashboard_router(root: str | Path, *, logout: bool = False) -> APIRouter:
+    """The dashboard over the runs stored under `root` (`<root>/<project>/models/<name>/`);
+    `logout`: the page shows a button posting to /dashboard/logout (a server with a login)."""
     root = Path(root)
     router = APIRouter(prefix="/dashboard", include_in_schema=False)
 
     @router.get("", response_class=HTMLResponse)
+    @router.get("/", response_class=HTMLResponse)  # where the login redirects: no extra hop
     def index() -> HTMLResponse:
-        return HTMLResponse(page.render(root), headers={"cache-control": "no-cache"})
+        return HTMLResponse(page.render(root, logout=logout), headers={"cache-control": "no-cache"})
 
     @router.get("/static/{file}")
     def static(file: str):

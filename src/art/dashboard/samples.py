@@ -6,8 +6,9 @@ line with its `group` index) is read as plain JSON for the samples view: message
 reward, metrics. The advantage shown is the one training used: `group_advantages` over the
 group's rewards, scaled as the run's stored `train_options.scale_rewards` says (GRPO's
 per-group std when the run has none). The token view rebuilds the trained sequences with the
-trainer's own code (`art.training.audit.audit`); the trainer's logprob of each token is not
-computed (that needs the model loaded), so it is always null.
+trainer's own code (`art.training.audit.audit`); the trainer's logprob of each trained token is
+the one the training step recorded (`trajectories/train/{step:04d}.trainer_logprobs.jsonl`), so
+the view shows where sampler and trainer disagree without loading the model.
 """
 
 from __future__ import annotations
@@ -19,15 +20,16 @@ from pathlib import Path
 from art.errors import ArtValueError, ModelNotFoundError
 from art.naming import MAX_STEP, echo
 from art.storage.layout import ModelDir
-from art.storage.run_log import exceptions_file
+from art.storage.run_log import exceptions_file, trainer_logprobs_file
 from art.training.advantages import group_advantages, reward_std
 
 from art.dashboard.runs import loads
 
 log = logging.getLogger(__name__)
 
-TRAINER_LOGPROB_NOTE = ("trainer logprob not computed: the dashboard does not load the model "
-                        "(python -m art.training.audit FILE --model ID does)")
+TRAINER_LOGPROB_NOTE = ("no trainer logprobs recorded for this trajectory: not a train step, its group "
+                        "had equal rewards, or the run predates them (python -m art.training.audit FILE "
+                        "--model ID computes them)")
 
 
 def parse_index(value: str, field: str, upper: int = MAX_STEP) -> int:
@@ -96,21 +98,41 @@ def trajectory_tokens(directory: ModelDir, split: str, step: int, index: int) ->
     except (ValueError, TypeError, KeyError) as exc:
         raise ArtValueError(f"trajectory {index} of {split} step {step} cannot be audited: "
                             f"{(str(exc) or type(exc).__name__).splitlines()[0]}", field="index") from exc
+    trainer = _trainer_logprobs(directory, split, step, group, peers.index(index))
     tokenizer = _tokenizer((directory.read_model_json() or {}).get("base_model"))
     ids = [r.token_id for r in report.rows]
     texts = _decode(tokenizer, ids) if tokenizer is not None else [None] * len(ids)
     return {
         "split": split, "step": step, "index": index, "group": group, "reward": _reward(row),
         "advantage": advantage, "trained_tokens": report.trained_tokens, "has_text": tokenizer is not None,
-        "trainer_logprob_note": TRAINER_LOGPROB_NOTE,
+        "trainer_logprob_note": None if trainer else TRAINER_LOGPROB_NOTE,
         "tokens": [{"sequence": r.sequence, "position": r.position, "id": r.token_id, "text": text,
                     "trained": r.trained, "advantage": advantage if r.trained else 0.0,
-                    "sampler_logprob": r.sampler_logprob, "trainer_logprob": None}
+                    "sampler_logprob": r.sampler_logprob,
+                    "trainer_logprob": _at(trainer.get(r.sequence), r.position) if r.trained else None}
                    for r, text in zip(report.rows, texts)],
         "breaks": [{"choice": b.choice, "position": b.position, "expected": b.expected, "got": b.got}
                    for b in report.breaks],
         "issues": dict(report.issues),
     }
+
+
+def _trainer_logprobs(directory: ModelDir, split: str, step: int, group: int, member: int) -> dict[int, list]:
+    """{sequence: logprobs} the training step recorded for this trajectory; {} when none."""
+    if split != "train":
+        return {}
+    out = {}
+    for line in _lines(trainer_logprobs_file(directory, step)) or []:
+        row = _load(line)
+        if (row is not None and row.get("group") == group and row.get("trajectory") == member
+                and type(row.get("sequence")) is int and isinstance(row.get("logprobs"), list)):
+            out[row["sequence"]] = row["logprobs"]
+    return out
+
+
+def _at(values: list | None, position: int) -> float | None:
+    value = values[position] if values is not None and position < len(values) else None
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 # -- reading ------------------------------------------------------------------------------

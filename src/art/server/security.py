@@ -5,7 +5,9 @@ The middleware is plain ASGI, so it covers every route (OpenAI and management al
 unknown paths) before FastAPI parses anything, and never buffers a response (the train route
 streams). It answers in OpenAI's error shape. The key is compared in constant time and never
 logged or echoed: a key put in a URL's query string is refused (URLs end up in access logs,
-proxies and shell history), and the access log redacts such parameters anyway.
+proxies and shell history), and the access log redacts such parameters anyway. A browser,
+which cannot send the header, logs in to /dashboard with a form and a cookie that opens
+/dashboard only (`art.server.dashboard_login`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from pathlib import Path
 from urllib.parse import parse_qsl
 
 from art.errors import ArtValueError
+from art.server import dashboard_login
 
 OPEN_PATHS = frozenset({"/health"})
 """Reachable without a key: liveness checks and load balancers must not need a secret."""
@@ -81,26 +84,39 @@ class RefuseQueryCredentials:
 class BearerAuth:
     """Require `Authorization: Bearer <api_key>` on every HTTP request except `OPEN_PATHS`, which
     learn whether the caller had the key (`scope["state"]["authorized"]`: /health shows details
-    only then)."""
+    only then), and the dashboard's login and logout.
+
+    Under /dashboard only, the login cookie (`dashboard_login.session_token`) stands in for the
+    header, and a browser opening the page without either gets the login form as its 401.
+    """
 
     def __init__(self, app, *, api_key: str) -> None:
         if not api_key:
             raise ValueError("BearerAuth needs a non-empty api_key")
         self.app = app
         self._expected = api_key.encode()
+        self._dashboard_session = dashboard_login.session_token(api_key).encode()
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        path = scope["path"]
         header = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
         scheme, _, token = header.partition(b" ")
         # compare_digest on bytes: constant time whatever the token holds.
         authorized = scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self._expected)
-        if authorized or scope["path"] in OPEN_PATHS:
+        if authorized or path in OPEN_PATHS or path in dashboard_login.OPEN_PATHS:
             scope.setdefault("state", {})["authorized"] = authorized
             await self.app(scope, receive, send)
             return
+        if dashboard_login.is_dashboard_path(path):
+            if dashboard_login.has_session(scope["headers"], self._dashboard_session):
+                await self.app(scope, receive, send)
+                return
+            if dashboard_login.wants_login_form(scope):
+                await dashboard_login.login_form()(scope, receive, send)
+                return
         message = ("Incorrect API key provided." if header else
                    "Missing API key: send `Authorization: Bearer <key>` (art.RemoteBackend(api_key=...) "
                    "or the ART_API_KEY environment variable).")

@@ -2,7 +2,8 @@
 
 The app is the OpenAI routes (`art.server.app`), the management routes
 (`art.server.management`) and the dashboard (`art.dashboard`, under /dashboard), behind a
-bearer key and a request-size bound (`art.server.security`). Unlike `LocalBackend`'s own
+bearer key and a request-size bound (`art.server.security`); with a key, a browser logs in to
+the dashboard with a form (`art.server.dashboard_login`). Unlike `LocalBackend`'s own
 loopback server, this one is meant to be reached from other machines (the `art serve` command
 refuses a non-loopback address without a key).
 A restarted server loads stored runs again when a request names them
@@ -21,6 +22,7 @@ from fastapi import FastAPI
 from art.backends.local import LocalBackend
 from art.dashboard import dashboard_router
 from art.server.app import create_app
+from art.server.dashboard_login import LOGIN_MAX_BYTES, LOGIN_PATH, login_router
 from art.server.management import Registrations, management_router
 from art.server.security import (BearerAuth, BodyLimit, RefuseQueryCredentials, default_model_roots,
                                  redact_access_log)
@@ -43,8 +45,8 @@ def create_serve_app(backend: LocalBackend, *, api_key: str | None = None,
                      watchdog_s: float | None = ENGINE_STALL_S,
                      watchdog_train_s: float | None = TRAINING_STEP_S, model_roots: list | None = None) -> FastAPI:
     """The whole app for `backend`. With `api_key`, every route but /health needs it (and
-    /health shows details only with it). Bodies are bounded by `max_chat_body_bytes` on /v1
-    and `max_body_bytes` elsewhere. `watchdog_s`: seconds an engine loop may have pending work
+    /health shows details only with it); /dashboard also takes the cookie its login form sets.
+    Bodies are bounded by `max_chat_body_bytes` on /v1 and `max_body_bytes` elsewhere. `watchdog_s`: seconds an engine loop may have pending work
     without progress, and `watchdog_train_s`: seconds a training step may run, before the
     watchdog reports them (0 or None: not checked). `model_roots`: the server folders a
     registered `base_model` path may point into (None: any). The app's lifespan runs the
@@ -65,9 +67,11 @@ def create_serve_app(backend: LocalBackend, *, api_key: str | None = None,
     app.router.lifespan_context = lifespan
     app.include_router(management_router(backend, heartbeat_s=heartbeat_s, registrations=registrations,
                                          model_roots=model_roots))
-    app.include_router(dashboard_router(backend.root))  # /dashboard, behind the same key
-    app.add_middleware(BodyLimit, max_bytes=max_body_bytes, path_limits={"/v1/": max_chat_body_bytes})
+    app.include_router(dashboard_router(backend.root, logout=bool(api_key)))  # /dashboard, behind the same key
+    app.add_middleware(BodyLimit, max_bytes=max_body_bytes,
+                       path_limits={"/v1/": max_chat_body_bytes, LOGIN_PATH: LOGIN_MAX_BYTES})
     if api_key:
+        app.include_router(login_router(api_key))
         app.add_middleware(BearerAuth, api_key=api_key)  # runs before any body is read
     app.add_middleware(RefuseQueryCredentials)  # added last: runs first, even before the key check
     return app

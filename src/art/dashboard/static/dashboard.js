@@ -43,7 +43,10 @@ function el(tag, props = {}, ...children) {
 }
 
 async function getJSON(path) {
-  const response = await fetch(API + path, { headers: { accept: "application/json" } });
+  // same-origin: the login cookie of a keyed `art serve` goes along (HttpOnly: never read here).
+  const response = await fetch(API + path, { headers: { accept: "application/json" }, credentials: "same-origin" });
+  // The session ended (logged out elsewhere, or the server's key changed): back to the login form.
+  if (response.status === 401) { location.assign("/dashboard/"); throw new Error("logged out"); }
   const body = await response.json().catch(() => ({}));
   if (!response.ok) throw new Error((body.error && body.error.message) || `HTTP ${response.status}`);
   return body;
@@ -333,8 +336,12 @@ async function showTokens(index) {
   const section = $("tokens");
   const data = await getJSON(`${runPath(state.focus)}/steps/${encodeURIComponent(state.split)}/${state.step}/trajectories/${index}/tokens`);
   section.hidden = false;
+  const gaps = data.tokens.filter((t) => t.trainer_logprob !== null && t.sampler_logprob !== null)
+    .map((t) => Math.abs(t.trainer_logprob - t.sampler_logprob));
   $("tokens-title").textContent = `${state.focus} · ${data.split} step ${data.step} · trajectory #${data.index} · ` +
     `reward ${fmt(data.reward)} · advantage ${signed(data.advantage)} · ${data.trained_tokens} trained tokens` +
+    (gaps.length ? ` · |trainer − sampler| logprob mean ${fmt(gaps.reduce((a, b) => a + b, 0) / gaps.length, 5)}, ` +
+      `max ${fmt(Math.max(...gaps), 5)}` : ` · ${data.trainer_logprob_note}`) +
     (data.has_text ? "" : " · no tokenizer on this machine: ids shown");
   const box = $("token-text");
   box.replaceChildren();
@@ -347,10 +354,13 @@ async function showTokens(index) {
     const text = token.text === null ? `⟨${token.id}⟩` : token.text.replace(/\n/g, "↵\n");
     const kind = !token.trained ? "ctx" : token.advantage > 0 ? "pos" : token.advantage < 0 ? "neg" : "zero";
     const sampler = token.sampler_logprob === null ? "n/a" : token.sampler_logprob.toFixed(4);
+    const trainer = token.trainer_logprob === null ? "n/a" : token.trainer_logprob.toFixed(4);
+    const both = token.sampler_logprob !== null && token.trainer_logprob !== null;
+    const difference = both ? (token.trainer_logprob - token.sampler_logprob).toFixed(5) : "n/a";
     const span = el("span", { class: `tok ${kind}`, text, "data-trained": token.trained ? "1" : "0",
       "data-advantage": token.advantage,
       title: `token ${token.id} · ${token.trained ? `trained, advantage ${signed(token.advantage)}` : "not trained"}\n` +
-        `sampler logprob ${sampler}\ntrainer logprob n/a (model not loaded)\ndifference n/a` });
+        `sampler logprob ${sampler}\ntrainer logprob ${trainer}\ndifference (trainer − sampler) ${difference}` });
     if (token.trained) span.style.backgroundColor = tokenColor(token.advantage);
     box.append(span);
   }
