@@ -50,7 +50,19 @@ async def rollout(model: art.Model, prompt: str, seed: int) -> art.Trajectory:
     return art.Trajectory(messages_and_choices=[*messages, choice], reward=score(choice.message.content or ""))
 
 
-async def main(steps: int, seed: int, group_size: int, prompts_per_step: int, learning_rate: float, path: str) -> list[float]:
+def prompt_stream(prompts: list[str], rng: random.Random):
+    """Every prompt once in a shuffled order, again and again: dynamic sampling draws from it
+    until a step has enough groups with signal."""
+    while True:
+        order = prompts[:]
+        rng.shuffle(order)
+        yield from order
+
+
+async def main(steps: int, seed: int, group_size: int, prompts_per_step: int, learning_rate: float, path: str,
+               min_groups_with_signal: int | None = -1, entropy_bonus: float = 0.0) -> list[float]:
+    """Train; returns the mean reward of every step's rollouts. `min_groups_with_signal` -1
+    means prompts_per_step (dynamic sampling on), None turns it off."""
     backend = art.LocalBackend(path=path)
     model = art.TrainableModel(name=f"maybe-seed{seed}", project="yes-no-maybe", base_model=art.DEFAULT_MODEL)
     await model.register(backend)
@@ -59,29 +71,37 @@ async def main(steps: int, seed: int, group_size: int, prompts_per_step: int, le
     run_dir = Path(path) / model.project / "models" / model.name
     curve = run_dir / "reward.png"
     print(f"reward curve (redrawn every step): {curve}")
+    signal = prompts_per_step if min_groups_with_signal == -1 else min_groups_with_signal
     for step in range(await model.get_step(), steps):
         rng = random.Random(seed * 10_000 + step)
-        batch = rng.sample(prompts, prompts_per_step)
+        stream = prompt_stream(prompts, rng) if signal else iter(rng.sample(prompts, prompts_per_step))
         groups = await art.gather_trajectory_groups(
             (
                 art.TrajectoryGroup(rollout(model, p, seed=rng.randrange(2**31)) for _ in range(group_size))
-                for p in batch
+                for p in stream
             ),
             pbar_desc=f"step {step} rollouts",
+            min_groups_with_signal=signal,
         )
-        reward = sum(t.reward for g in groups for t in g.trajectories) / sum(len(g.trajectories) for g in groups)
-        await model.train(groups, config=art.TrainConfig(learning_rate=learning_rate))
+        reward = groups.stats.reward_mean  # every rollout's, the groups dynamic sampling dropped too
+        if groups:
+            await model.train(groups, config=art.TrainConfig(learning_rate=learning_rate),
+                              _config=art.dev.TrainConfig(entropy_bonus=entropy_bonus) if entropy_bonus else None)
+        else:  # every group drawn had equal rewards: nothing to learn from, the step is only logged
+            await model.log(metrics={"reward": reward, "rollouts": groups.stats.rollouts}, split="train")
         rewards.append(reward)
-        print(f"step {step}: mean reward {reward:.3f}", flush=True)
+        print(f"step {step}: mean reward {reward:.3f} ({groups.stats.rollouts} rollouts, "
+              f"{len(groups)} groups with signal)", flush=True)
         plot_rewards(_train_rewards(run_dir), curve)  # as it goes: a killed run keeps its curve
     await backend.close()
     return rewards
 
 
 def _train_rewards(run_dir: Path) -> list[tuple[int, float]]:
-    """(step, train/reward) of every logged step, resumed runs included."""
+    """(step, mean reward of all its rollouts) of every logged step, resumed runs included."""
     rows = [json.loads(line) for line in (run_dir / "history.jsonl").read_text().splitlines()]
-    return sorted((row["step"], row["train/reward"]) for row in rows if "train/reward" in row)
+    return sorted((row["step"], row.get("train/reward_all_rollouts", row["train/reward"]))
+                  for row in rows if "train/reward" in row)
 
 
 def plot_rewards(points: list[tuple[int, float]], out: Path, title: str = "yes/no/maybe: mean reward per step") -> None:
@@ -112,6 +132,9 @@ if __name__ == "__main__":
     parser.add_argument("--prompts-per-step", type=int, default=4)
     parser.add_argument("--learning-rate", type=float, default=1e-3)
     parser.add_argument("--path", default=".art")
+    parser.add_argument("--no-dynamic-sampling", action="store_true",
+                        help="train on the step's groups as drawn, even when their rewards are all equal")
+    parser.add_argument("--entropy-bonus", type=float, default=0.0)
     parser.add_argument("--otlp", metavar="URL", help="trace to an OTLP/HTTP endpoint, e.g. Phoenix's "
                         "http://127.0.0.1:6006/v1/traces (needs the tracing extra)")
     parser.add_argument("--langfuse", action="store_true",
@@ -124,6 +147,7 @@ if __name__ == "__main__":
             art.tracing.configure(args.otlp)
         else:
             art.tracing.configure_langfuse()
-    asyncio.run(main(args.steps, args.seed, args.group_size, args.prompts_per_step, args.learning_rate, args.path))
+    asyncio.run(main(args.steps, args.seed, args.group_size, args.prompts_per_step, args.learning_rate, args.path,
+                     None if args.no_dynamic_sampling else -1, args.entropy_bonus))
     if args.otlp or args.langfuse:
         art.tracing.flush()

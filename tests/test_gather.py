@@ -195,3 +195,63 @@ async def test_trajectory_group_batches_is_lazy_bounded_and_skips():
     assert pulled == 6  # skipped four, ran two: the rest are not pulled yet
     rest = [b async for b in gen]
     assert [[g.trajectories[0].reward for g in b] for b in rest] == [[6]]
+
+
+# -- dynamic sampling ------------------------------------------------------------------------
+
+
+def scripted_groups(rewards_per_group: list[list[float]], started: list[int]):
+    """An endless-looking generator of groups: group k has rewards_per_group[k]; `started`
+    records which groups were drawn (a group's rollouts are made only when it is drawn)."""
+    for k, rewards in enumerate(rewards_per_group):
+        started.append(k)
+        yield TrajectoryGroup(rollout(r, delay=0.01 * (k % 3)) for r in rewards)
+
+
+async def test_dynamic_sampling_keeps_drawing_until_enough_groups_have_signal():
+    flat, mixed = [0.5, 0.5], [0.0, 1.0]
+    started: list[int] = []
+    plan = [flat, mixed, flat, flat, mixed, mixed, mixed, flat]
+    result = await gather_trajectory_groups(scripted_groups(plan, started), pbar_desc=None, min_groups_with_signal=3)
+    assert len(result) == 3 and all(len({t.reward for t in g.trajectories}) == 2 for g in result)
+    assert started == [0, 1, 2, 3, 4, 5]  # no group drawn past the third with signal
+    stats = result.stats
+    assert (stats.groups_drawn, stats.groups_kept, stats.groups_without_signal, stats.rollouts) == (6, 3, 3, 12)
+    assert stats.reward_mean == pytest.approx((0.5 * 6 + 0.0 * 3 + 1.0 * 3) / 12)  # dropped groups count
+
+
+async def test_dynamic_sampling_stops_at_max_groups_and_returns_what_it_has():
+    started: list[int] = []
+    plan = [[1.0, 1.0]] * 5 + [[0.0, 1.0]] * 5
+    result = await gather_trajectory_groups(scripted_groups(plan, started), pbar_desc=None,
+                                            min_groups_with_signal=2, max_groups=4)
+    assert result == [] and started == [0, 1, 2, 3]
+    assert (result.stats.groups_drawn, result.stats.groups_without_signal, result.stats.rollouts) == (4, 4, 8)
+
+
+async def test_dynamic_sampling_closes_the_undrawn_coroutines_of_a_list(recwarn):
+    groups = [TrajectoryGroup(rollout(r) for r in (0.0, 1.0)) for _ in range(6)]
+    result = await gather_trajectory_groups(groups, pbar_desc=None, min_groups_with_signal=2)
+    assert len(result) == 2 and result.stats.groups_drawn == 2
+    del groups
+    import gc
+
+    gc.collect()
+    assert not [w for w in recwarn if "never awaited" in str(w.message)]
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    ({"min_groups_with_signal": 0}, "min_groups_with_signal"),
+    ({"min_groups_with_signal": True}, "min_groups_with_signal"),
+    ({"min_groups_with_signal": 3, "max_groups": 2}, "max_groups"),
+])
+async def test_dynamic_sampling_options_are_checked(kwargs, field):
+    with pytest.raises(ArtValueError) as info:
+        await gather_trajectory_groups([], pbar_desc=None, **kwargs)
+    assert info.value.field == field
+
+
+async def test_without_dynamic_sampling_the_stats_count_every_rollout():
+    groups = groups_with_failures(3, 2, failures=1)
+    result = await gather_trajectory_groups(groups, pbar_desc=None, max_exceptions=1)
+    assert (result.stats.groups_drawn, result.stats.groups_kept, result.stats.rollouts) == (3, 3, 6)

@@ -240,6 +240,43 @@ def test_advantage_balance():
     assert sorted(s.advantage for s in sequences) == pytest.approx([-1.0, 0.5], abs=1e-5)
 
 
+# -- entropy bonus --------------------------------------------------------------------------
+
+ENTROPY = torch.tensor([[0.7, 0.1, 9.0], [0.3, 0.2, 0.4]])  # 9.0 sits outside the mask
+
+
+def test_entropy_bonus_hand_values_and_gradient():
+    base, _ = loss_and_grad(epsilon=0.2)
+    entropy = ENTROPY.clone().requires_grad_(True)
+    new, old = batch()
+    terms = policy_loss_terms(new, old, ADV, MASK, epsilon=0.2, entropy=entropy, entropy_bonus=0.5)
+    terms["loss"].backward()
+    # masked entropies sum to 0.7 + 0.1 + 0.3 + 0.2 + 0.4 = 1.7; the loss drops by 0.5 x 1.7
+    assert float(terms["entropy"]) == pytest.approx(1.7)
+    assert float(terms["loss"].detach()) == pytest.approx(float(base["loss"].detach()) - 0.85, abs=1e-6)
+    assert close(entropy.grad, [[-0.5, -0.5, 0.0], [-0.5, -0.5, -0.5]])  # raising entropy lowers the loss
+
+
+def test_entropy_is_reported_but_trains_nothing_at_bonus_zero():
+    entropy = ENTROPY.clone().requires_grad_(True)
+    new, old = batch()
+    terms = policy_loss_terms(new, old, ADV, MASK, epsilon=0.2, entropy=entropy)
+    terms["loss"].backward()
+    assert float(terms["entropy"]) == pytest.approx(1.7) and entropy.grad is None
+
+
+def test_token_entropy_from_the_same_logits_as_the_logprob():
+    from art.training.logprobs import _chunk_with_entropy
+
+    torch.manual_seed(0)
+    logits = torch.randn(5, 11)
+    targets = torch.tensor([0, 3, 10, 4, 4])
+    logprob, entropy = _chunk_with_entropy(lambda h: h, logits, targets)
+    p = torch.softmax(logits, dim=-1)
+    assert torch.allclose(logprob, torch.log(p[torch.arange(5), targets]), atol=1e-6)
+    assert torch.allclose(entropy, -(p * p.log()).sum(-1), atol=1e-6)
+
+
 # -- options --------------------------------------------------------------------------------
 
 def test_clip_defaults_follow_the_objective():
@@ -254,11 +291,12 @@ def test_validation_lists_every_bad_field():
         TrainOptions.build(None, {
             "ppo": "yes", "importance_sampling_level": "seq", "loss_normalization": "constant",
             "scale_rewards": "batchy", "advantage_balance": 2, "truncated_importance_sampling": 0,
-            "precalculate_logprobs": 1, "epsilon": -1,
+            "precalculate_logprobs": 1, "epsilon": -1, "entropy_bonus": -0.1,
         })
     message = str(info.value)
     for name in ("ppo", "importance_sampling_level", "max_tokens_normalizer", "scale_rewards",
-                 "advantage_balance", "truncated_importance_sampling", "precalculate_logprobs", "epsilon"):
+                 "advantage_balance", "truncated_importance_sampling", "precalculate_logprobs", "epsilon",
+                 "entropy_bonus"):
         assert name in message, name
     with pytest.raises(art.ArtValueError, match="loss_normalization.*max_tokens_normalizer"):
         TrainOptions.build(None, {"max_tokens_normalizer": 0, "loss_normalization": "bogus"})
@@ -307,8 +345,22 @@ def test_trainer_precalculated_logprobs_and_tis_metrics():
     assert 0 < metrics["tis_weight_mean"] <= 2.0 and 0 <= metrics["tis_truncated_fraction"] <= 1
 
 
+def test_trainer_entropy_bonus_raises_the_entropy_it_reports():
+    """The same step with and without the bonus: the bonus moves the weights towards a flatter
+    policy, so the next step's reported entropy (before any update) is higher."""
+    groups = [group_of([1.0, 0.0, 0.5]), group_of([0.0, 1.0], prompt=(2, 1, 1))]
+    after = {}
+    for bonus in (0.0, 1.0):
+        trainer = tiny_trainer()
+        first = trainer.step(copy.deepcopy(groups), TrainOptions(learning_rate=5e-2, max_grad_norm=1e6,
+                                                                 entropy_bonus=bonus))
+        assert 0 < first["entropy"] <= math.log(16)  # a 16-token vocabulary
+        after[bonus] = trainer.step(copy.deepcopy(groups), TrainOptions(learning_rate=1e-9))["entropy"]
+    assert after[1.0] > after[0.0]
+
+
 @pytest.mark.parametrize("options", [
-    {"loss_normalization": "sequence"}, {"loss_normalization": "constant", "max_tokens_normalizer": 8},
+    {"loss_normalization": "sequence"}, {"entropy_bonus": 0.1}, {"loss_normalization": "constant", "max_tokens_normalizer": 8},
     {"ppo": False, "importance_sampling_level": "sequence"},
 ])
 def test_trainer_update_does_not_depend_on_micro_batch_size(options):

@@ -10,7 +10,8 @@ from __future__ import annotations
 import asyncio
 import inspect
 import math
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from tqdm.auto import tqdm
@@ -62,6 +63,7 @@ class _Progress:
         self.tokens = 0
         self._expected: dict[int, object] = {}  # id -> object, kept alive so ids stay unique
         self._recorded: dict[int, object] = {}
+        self.notes: dict[str, int] = {}
         self.pbar = tqdm(total=0, desc=desc, disable=desc is None, unit="traj")
 
     def limit(self) -> float:
@@ -120,10 +122,18 @@ class _Progress:
         postfix.update({key: self.metric_sums[key] / self.metric_counts[key] for key in keys})
         if self.exceptions:
             postfix["exceptions"] = self.exceptions
+        postfix.update(self.notes)
         if self.show_tokens and self.tokens:
             postfix["completion_tokens"] = self.tokens
         self.pbar.set_postfix(postfix, refresh=False)
         self.pbar.update(1)
+
+    def reward_mean(self) -> float | None:
+        return self.reward_sum / self.finished if self.finished else None
+
+    def note(self, key: str, value: int) -> None:
+        """A count shown after the metrics (e.g. groups dropped by dynamic sampling)."""
+        self.notes[key] = value
 
     def close(self) -> None:
         self.pbar.close()
@@ -164,6 +174,36 @@ async def _finish_group(
     return group if group is not None and len(group.trajectories) else None
 
 
+@dataclass
+class GatherStats:
+    """What one gather spent: every rollout it ran, kept or not."""
+
+    groups_drawn: int = 0
+    """Groups started (drawn from the input)."""
+    groups_kept: int = 0
+    groups_without_signal: int = 0
+    """Dropped by dynamic sampling: every reward equal, so they would train nothing."""
+    rollouts: int = 0
+    """Finished rollouts, failed ones included, in kept and dropped groups alike."""
+    reward_mean: float | None = None
+    """Mean reward of every finished rollout, dropped groups included: the policy's reward
+    (the kept groups alone over-represent mixed outcomes)."""
+
+
+class GatheredGroups(list):
+    """The list of groups `gather_trajectory_groups` returns, with its `stats`; `model.train`
+    reads them to report the rollouts spent per trained group."""
+
+    def __init__(self, groups: Iterable[TrajectoryGroup] = (), stats: GatherStats | None = None) -> None:
+        super().__init__(groups)
+        self.stats = stats or GatherStats()
+
+
+def has_signal(group: TrajectoryGroup) -> bool:
+    """Whether the group's rewards differ (the trainer skips groups whose rewards are all equal)."""
+    return len({float(t.reward) for t in group.trajectories}) > 1
+
+
 async def gather_trajectory_groups(
     groups: Iterable[Awaitable[TrajectoryGroup]],
     *,
@@ -172,7 +212,9 @@ async def gather_trajectory_groups(
     max_exceptions: int | float = 0,
     max_metrics: int | None = None,
     after_each: Callable[[TrajectoryGroup], Awaitable[TrajectoryGroup | None]] | None = None,
-) -> list[TrajectoryGroup]:
+    min_groups_with_signal: int | None = None,
+    max_groups: int | None = None,
+) -> GatheredGroups:
     """Run every group concurrently and return the finished ones in input order.
 
     `max_exceptions` is a count, or a fraction of all trajectories when a float in (0, 1);
@@ -181,10 +223,30 @@ async def gather_trajectory_groups(
     `after_each(group)` may return a replacement (e.g. RULER-scored) or None to drop it.
     `pbar_desc=None` hides the progress bar; `max_metrics` caps how many trajectory metrics
     it shows; `pbar_total_completion_tokens=False` leaves out the completion-token count.
+
+    Dynamic sampling (DAPO, Yu et al. 2025) with `min_groups_with_signal=N`: groups whose
+    rewards are all equal (after `after_each`) are dropped, since GRPO trains nothing on them,
+    and further groups are drawn from `groups` until N groups with signal are gathered or
+    `max_groups` (default 4N) have been drawn. `groups` is then read lazily, N at a time in
+    flight, so it may be an endless generator; a group is only started when one is still
+    needed, so no rollout runs past the target. The returned list's `stats` (`GatherStats`)
+    count what was drawn, kept and dropped.
     """
+    progress = _Progress(pbar_desc, max_exceptions, max_metrics, pbar_total_completion_tokens)
+    if min_groups_with_signal is not None:
+        target, cap = _check_dynamic_sampling(min_groups_with_signal, max_groups)
+        with tracing.span("art.gather", {"openinference.span.kind": "CHAIN",
+                                         "art.min_groups_with_signal": target}) as current:
+            try:
+                gathered = await _gather_with_signal(iter(groups), progress, after_each, target, cap,
+                                                     finite=isinstance(groups, (list, tuple)))
+            finally:
+                progress.close()
+            tracing.set_attributes(current, {"art.groups": gathered.stats.groups_drawn,
+                                             "art.groups_kept": len(gathered)})
+        return gathered
     items = list(groups)
     _check_awaitables(items, "groups")
-    progress = _Progress(pbar_desc, max_exceptions, max_metrics, pbar_total_completion_tokens)
     for item in items:
         if isinstance(item, TrajectoryGroup):
             progress.expect(item, item._expected_size())
@@ -200,7 +262,74 @@ async def gather_trajectory_groups(
             progress.close()
         kept = [group for group in results if group is not None]
         tracing.set_attributes(current, {"art.groups_kept": len(kept)})
-    return kept
+    return GatheredGroups(kept, GatherStats(groups_drawn=len(items), groups_kept=len(kept),
+                                            rollouts=progress.finished + progress.exceptions,
+                                            reward_mean=progress.reward_mean()))
+
+
+def _check_dynamic_sampling(target, cap) -> tuple[int, int]:
+    if not (isinstance(target, int) and not isinstance(target, bool) and target >= 1):
+        raise ArtValueError(f"min_groups_with_signal must be a positive int or None, got {target!r}",
+                            field="min_groups_with_signal")
+    cap = 4 * target if cap is None else cap
+    if not (isinstance(cap, int) and not isinstance(cap, bool) and cap >= target):
+        raise ArtValueError(f"max_groups must be an int >= min_groups_with_signal ({target}), got {cap!r}",
+                            field="max_groups")
+    return target, cap
+
+
+async def _gather_with_signal(items: Iterator[Any], progress: _Progress, after_each, target: int,
+                              cap: int, finite: bool) -> GatheredGroups:
+    """Keep `target - kept` groups in flight, drawing the next one each time a group ends
+    without signal, until `target` are kept or `cap` drawn; results in draw order. `finite`:
+    the input is a list, whose undrawn coroutines are closed at the end (a generator's are
+    never made)."""
+    stats = GatherStats()
+    kept: dict[int, TrajectoryGroup] = {}
+    in_flight: dict[asyncio.Future, int] = {}
+
+    def draw() -> bool:
+        item = next(items, None)
+        if item is None:
+            return False
+        _check_awaitables([item], "groups")
+        if isinstance(item, TrajectoryGroup):
+            progress.expect(item, item._expected_size())
+        token = _REPORTER.set(progress)  # the task copies the context when created
+        try:
+            in_flight[asyncio.ensure_future(_finish_group(item, progress, after_each))] = stats.groups_drawn
+        finally:
+            _REPORTER.reset(token)
+        stats.groups_drawn += 1
+        return True
+
+    def refill() -> None:
+        while len(kept) + len(in_flight) < target and stats.groups_drawn < cap and draw():
+            pass
+
+    try:
+        refill()
+        while in_flight:
+            done, _ = await asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                index = in_flight.pop(task)
+                group = task.result()  # TooManyExceptionsError and hook errors propagate
+                if group is not None and has_signal(group):
+                    kept[index] = group
+                elif group is not None:
+                    stats.groups_without_signal += 1
+                    progress.note("groups_without_signal", stats.groups_without_signal)
+            refill()
+    except BaseException:
+        await _cancel(in_flight)
+        raise
+    finally:
+        for item in items if finite else ():
+            _discard(item)
+    stats.groups_kept = len(kept)
+    stats.rollouts = progress.finished + progress.exceptions
+    stats.reward_mean = progress.reward_mean()
+    return GatheredGroups([kept[i] for i in sorted(kept)], stats)
 
 
 async def gather_trajectories(

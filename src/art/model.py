@@ -133,12 +133,14 @@ class TrainableModel(Model):
         """One GRPO update; returns once the new step is saved and served. The groups' rewards
         and the update's metrics are logged under `train/` at the step that sampled them."""
         backend = self._require_backend()
+        stats = getattr(trajectory_groups, "stats", None)  # from gather_trajectory_groups
         groups = list(trajectory_groups)
         step = await self.get_step()
         with tracing.span("art.train", {"art.model": f"{self.project}/{self.name}", "art.step_from": step,
                                         "art.groups": len(groups)}):
             result = await backend._train_model(self, groups, config, _config or {}, verbose)
         metrics = {f"train/{k}": v for k, v in result.metrics.items()}
+        metrics.update(_rollout_spending(groups, stats, result.metrics.get("groups_trained")))
         await self.log(groups, split="train", metrics=metrics, step=step)
 
     async def delete_checkpoints(self, best_checkpoint_metric: str = "val/reward") -> list[int]:
@@ -149,6 +151,20 @@ class TrainableModel(Model):
         if self._backend is None:
             raise ArtValueError(f"model {self.name!r} is not registered: `await model.register(backend)` first")
         return self._backend
+
+
+def _rollout_spending(groups: list[TrajectoryGroup], stats, groups_trained) -> dict[str, float]:
+    """How many rollouts the step spent for each group it trained on: the gather's own count
+    when the groups came from `gather_trajectory_groups` (dropped groups included), else the
+    rollouts handed to train."""
+    rollouts = stats.rollouts if stats is not None else sum(len(g.trajectories) for g in groups)
+    out = {"train/rollouts": float(rollouts)}
+    if stats is not None and stats.groups_without_signal:
+        out["train/groups_without_signal"] = float(stats.groups_without_signal)
+        out["train/reward_all_rollouts"] = stats.reward_mean  # train/reward covers the kept groups only
+    if groups_trained:
+        out["train/rollouts_per_trained_group"] = rollouts / groups_trained
+    return out
 
 
 def _as_groups(items) -> list[TrajectoryGroup]:

@@ -14,6 +14,9 @@ class TrainConfig(TypedDict, total=False):
     advantage_balance: float
     """In [-1, 1]: 1 trains only on positive advantages, -1 only on negative ones (the other side
     is scaled by 1 - |b|). Default 0.0 (balanced)."""
+    entropy_bonus: float
+    """Coefficient of the trained tokens' entropy, subtracted from the loss (verl's entropy_coeff):
+    keeps sampling diverse so a better answer can still be found. Default 0.0."""
     ppo: bool
     """True: PPO clipped surrogate. False: CISPO (clipped, detached importance weight times
     A * logp_new; ART's default). Default True."""

@@ -22,6 +22,10 @@ from art.server.tools import CLOSE, OPEN
 
 COMPACT = {"whitespace_flexible": False}
 """llguidance's JSON options: no optional whitespace between tokens of the JSON."""
+AS_WRITTEN_BACK = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+"""A forced tool call's JSON spaced exactly as `tools.call_block` writes it back into the next
+turn's prompt (json.dumps' separators), so that prompt extends the sampled ids and a multi-turn
+trajectory trains as one sequence."""
 
 
 def grammar_for(response_format: dict[str, Any] | None, tools: list[dict[str, Any]] | None,
@@ -70,5 +74,5 @@ def _tool_call_grammar(functions: list[dict[str, Any]], several: bool) -> str:
     start = 'start: block ("\\n" block)*' if several else "start: block"
     lark = (f"{start}\n"
             f"block: {json.dumps(OPEN + chr(10))} call {json.dumps(chr(10) + CLOSE)}\n"
-            f"call: %json {json.dumps({**schema, 'x-guidance': COMPACT})}\n")
+            f"call: %json {json.dumps({**schema, 'x-guidance': AS_WRITTEN_BACK})}\n")
     return json.dumps({"grammars": [{"lark_grammar": lark}]})

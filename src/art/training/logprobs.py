@@ -18,28 +18,32 @@ CHUNK_TOKENS = 1024
 
 def gathered_logprobs(model, ids: torch.Tensor, attention: torch.Tensor, sources: tuple[torch.Tensor, torch.Tensor],
                       targets: torch.Tensor, *, position_ids: torch.Tensor | None = None,
-                      chunk_tokens: int = CHUNK_TOKENS) -> torch.Tensor:
-    """log p(targets[k] | the context of slot sources[k]) for each k: [k].
+                      chunk_tokens: int = CHUNK_TOKENS, with_entropy: bool = False) -> torch.Tensor:
+    """log p(targets[k] | the context of slot sources[k]) for each k: [k]; with `with_entropy`,
+    [2, k]: those and the entropy of each predicting distribution (from the same logits).
 
     ids: [rows, width]; attention: a 2D padding mask or a 4D additive mask (packed rows);
     sources: (row index [k], column index [k]) of the hidden state that predicts each target.
     """
+    chunk = _chunk_with_entropy if with_entropy else _chunk
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     trunk, head = getattr(base, "model", None), getattr(base, "lm_head", None)
     rows, columns = sources
     if trunk is None or head is None or getattr(base.config, "final_logit_softcapping", None):
         logits = model(input_ids=ids, attention_mask=attention, position_ids=position_ids).logits
-        return -F.cross_entropy(logits[rows, columns].float(), targets, reduction="none")
+        return chunk(lambda h: h, logits[rows, columns], targets)
     hidden = trunk(input_ids=ids, attention_mask=attention, position_ids=position_ids).last_hidden_state
     picked = hidden[rows, columns]  # [k, dim]
     pieces = []
     for start in range(0, picked.shape[0], chunk_tokens):
         h, t = picked[start:start + chunk_tokens], targets[start:start + chunk_tokens]
         if torch.is_grad_enabled() and h.requires_grad:
-            pieces.append(checkpoint(_chunk, head, h, t, use_reentrant=False))
+            pieces.append(checkpoint(chunk, head, h, t, use_reentrant=False))
         else:
-            pieces.append(_chunk(head, h, t))
-    return torch.cat(pieces) if pieces else hidden.new_zeros(0)
+            pieces.append(chunk(head, h, t))
+    if not pieces:
+        return hidden.new_zeros((2, 0) if with_entropy else 0)
+    return torch.cat(pieces, dim=-1)
 
 
 def sequence_logprobs(model, ids: torch.Tensor, attention: torch.Tensor,
@@ -56,3 +60,11 @@ def sequence_logprobs(model, ids: torch.Tensor, attention: torch.Tensor,
 def _chunk(head, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     logits = head(hidden).float()  # [chunk, vocab]
     return -F.cross_entropy(logits, targets, reduction="none")
+
+
+def _chunk_with_entropy(head, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """[2, chunk]: log p(target) and H(p) = -sum_v p_v log p_v, from one log-softmax."""
+    logp = torch.log_softmax(head(hidden).float(), dim=-1)  # [chunk, vocab]
+    picked = logp.gather(1, targets[:, None])[:, 0]
+    entropy = -(logp.exp() * logp).sum(dim=-1)
+    return torch.stack([picked, entropy])

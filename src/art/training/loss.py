@@ -73,6 +73,8 @@ def policy_loss_terms(
     sampler_logprobs: torch.Tensor | None = None,  # [rows, tokens] when old != sampler (TIS)
     truncated_importance_sampling: float | None = None,
     normalizer: Normalizer | None = None,
+    entropy: torch.Tensor | None = None,  # [rows, tokens] the trainer's token entropies (with grad)
+    entropy_bonus: float = 0.0,
 ) -> dict[str, torch.Tensor]:
     """Per-token policy loss plus optional KL, reduced by `normalizer`.
 
@@ -91,6 +93,9 @@ def policy_loss_terms(
     were not precalculated, sg(logp_new) (the same policy: one optimizer step per batch).
     KL penalty with the k3 estimator (Schulman 2020, "Approximating KL divergence"):
         KL_t = exp(logp_ref - logp_new) - (logp_ref - logp_new) - 1,  added as beta * KL_t.
+    Entropy bonus (PPO's c2 term; verl's entropy_coeff), when `entropy` is given:
+        L_t -= entropy_bonus * H_t,  H_t the entropy of the distribution token t was drawn from,
+    which keeps the policy from collapsing onto one answer before it has found the best one.
     "loss" is `normalizer.reduce` of the token terms (this micro-batch's share of the step's
     loss; a plain sum over trained tokens when `normalizer` is None). The other entries are
     sums over trained tokens, for metrics.
@@ -130,6 +135,10 @@ def policy_loss_terms(
         kl = torch.exp(delta) - delta - 1
         terms["kl"] = (kl * mask).sum()
         loss = loss + beta * kl
+    if entropy is not None:
+        terms["entropy"] = (entropy.detach() * mask).sum()
+        if entropy_bonus:
+            loss = loss - entropy_bonus * entropy
     terms["loss"] = (loss * mask).sum() if normalizer is None else normalizer.reduce(loss, mask)
     return terms
 

@@ -18,7 +18,7 @@ ADAMW_WEIGHT_DECAY = 0.1
 PACKING_MODES = ("shared_prefix", "packed", "padded")  # see art.training.packing
 # Upper bounds: far above any sensible run, low enough that a typo cannot run for days or
 # blow the weights up (each bound is in the error message that names the field).
-BOUNDS = {"learning_rate": 1.0, "max_grad_norm": 1e6, "beta": 1e3, "epsilon": 1e3, "epsilon_high": 1e3,
+BOUNDS = {"learning_rate": 1.0, "max_grad_norm": 1e6, "beta": 1e3, "entropy_bonus": 10.0, "epsilon": 1e3, "epsilon_high": 1e3,
           "truncated_importance_sampling": 1e6, "micro_batch_tokens": 1 << 24, "packed_row_tokens": 1 << 20,
           "max_tokens_normalizer": 1 << 24, "mini_batches": 4096, "epochs": 100}
 
@@ -29,6 +29,9 @@ class TrainOptions:
     """AdamW learning rate (constant)."""
     beta: float = 0.0
     """KL coefficient (k3 estimator) against the base model; 0 skips the reference pass."""
+    entropy_bonus: float = 0.0
+    """Coefficient of the trained tokens' entropy, subtracted from the loss (PPO's c2, verl's
+    entropy_coeff): keeps sampling diverse. The mean entropy is reported as `entropy` either way."""
     ppo: bool = True
     """True: PPO clipped surrogate. False: CISPO, the clipped, detached importance weight times
     A * logp_new (ART's switch; ART's own default is False)."""
@@ -119,8 +122,9 @@ class TrainOptions:
             value = getattr(self, name)
             if not _number(value) or value <= 0:
                 out.append(f"{name} must be a positive number, got {value!r}")
-        if not _number(self.beta) or self.beta < 0:
-            out.append(f"beta must be >= 0, got {self.beta!r}")
+        for name in ("beta", "entropy_bonus"):
+            if not _number(getattr(self, name)) or getattr(self, name) < 0:
+                out.append(f"{name} must be >= 0, got {getattr(self, name)!r}")
         for name in ("epsilon", "epsilon_high", "truncated_importance_sampling"):
             value = getattr(self, name)
             if value is not None and not (_number(value) and value > 0):

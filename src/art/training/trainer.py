@@ -137,6 +137,7 @@ class Trainer:
             metrics["peak_gpu_memory_gb"] = torch.cuda.max_memory_allocated(self.device) / 2**30
         if "kl" in sums:
             metrics["kl"] = sums["kl"] / total_trained
+        metrics["entropy"] = sums["entropy"] / total_trained  # mean over trained tokens: falls as the policy collapses
         if "tis_weight" in sums:  # truncated importance sampling: mean weight, share capped
             metrics["tis_weight_mean"] = sums["tis_weight"] / total_trained
             metrics["tis_truncated_fraction"] = sums["tis_truncated"] / total_trained
@@ -220,13 +221,16 @@ class Trainer:
             return torch.autocast(self.device.type, dtype=self.dtype)
         return contextlib.nullcontext()
 
-    def _logprobs(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
-        """Trainer logprobs of the trained tokens, laid out like inputs["mask"]; 0 elsewhere."""
+    def _logprobs(self, inputs: dict[str, torch.Tensor], with_entropy: bool = False):
+        """Trainer logprobs of the trained tokens, laid out like inputs["mask"]; 0 elsewhere.
+        With `with_entropy`, also the entropy of each trained token's distribution, laid out alike."""
         with self.compute_precision():
             values = gathered_logprobs(self.model, inputs["ids"], inputs["attention"], inputs["sources"],
-                                       inputs["targets"], position_ids=inputs["positions"])
+                                       inputs["targets"], position_ids=inputs["positions"], with_entropy=with_entropy)
         out = torch.zeros(inputs["mask"].shape, dtype=values.dtype, device=values.device)
-        return out.index_put(inputs["scatter"], values)
+        if not with_entropy:
+            return out.index_put(inputs["scatter"], values)
+        return out.index_put(inputs["scatter"], values[0]), out.index_put(inputs["scatter"], values[1])
 
     @torch.no_grad()
     def _pre_update_logprobs(self, batches: list[MicroBatch]) -> list[torch.Tensor]:
@@ -236,7 +240,7 @@ class Trainer:
     def _forward(self, batch: MicroBatch, options: TrainOptions, normalizer: Normalizer,
                  before: torch.Tensor | None = None, record: bool = False) -> dict[str, torch.Tensor]:
         inputs = self._inputs(batch)
-        new = self._logprobs(inputs)  # [sequences, tokens-1]
+        new, entropy = self._logprobs(inputs, with_entropy=True)  # [sequences, tokens-1] each
         if record:
             keep_trainer_logprobs(batch.sequences, new if before is None else before)
         ref = None
@@ -250,7 +254,7 @@ class Trainer:
             ppo=options.ppo, importance_sampling_level=options.importance_sampling_level,
             sampler_logprobs=None if before is None else sampler,
             truncated_importance_sampling=options.truncated_importance_sampling,
-            normalizer=normalizer,
+            normalizer=normalizer, entropy=entropy, entropy_bonus=options.entropy_bonus,
         )
 
     @torch.no_grad()
