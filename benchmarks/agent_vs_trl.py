@@ -2,7 +2,7 @@
 
     python benchmarks/agent_vs_trl.py [--steps 10] [--ours-steps N] [--seed 0] [--group-size 8]
                                       [--problems-per-step 4] [--learning-rate 1e-3]
-                                      [--skip-ours] [--skip-trl]
+                                      [--trl-first-turn prefill|free] [--skip-ours] [--skip-trl]
 
 The task is examples/tool_agent.py, imported from the file: the calculator agent on the default
 model (SmolLM2-135M-Instruct), CPU. Each episode asks "Use the calculator to compute {a} * {b},
@@ -39,22 +39,23 @@ grpo_trainer.py, trl/chat_template_utils.py):
      Qwen3 `response_template` (`<tool_call>` JSON blocks after `<|im_start|>assistant\\n`,
      the chatml tokens SmolLM2 uses too).
   3. THE ONE TASK DIFFERENCE: ours forces the whole first turn to be one valid call
-     (`tool_choice="required"`: constrained decoding to `<tool_call>\n{"name": "calculate",
-     "arguments": {"expression": "<pattern>"}}\n</tool_call>`). TRL has no tool_choice and no
+     (`tool_choice="required"`: constrained decoding to `<tool_call>\\n{"name": "calculate",
+     "arguments": {"expression": "<pattern>"}}\\n</tool_call>`). TRL has no tool_choice and no
      per-turn constraint: transformers generation runs unconstrained, and its only structured
      output option (`vllm_structured_outputs_regex`) needs vLLM and applies to every turn. Left
      free (`--trl-first-turn free`), the base model almost never writes a `<tool_call>` block,
      so every episode scores 0 and TRL has no signal to learn from. The default,
      `--trl-first-turn prefill`, is the closest TRL can run: the template writes the forced
-     call's text up to the expression, `<tool_call>\n{"name": "calculate", "arguments":
+     call's text up to the expression, `<tool_call>\\n{"name": "calculate", "arguments":
      {"expression": "`, after the first turn's assistant header (through GRPOConfig's
      `chat_template_kwargs`; TRL's parser reads the prompt's tail, so the call parses); the
      model writes the expression and closes the call, unconstrained, and those prefilled tokens
-     are prompt, not trained. `called_tool` in the JSON (share of TRL episodes whose first turn
-     parsed as a call) shows what the weaker forcing costs.
+     are prompt: not trained, and not counted in the turn's 48 new tokens. `called_tool` in
+     the JSON (share of TRL episodes whose first turn parsed as a call) shows what the weaker
+     forcing costs.
   Also: TRL runs each turn's generation as one batched `generate` (tool results spliced in as
   token ids) and counts the whole conversation against `max_completion_length`, set here to
-  MAX_TURNS x 48 + 64 tokens so that cap never cuts what ours allows.
+  MAX_TURNS x 48 + 64 tokens: three full turns plus room for two short tool results.
 
 Prints a per-step table for both, then: wall-clock to reach success >= 0.5 for each (or "not
 reached"), their ratio ours / TRL (goal <= 1/3), and the success of ours' last step that ended
@@ -262,7 +263,9 @@ def run_trl(args: argparse.Namespace, root: str) -> list[dict]:
     config = GRPOConfig(
         output_dir=str(Path(root) / "trl"), use_cpu=True, bf16=False, fp16=False, report_to="none",
         save_strategy="no", logging_steps=1, disable_tqdm=True, seed=args.seed, max_steps=args.steps,
-        per_device_train_batch_size=args.problems_per_step * args.group_size, gradient_accumulation_steps=1,
+        # One generation of problems x group size per optimizer step, as ours, computed one group
+        # at a time: a single 32-sequence forward with full-vocabulary logits ran out of 24 GB.
+        per_device_train_batch_size=args.group_size, gradient_accumulation_steps=args.problems_per_step,
         num_generations=args.group_size, shuffle_dataset=False,
         max_tool_calling_iterations=example.MAX_TURNS - 1,  # a call, then up to 2 more turns
         generation_kwargs={"max_new_tokens": max_tokens_per_turn},  # per turn, as ours' max_tokens

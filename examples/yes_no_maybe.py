@@ -3,6 +3,9 @@
 Prompts vary how they ask for "yes", "no" or "maybe". The first of those words in the reply
 scores maybe 1.0, no 0.75, yes 0.5 (else 0), halved when the reply is longer than three words.
 Run:  python examples/yes_no_maybe.py [--steps 12] [--seed 0]
+      [--dynamic-sampling] [--beta 0.04] [--dev entropy_bonus=0.05] [--otlp URL | --langfuse]
+The run settles on "no" (0.75): the model almost never says "maybe" first, and none of the
+exploration options finds it within the run (README, "Exploration", has the measurements).
 """
 
 from __future__ import annotations
@@ -60,9 +63,9 @@ def prompt_stream(prompts: list[str], rng: random.Random):
 
 
 async def main(steps: int, seed: int, group_size: int, prompts_per_step: int, learning_rate: float, path: str,
-               min_groups_with_signal: int | None = -1, entropy_bonus: float = 0.0) -> list[float]:
-    """Train; returns the mean reward of every step's rollouts. `min_groups_with_signal` -1
-    means prompts_per_step (dynamic sampling on), None turns it off."""
+               min_groups_with_signal: int | None = None, beta: float = 0.0, dev: dict | None = None) -> list[float]:
+    """Train; returns the mean reward of every step's rollouts. `min_groups_with_signal`: None
+    trains on the step's groups as drawn; -1 means prompts_per_step (dynamic sampling)."""
     backend = art.LocalBackend(path=path)
     model = art.TrainableModel(name=f"maybe-seed{seed}", project="yes-no-maybe", base_model=art.DEFAULT_MODEL)
     await model.register(backend)
@@ -85,8 +88,8 @@ async def main(steps: int, seed: int, group_size: int, prompts_per_step: int, le
         )
         reward = groups.stats.reward_mean  # every rollout's, the groups dynamic sampling dropped too
         if groups:
-            await model.train(groups, config=art.TrainConfig(learning_rate=learning_rate),
-                              _config=art.dev.TrainConfig(entropy_bonus=entropy_bonus) if entropy_bonus else None)
+            await model.train(groups, config=art.TrainConfig(learning_rate=learning_rate, beta=beta),
+                              _config=dev)
         else:  # every group drawn had equal rewards: nothing to learn from, the step is only logged
             await model.log(metrics={"reward": reward, "rollouts": groups.stats.rollouts}, split="train")
         rewards.append(reward)
@@ -132,9 +135,11 @@ if __name__ == "__main__":
     parser.add_argument("--prompts-per-step", type=int, default=4)
     parser.add_argument("--learning-rate", type=float, default=1e-3)
     parser.add_argument("--path", default=".art")
-    parser.add_argument("--no-dynamic-sampling", action="store_true",
-                        help="train on the step's groups as drawn, even when their rewards are all equal")
-    parser.add_argument("--entropy-bonus", type=float, default=0.0)
+    parser.add_argument("--dynamic-sampling", action="store_true",
+                        help="draw more prompts until each step has --prompts-per-step groups whose rewards differ")
+    parser.add_argument("--beta", type=float, default=0.0, help="KL penalty against the base model")
+    parser.add_argument("--dev", action="append", default=[], metavar="NAME=JSON",
+                        help="an art.dev.TrainConfig option, e.g. --dev entropy_bonus=0.01 (repeatable)")
     parser.add_argument("--otlp", metavar="URL", help="trace to an OTLP/HTTP endpoint, e.g. Phoenix's "
                         "http://127.0.0.1:6006/v1/traces (needs the tracing extra)")
     parser.add_argument("--langfuse", action="store_true",
@@ -148,6 +153,7 @@ if __name__ == "__main__":
         else:
             art.tracing.configure_langfuse()
     asyncio.run(main(args.steps, args.seed, args.group_size, args.prompts_per_step, args.learning_rate, args.path,
-                     None if args.no_dynamic_sampling else -1, args.entropy_bonus))
+                     -1 if args.dynamic_sampling else None, args.beta,
+                     {k: json.loads(v) for k, v in (item.split("=", 1) for item in args.dev)}))
     if args.otlp or args.langfuse:
         art.tracing.flush()

@@ -336,6 +336,21 @@ def chromium():
     return webdriver.Chrome(service=Service(executable_path=driver), options=options)
 
 
+def browser_helpers(browser, folder: Path, shots: list[Path]):
+    """shoot(name): a screenshot into `folder` (listed in `shots`); wait_for(condition, what):
+    poll until `condition()` is truthy, failing with `what` after 60 s."""
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    def shoot(name: str) -> None:
+        shots.append(folder / f"{name}.png")
+        browser.save_screenshot(str(shots[-1]))
+
+    def wait_for(condition, what: str):
+        return WebDriverWait(browser, 60, poll_frequency=0.2).until(lambda _: condition(), message=what)
+
+    return shoot, wait_for
+
+
 def keep(shots: list[Path]) -> None:
     """Copy the screenshots to `ART_DASHBOARD_SHOTS`, when set."""
     if SHOTS:
@@ -346,18 +361,11 @@ def keep(shots: list[Path]) -> None:
 
 async def test_the_page_shows_curves_samples_tokens_and_a_new_step_live(run, dashboard, tmp_path):
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import WebDriverWait
 
     model = run[1]
     browser = chromium()
     shots: list[Path] = []
-
-    def shoot(name: str) -> None:
-        shots.append(tmp_path / f"{name}.png")
-        browser.save_screenshot(str(shots[-1]))
-
-    def wait_for(condition, what: str):
-        return WebDriverWait(browser, 60, poll_frequency=0.2).until(lambda _: condition(), message=what)
+    shoot, wait_for = browser_helpers(browser, tmp_path, shots)
 
     def points(chart: str) -> int:
         return int(browser.find_element(By.ID, chart).get_attribute("data-points"))
@@ -410,17 +418,10 @@ async def test_the_page_shows_curves_samples_tokens_and_a_new_step_live(run, das
 
 def test_a_browser_logs_in_to_a_keyed_server_with_the_form(keyed, tmp_path):
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import WebDriverWait
 
     browser = chromium()
     shots: list[Path] = []
-
-    def shoot(name: str) -> None:
-        shots.append(tmp_path / f"{name}.png")
-        browser.save_screenshot(str(shots[-1]))
-
-    def wait_for(condition, what: str):
-        return WebDriverWait(browser, 60, poll_frequency=0.2).until(lambda _: condition(), message=what)
+    shoot, wait_for = browser_helpers(browser, tmp_path, shots)
 
     def log_in(key: str) -> None:
         field = wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, 'input[name="key"][type="password"]'),

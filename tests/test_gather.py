@@ -244,6 +244,7 @@ async def test_dynamic_sampling_closes_the_undrawn_coroutines_of_a_list(recwarn)
     ({"min_groups_with_signal": 0}, "min_groups_with_signal"),
     ({"min_groups_with_signal": True}, "min_groups_with_signal"),
     ({"min_groups_with_signal": 3, "max_groups": 2}, "max_groups"),
+    ({"max_groups": 8}, "max_groups"),
 ])
 async def test_dynamic_sampling_options_are_checked(kwargs, field):
     with pytest.raises(ArtValueError) as info:

@@ -277,6 +277,20 @@ def test_token_entropy_from_the_same_logits_as_the_logprob():
     assert torch.allclose(entropy, -(p * p.log()).sum(-1), atol=1e-6)
 
 
+def test_regularizers_act_on_groups_with_equal_rewards_too():
+    """Without KL or entropy terms a group whose rewards are all equal trains nothing and is
+    skipped; with either, its samples are kept at advantage 0 so the regularizer acts on them."""
+    from art.training.trainer import EQUAL_REWARDS
+
+    groups = [group_of([1.0, 0.0]), group_of([0.5, 0.5, 0.5], prompt=(2, 1, 1))]
+    plain, issues, stats = prepare_batch(groups, TrainOptions())
+    assert len(plain) == 2 and issues[EQUAL_REWARDS] == 1 and stats["groups_trained"] == 1
+    for options in (TrainOptions(beta=0.1), TrainOptions(entropy_bonus=0.01)):
+        kept, issues, stats = prepare_batch(groups, options)
+        assert len(kept) == 5 and not issues and stats["groups_trained"] == 1
+        assert [s.advantage for s in kept if s.group == 1] == [0.0, 0.0, 0.0]
+
+
 # -- options --------------------------------------------------------------------------------
 
 def test_clip_defaults_follow_the_objective():

@@ -156,3 +156,33 @@ async def test_requests_during_a_training_step_all_succeed_and_say_their_step(ti
     stats = health["engines"]["loop/swap"]
     assert stats["step"] == 1 and stats["engine/queue_depth"] == 0 and stats["engine/decode_steps"] > 0
     await backend.close()
+
+
+async def test_dynamic_sampling_trains_only_groups_with_signal_and_counts_every_rollout(tiny_model_path, tmp_path):
+    """Groups alternate between equal rewards and mixed ones: dynamic sampling drops the equal
+    ones, draws more, trains on the mixed ones only, and the step's metrics count every rollout."""
+    backend = art.LocalBackend(path=str(tmp_path))
+    model = art.TrainableModel(name="tiny", project="dynamic", base_model=str(tiny_model_path))
+    await model.register(backend)
+
+    async def scored(seed: int, reward: float) -> art.Trajectory:
+        trajectory = await rollout(model, seed)
+        trajectory.reward = reward
+        return trajectory
+
+    def groups():
+        for k in range(100):  # read lazily: only as many as needed are drawn
+            rewards = [1.0] * 4 if k % 2 == 0 else [0.0, 1.0, 0.0, 1.0]
+            yield art.TrajectoryGroup(scored(10 * k + i, r) for i, r in enumerate(rewards))
+
+    gathered = await art.gather_trajectory_groups(groups(), pbar_desc=None, min_groups_with_signal=2)
+    assert len(gathered) == 2 and all(len({t.reward for t in g.trajectories}) == 2 for g in gathered)
+    assert (gathered.stats.groups_drawn, gathered.stats.groups_without_signal, gathered.stats.rollouts) == (4, 2, 16)
+    await model.train(gathered, config=art.TrainConfig(learning_rate=1e-2))
+    await backend.close()
+    (row,) = [json.loads(line) for line in (tmp_path / "dynamic" / "models" / "tiny" / "history.jsonl").open()]
+    assert row["train/groups_trained"] == 2 and "train/skipped/group_rewards_all_equal" not in row
+    assert row["train/rollouts"] == 16 and row["train/rollouts_per_trained_group"] == 8
+    assert row["train/groups_without_signal"] == 2
+    assert row["train/reward_all_rollouts"] == pytest.approx((1.0 * 8 + 0.5 * 8) / 16)
+    assert row["train/reward"] == pytest.approx(0.5)  # the kept groups' own mean

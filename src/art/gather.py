@@ -232,9 +232,12 @@ async def gather_trajectory_groups(
     needed, so no rollout runs past the target. The returned list's `stats` (`GatherStats`)
     count what was drawn, kept and dropped.
     """
-    progress = _Progress(pbar_desc, max_exceptions, max_metrics, pbar_total_completion_tokens)
+    if min_groups_with_signal is None and max_groups is not None:
+        raise ArtValueError("max_groups bounds dynamic sampling: set min_groups_with_signal too", field="max_groups")
     if min_groups_with_signal is not None:
         target, cap = _check_dynamic_sampling(min_groups_with_signal, max_groups)
+    progress = _Progress(pbar_desc, max_exceptions, max_metrics, pbar_total_completion_tokens)
+    if min_groups_with_signal is not None:
         with tracing.span("art.gather", {"openinference.span.kind": "CHAIN",
                                          "art.min_groups_with_signal": target}) as current:
             try:

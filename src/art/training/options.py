@@ -18,9 +18,9 @@ ADAMW_WEIGHT_DECAY = 0.1
 PACKING_MODES = ("shared_prefix", "packed", "padded")  # see art.training.packing
 # Upper bounds: far above any sensible run, low enough that a typo cannot run for days or
 # blow the weights up (each bound is in the error message that names the field).
-BOUNDS = {"learning_rate": 1.0, "max_grad_norm": 1e6, "beta": 1e3, "entropy_bonus": 10.0, "epsilon": 1e3, "epsilon_high": 1e3,
-          "truncated_importance_sampling": 1e6, "micro_batch_tokens": 1 << 24, "packed_row_tokens": 1 << 20,
-          "max_tokens_normalizer": 1 << 24, "mini_batches": 4096, "epochs": 100}
+BOUNDS = {"learning_rate": 1.0, "max_grad_norm": 1e6, "beta": 1e3, "entropy_bonus": 10.0, "epsilon": 1e3,
+          "epsilon_high": 1e3, "truncated_importance_sampling": 1e6, "micro_batch_tokens": 1 << 24,
+          "packed_row_tokens": 1 << 20, "max_tokens_normalizer": 1 << 24, "mini_batches": 4096, "epochs": 100}
 
 
 @dataclass(frozen=True)

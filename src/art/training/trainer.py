@@ -331,23 +331,27 @@ def _is_peft(model) -> bool:
 
 
 def prepare_batch(groups, options: TrainOptions) -> tuple[list[Sequence], Counter, dict[str, float]]:
-    """Advantages per group, then sequences; skips (and counts) what carries no signal."""
+    """Advantages per group, then sequences; skips (and counts) what carries no signal. With a
+    KL or entropy term every sample is kept, advantage 0 included: the regularizer must also
+    act where the rewards are equal, which is where a collapsed policy's groups end up."""
     issues: Counter = Counter()
     sequences: list[Sequence] = []
     trained_groups = 0
+    regularized = options.beta > 0 or options.entropy_bonus > 0
     groups = [list(group.trajectories) for group in groups]
     batch_std = reward_std([float(t.reward) for group in groups for t in group])
     for index, trajectories in enumerate(groups):
         rewards = [float(t.reward) for t in trajectories]
-        if len(set(rewards)) < 2:
+        if len(set(rewards)) >= 2:
+            trained_groups += 1
+        elif not regularized:
             issues[EQUAL_REWARDS] += 1
             continue
-        trained_groups += 1
         advantages = group_advantages(rewards, scale_rewards=options.reward_scaling, batch_std=batch_std)
         for member, (trajectory, advantage) in enumerate(zip(trajectories, advantages)):
             advantage = balance_advantage(advantage, options.advantage_balance)
             for sequence in sequences_of_trajectory(trajectory, issues):
-                if advantage == 0.0 and options.beta == 0:
+                if advantage == 0.0 and not regularized:
                     continue  # contributes no gradient
                 sequence.advantage = advantage
                 sequence.group, sequence.member = index, member
