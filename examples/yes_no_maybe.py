@@ -93,8 +93,9 @@ async def main(steps: int, seed: int, group_size: int, prompts_per_step: int, le
         else:  # every group drawn had equal rewards: nothing to learn from, the step is only logged
             await model.log(metrics={"reward": reward, "rollouts": groups.stats.rollouts}, split="train")
         rewards.append(reward)
+        with_signal = sum(len({t.reward for t in g.trajectories}) > 1 for g in groups)
         print(f"step {step}: mean reward {reward:.3f} ({groups.stats.rollouts} rollouts, "
-              f"{len(groups)} groups with signal)", flush=True)
+              f"{with_signal} groups with signal)", flush=True)
         plot_rewards(_train_rewards(run_dir), curve)  # as it goes: a killed run keeps its curve
     await backend.close()
     return rewards

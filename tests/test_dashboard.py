@@ -338,7 +338,9 @@ def chromium():
 
 def browser_helpers(browser, folder: Path, shots: list[Path]):
     """shoot(name): a screenshot into `folder` (listed in `shots`); wait_for(condition, what):
-    poll until `condition()` is truthy, failing with `what` after 60 s."""
+    poll until `condition()` is truthy, failing with `what` after 60 s; an element that went
+    stale or missing while the page changed counts as not yet."""
+    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
     from selenium.webdriver.support.ui import WebDriverWait
 
     def shoot(name: str) -> None:
@@ -346,7 +348,10 @@ def browser_helpers(browser, folder: Path, shots: list[Path]):
         browser.save_screenshot(str(shots[-1]))
 
     def wait_for(condition, what: str):
-        return WebDriverWait(browser, 60, poll_frequency=0.2).until(lambda _: condition(), message=what)
+        # A condition may read an element of the page being replaced (a form just submitted): retry.
+        return WebDriverWait(browser, 60, poll_frequency=0.2,
+                             ignored_exceptions=(NoSuchElementException, StaleElementReferenceException)
+                             ).until(lambda _: condition(), message=what)
 
     return shoot, wait_for
 
