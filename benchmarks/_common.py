@@ -36,6 +36,16 @@ def environment() -> dict:
     }
 
 
+def installed_version(package: str) -> str | None:
+    """A peer's version for the JSON line; None when it is not installed."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return None
+
+
 def ratio(ours: float | None, baseline: float | None) -> float | None:
     """ours / baseline, rounded; None when either side was not measured."""
     if not ours or not baseline:

@@ -76,7 +76,7 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
-from _common import environment, ratio, table
+from _common import environment, installed_version, ratio, table
 
 import art
 from art.server.schemas import ChatMessage
@@ -399,12 +399,7 @@ def main(args: argparse.Namespace) -> None:
         },
         "trl_status": trl_status,
     }
-    try:
-        import trl as trl_module
-
-        report["trl_version"] = trl_module.__version__
-    except ImportError:
-        report["trl_version"] = None
+    report["trl_version"] = installed_version("trl")
     report.update(environment())
     print(json.dumps(report))
 

@@ -38,7 +38,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _common import environment, ratio, table
+from _common import environment, installed_version, ratio, table
 
 import art
 
@@ -277,12 +277,7 @@ async def main(args: argparse.Namespace) -> None:
         },
     }
     report["trl_status"] = trl_status
-    try:
-        import trl as trl_module
-
-        report["trl_version"] = trl_module.__version__
-    except ImportError:
-        report["trl_version"] = None
+    report["trl_version"] = installed_version("trl")
     report.update(environment())
     print(json.dumps(report))
 

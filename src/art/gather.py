@@ -18,6 +18,7 @@ from tqdm.auto import tqdm
 
 from .errors import ArtValueError, TooManyExceptionsError, TrajectoryError
 from .observability import tracing
+from .training.advantages import rewards_differ
 from .trajectories import _REPORTER, Trajectory, TrajectoryGroup, _cancel, _run_all, _wait_all, is_choice
 
 
@@ -200,8 +201,8 @@ class GatheredGroups(list):
 
 
 def has_signal(group: TrajectoryGroup) -> bool:
-    """Whether the group's rewards differ (the trainer skips groups whose rewards are all equal)."""
-    return len({float(t.reward) for t in group.trajectories}) > 1
+    """Whether the group's rewards differ, by the trainer's own test (it skips the others)."""
+    return rewards_differ([float(t.reward) for t in group.trajectories])
 
 
 async def gather_trajectory_groups(

@@ -137,10 +137,7 @@ def send_scores(current: Any, trajectory: Any) -> None:
         return
     context = current.get_span_context()
     trace_id, observation_id = format(context.trace_id, "032x"), format(context.span_id, "016x")
-    scores = {"reward": trajectory.reward}
-    for key, value in (trajectory.metrics or {}).items():
-        if isinstance(value, (int, float)) and key != "reward":
-            scores[key] = value
+    scores = {**(trajectory.metrics or {}), "reward": trajectory.reward}
     for name, value in scores.items():
         if isinstance(value, (int, float)) and math.isfinite(value):
             _langfuse.create_score(name=name, value=float(value), trace_id=trace_id,

@@ -46,11 +46,12 @@ def create_serve_app(backend: LocalBackend, *, api_key: str | None = None,
                      watchdog_train_s: float | None = TRAINING_STEP_S, model_roots: list | None = None) -> FastAPI:
     """The whole app for `backend`. With `api_key`, every route but /health needs it (and
     /health shows details only with it); /dashboard also takes the cookie its login form sets.
-    Bodies are bounded by `max_chat_body_bytes` on /v1 and `max_body_bytes` elsewhere. `watchdog_s`: seconds an engine loop may have pending work
-    without progress, and `watchdog_train_s`: seconds a training step may run, before the
-    watchdog reports them (0 or None: not checked). `model_roots`: the server folders a
-    registered `base_model` path may point into (None: any). The app's lifespan runs the
-    watchdog thread, and shutting the app down stops it and every model's engine."""
+    Bodies are bounded by `max_chat_body_bytes` on /v1 and `max_body_bytes` elsewhere.
+    `watchdog_s`: seconds an engine loop may have pending work without progress, and
+    `watchdog_train_s`: seconds a training step may run, before the watchdog reports them (0 or
+    None: not checked). `model_roots`: the server folders a registered `base_model` path may
+    point into (None: any). The app's lifespan runs the watchdog thread, and shutting the app
+    down stops it and every model's engine."""
     watchdog = Watchdog(backend.activities, limits={"engine": watchdog_s, "training step": watchdog_train_s})
     registrations = Registrations(backend)
     app = create_app(backend, recover=registrations.recover_served, watchdog=watchdog)

@@ -5,6 +5,11 @@ from __future__ import annotations
 import math
 
 
+def rewards_differ(rewards: list[float]) -> bool:
+    """Whether a group carries signal: GRPO learns nothing from a group whose rewards are all equal."""
+    return len(set(rewards)) > 1
+
+
 def reward_std(rewards: list[float]) -> float:
     """Population standard deviation (ART's np.std); 0.0 for no rewards."""
     if not rewards:

@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 from art.errors import ArtValueError, StepCancelledError
 from art.observability import tracing
 
-from art.training.advantages import balance_advantage, group_advantages, reward_std
+from art.training.advantages import balance_advantage, group_advantages, reward_std, rewards_differ
 from art.training import packing
 from art.training.logprobs import gathered_logprobs
 from art.training.loss import Normalizer, policy_loss_terms
@@ -342,7 +342,7 @@ def prepare_batch(groups, options: TrainOptions) -> tuple[list[Sequence], Counte
     batch_std = reward_std([float(t.reward) for group in groups for t in group])
     for index, trajectories in enumerate(groups):
         rewards = [float(t.reward) for t in trajectories]
-        if len(set(rewards)) >= 2:
+        if rewards_differ(rewards):
             trained_groups += 1
         elif not regularized:
             issues[EQUAL_REWARDS] += 1
