@@ -12,7 +12,7 @@ import pytest
 
 import art
 from art import weight_sync
-from art.backends.local import LocalBackend
+from art.backends.local_service import LocalService
 from art.server.serve import create_serve_app
 from art.server.thread import ServerThread
 from tests.devices import DEVICES
@@ -35,8 +35,8 @@ async def ask(client: openai.AsyncOpenAI, model: str, prompt: str):
 async def test_64_requests_during_a_training_step(tiny_model_path, tmp_path, device):
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    backend = LocalBackend(path=str(tmp_path), served_at=url)
-    with ServerThread(create_serve_app(backend), port=port):
+    local = LocalService(str(tmp_path))
+    with ServerThread(create_serve_app(local), port=port):
         async with art.RemoteBackend(url) as remote:
             model = art.TrainableModel(name="busy", project="p", base_model=str(tiny_model_path),
                                        _internal_config={"engine_args": {"device": device}})
@@ -64,7 +64,7 @@ async def test_64_requests_during_a_training_step(tiny_model_path, tmp_path, dev
             reference = {(step, prompt): await ask(client, f"busy@{step}", prompt)
                          for step in (0, 1) for prompt in PROMPTS}
             await client.close()
-    await backend.close()
+    await local.close()
 
     assert len(responses) == 64
     steps = [r.model_extra["step"] for r in responses]

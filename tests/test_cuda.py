@@ -20,7 +20,6 @@ from art.engine.adapters import LIVE, AdapterSet
 from art.engine.base import AdapterRef, SamplingParams
 from art.engine.config import EngineConfig
 from art.engine.llm_engine import LLMEngine
-from art.engine.reference import ReferenceSampler
 from art.engine.static_runner import StaticRunner
 from art.errors import ArtValueError
 from tests.test_decoder import tiny_model

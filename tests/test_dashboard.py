@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 import art
+from art.backends.local_service import LocalService
 from art.cli import main as cli_main
 from art.dashboard.app import create_dashboard_app
 from art.dashboard.runs import TRAINING_WINDOW_S, list_runs
@@ -179,8 +180,8 @@ AS_BROWSER = {"Accept": "text/html,application/xhtml+xml,application/xml;q=0.9,*
 @pytest.fixture(scope="module")
 def keyed(run):
     """`art serve --api-key dash-key` over the test's runs, on a loopback port."""
-    backend = art.LocalBackend(path=str(run[2]), served_at="http://127.0.0.1:9")
-    with ServerThread(create_serve_app(backend, api_key=KEY, watchdog_s=None)) as server:
+    local = LocalService(str(run[2]))
+    with ServerThread(create_serve_app(local, api_key=KEY, watchdog_s=None)) as server:
         yield server.base_url
 
 
@@ -273,8 +274,8 @@ def test_the_key_never_travels_in_the_url_and_the_login_body_is_bounded(keyed):
 
 
 async def test_the_cookie_is_secure_when_the_login_came_over_https(run):
-    backend = art.LocalBackend(path=str(run[2]), served_at="http://127.0.0.1:9")
-    app = create_serve_app(backend, api_key=KEY, watchdog_s=None)
+    local = LocalService(str(run[2]))
+    app = create_serve_app(local, api_key=KEY, watchdog_s=None)
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="https://testserver") as client:
         for path in ("/dashboard/login", "/dashboard/logout"):
             _, attributes = login_cookie(await client.post(path, data={"key": KEY}))
@@ -282,8 +283,8 @@ async def test_the_cookie_is_secure_when_the_login_came_over_https(run):
 
 
 def test_without_a_key_there_is_no_login(run):
-    backend = art.LocalBackend(path=str(run[2]), served_at="http://127.0.0.1:9")
-    with ServerThread(create_serve_app(backend, watchdog_s=None)) as server:
+    local = LocalService(str(run[2]))
+    with ServerThread(create_serve_app(local, watchdog_s=None)) as server:
         page = get(server.base_url + "/dashboard", headers=AS_BROWSER)
         assert page.status_code == 200 and "/dashboard/static/dashboard.js" in page.text
         assert "logout" not in page.text
@@ -292,7 +293,7 @@ def test_without_a_key_there_is_no_login(run):
 
 def test_local_backends_own_server_serves_the_dashboard(run):
     backend = run[0]
-    runs = get(f"{backend._server.base_url}/dashboard/api/runs").json()["runs"]
+    runs = get(f"{backend.server_url}/dashboard/api/runs").json()["runs"]
     assert [(r["project"], r["name"], r["step"]) for r in runs] == [("dash", "tiny", 2)]
 
 

@@ -99,7 +99,7 @@ async def test_an_art_script_config_registers_and_serves(tiny_model_path, tmp_pa
     model = art.TrainableModel(name="m", project="p", base_model=str(tiny_model_path),
                                _internal_config=ART_SCRIPT_CONFIG)
     await model.register(backend)
-    engine = backend._services[("p", "m")].engine
+    engine = backend.service.loaded(("p", "m")).engine
     assert engine.max_model_len == 96 and engine.scheduler.max_num_seqs == 8
     completion = await model.openai_client().chat.completions.create(
         model=model.name, messages=[{"role": "user", "content": "hi"}], max_tokens=3)

@@ -18,8 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
-import art
-from art.backends.local import LocalBackend
+from art.backends.local_service import LocalService
 from art.server.serve import create_serve_app
 
 KEY = "malformed-key-1"
@@ -320,8 +319,8 @@ def disk(root: Path) -> dict[str, str]:
 @pytest.fixture(scope="module")
 async def server(tiny_model_path, tmp_path_factory):
     root = tmp_path_factory.mktemp("malformed")
-    backend = LocalBackend(path=str(root), served_at="http://testserver")
-    app = create_serve_app(backend, api_key=KEY, watchdog_s=None, watchdog_train_s=None,
+    local = LocalService(str(root))
+    app = create_serve_app(local, api_key=KEY, watchdog_s=None, watchdog_train_s=None,
                            model_roots=[tiny_model_path.parent])
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://testserver", headers=AUTH,
@@ -330,7 +329,7 @@ async def server(tiny_model_path, tmp_path_factory):
                                                         "base_model": str(tiny_model_path)})
         assert response.status_code == 200, response.text
         yield http, root, tiny_model_path
-    await backend.close()
+    await local.close()
 
 
 async def valid_train_body(http) -> dict:
@@ -395,8 +394,8 @@ async def test_the_event_loop_stays_responsive_while_a_5mb_prompt_is_refused(tin
 
     from art.server.thread import ServerThread
 
-    backend = LocalBackend(path=str(tmp_path), served_at="http://unused")
-    with ServerThread(create_serve_app(backend, watchdog_s=None, watchdog_train_s=None)) as server:
+    local = LocalService(str(tmp_path))
+    with ServerThread(create_serve_app(local, watchdog_s=None, watchdog_train_s=None)) as server:
         async with httpx.AsyncClient(base_url=server.base_url, timeout=300) as http:
             response = await http.post("/art/models", json={"name": "tiny", "project": "p", "trainable": True,
                                                             "base_model": str(tiny_model_path)})
@@ -410,7 +409,7 @@ async def test_the_event_loop_stays_responsive_while_a_5mb_prompt_is_refused(tin
                 waits.append(time.perf_counter() - start)
                 await asyncio.sleep(0.02)
             response = await refused
-    await backend.close()
+    await local.close()
     assert response.status_code == 400 and response.json()["error"]["code"] == "context_length_exceeded"
     assert len(waits) >= 10  # the refusal took a while: /health was asked all along
     assert statistics.quantiles(waits, n=10)[-1] < 0.1 and max(waits) < 1.0, waits

@@ -23,7 +23,7 @@ async def test_bf16_training_agrees_with_serving_and_learns(tiny_model_path, tmp
     model = art.TrainableModel(name="learn", project="p", base_model=str(tiny_model_path), _internal_config={
         "full_finetune": full_finetune, "engine_args": {"device": device, "dtype": "bfloat16"}})
     await model.register(backend)
-    service = backend._services[("p", "learn")]
+    service = backend.service.loaded(("p", "learn"))
     assert service.trainer.device.type == device and service.trainer.dtype == torch.bfloat16
     weights_dtype = next(service.model.parameters()).dtype
     assert weights_dtype == (torch.float32 if full_finetune else torch.bfloat16)  # master weights vs a shared bf16 base

@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 import art
-from art.backends.local import LocalBackend
+from art.backends.local_service import LocalService
 from art.server.management import TrajectoryGroupPayload
 from art.server.serve import create_serve_app
 from tests.test_training_loop import rollout  # the same rollout as the local loop's test
@@ -63,21 +63,21 @@ async def training_loop(backend: art.RemoteBackend, base_model: str, server_root
     assert completion.model_extra["step"] == 1
 
     await model.log(groups, split="val", metrics={"custom": 3.0})
-    history = await backend._get_history(model)
+    history = await backend.get_history(model)
     assert [(row["split"], row["step"]) for row in history] == [("train", 0), ("val", 2)]
     assert history[1]["val/custom"] == 3.0 and "val/reward" in history[1]
     logged = (run / "trajectories" / "train" / "0000.jsonl").read_text().splitlines()
     assert len(logged) == 8 and json.loads(logged[0])["messages_and_choices"][1]["token_ids"]
 
-    assert await backend._list_checkpoints(model) == [0, 1, 2]
+    assert await backend.list_checkpoints(model) == [0, 1, 2]
     deleted = await model.delete_checkpoints(best_checkpoint_metric="train/reward")
-    assert deleted == [1] and await backend._list_checkpoints(model) == [0, 2]
+    assert deleted == [1] and await backend.list_checkpoints(model) == [0, 2]
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["0000", "0002"]
 
 
 def serve_app(root: Path, **kwargs):
-    backend = LocalBackend(path=str(root), served_at="http://testserver")
-    return backend, create_serve_app(backend, **kwargs)
+    local = LocalService(str(root))
+    return local, create_serve_app(local, **kwargs)
 
 
 async def test_in_process_through_asgi_transport(tiny_model_path, tmp_path):
@@ -157,7 +157,7 @@ async def test_prompted_baseline_logs_on_the_server(tmp_path):
         await baseline.register(backend)
         assert baseline.inference_base_url == "http://127.0.0.1:9/v1"  # its own endpoint is kept
         await baseline.log([art.TrajectoryGroup([art.Trajectory(reward=r) for r in (0.0, 1.0)])], split="val")
-        (row,) = await backend._get_history(baseline)
+        (row,) = await backend.get_history(baseline)
     assert row["step"] == 0 and row["val/reward"] == 0.5
     assert (tmp_path / "server" / "remote" / "models" / "gpt-baseline" / "trajectories" / "val" / "0000.jsonl").exists()
 
@@ -189,7 +189,7 @@ async def test_auth_required_everywhere_but_health(tmp_path):
     assert "TrajectoryPayload" in schema["components"]["schemas"]
     async with art.RemoteBackend("http://testserver", api_key="wrong", transport=httpx.ASGITransport(app)) as backend:
         with pytest.raises(art.BackendError, match="ART_API_KEY"):
-            await backend._get_step(art.Model(name="m", project="p"))
+            await backend.get_step(art.Model(name="m", project="p"))
 
 
 async def test_names_are_validated_and_nothing_is_created(tmp_path):
@@ -289,7 +289,7 @@ async def client_leaves_mid_step(backend: art.RemoteBackend, url: str, base_mode
     while await model.get_step() != step + 1:
         assert time.monotonic() < deadline, "the step did not complete after the client left"
         await asyncio.sleep(0.1)
-    assert step + 1 in await backend._list_checkpoints(model)
+    assert step + 1 in await backend.list_checkpoints(model)
 
 
 async def test_art_serve_subprocess(tiny_model_path, tmp_path, monkeypatch):

@@ -13,6 +13,7 @@ import pytest
 
 import art
 from art.backends.local import LocalBackend
+from art.backends.local_service import LocalService
 from art.errors import BackendError, StepConflictError
 from art.server.serve import create_serve_app
 from tests.test_remote_backend import gather, start_server
@@ -126,7 +127,7 @@ class FlakyTransport(httpx.AsyncBaseTransport):
 
 
 async def test_a_retried_train_call_is_never_applied_twice(tiny_model_path, tmp_path):
-    local = LocalBackend(path=str(tmp_path), served_at="http://testserver")
+    local = LocalService(str(tmp_path))
     transport = FlakyTransport(create_serve_app(local))
     config = art.TrainConfig(learning_rate=1e-2)
     async with art.RemoteBackend("http://testserver", transport=transport) as backend:
@@ -184,7 +185,7 @@ async def test_a_name_stored_in_two_projects_is_not_guessed(tmp_path):
 
     for project in ("a", "b"):
         ModelDir(tmp_path, project, "same").write_model_json({"name": "same", "project": project, "base_model": "x"})
-    local = LocalBackend(path=str(tmp_path), served_at="http://testserver")
+    local = LocalService(str(tmp_path))
     async with httpx.AsyncClient(transport=httpx.ASGITransport(create_serve_app(local)),
                                  base_url="http://testserver") as client:
         response = await client.post("/v1/chat/completions",

@@ -17,8 +17,9 @@ from schemathesis import GenerationMode  # noqa: E402
 from schemathesis.checks import not_a_server_error  # noqa: E402
 
 import art  # noqa: E402
-from art.backends.local import LocalBackend  # noqa: E402
+from art.backends.local_service import LocalService  # noqa: E402
 from art.server.serve import create_serve_app  # noqa: E402
+from art.service import ModelSpec  # noqa: E402
 
 KEY = "fuzz-key-987"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -51,12 +52,12 @@ def _stream_not_a_server_error(response) -> None:
 
 
 async def test_no_input_gets_a_5xx(tiny_model_path, tmp_path):
-    backend = LocalBackend(path=str(tmp_path / "server"), served_at="http://testserver")
+    local = LocalService(str(tmp_path / "server"))
     # A short context bounds the slowest generated request (ignore_eos up to the context's end).
     model = art.TrainableModel(name="tiny", project="fuzz", base_model=str(tiny_model_path),
                                _internal_config={"engine_args": {"max_model_len": 64, "max_num_seqs": 4}})
-    await backend.register(model)  # stored: the app's routes pick it up as a known run
-    app = create_serve_app(backend, api_key=KEY, watchdog_s=None, watchdog_train_s=None)
+    await local.register(ModelSpec.of(model))  # the app's routes know it
+    app = create_serve_app(local, api_key=KEY, watchdog_s=None, watchdog_train_s=None)
     schema = schemathesis.openapi.from_asgi("/openapi.json", app, headers=AUTH)
 
     failures: list[str] = []
@@ -99,7 +100,7 @@ async def test_no_input_gets_a_5xx(tiny_model_path, tmp_path):
             elif operation.label == "POST /art/models":
                 fuzz(operation, operation.as_strategy(generation_mode=mode), examples,
                      lambda body: body.update(trainable=True, base_model=str(tiny_model_path)))
-    await backend.close()
+    await local.close()
     calls = sum(answered.values())
     assert not failures, f"{len(failures)} of {calls} requests got a 5xx:\n" + "\n".join(failures[:20])
     assert calls > 200, answered

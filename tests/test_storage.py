@@ -1,7 +1,5 @@
 """Crash-safe checkpoints and history."""
 
-import json
-import os
 import signal
 import subprocess
 import sys

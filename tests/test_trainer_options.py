@@ -1,7 +1,6 @@
 """Trainer options beyond the loss: gradient checkpointing, mini-batches and epochs, full
 fine-tuning, and a pinned training curve that catches any silent change to the update."""
 
-import copy
 import random
 from types import SimpleNamespace
 
@@ -89,7 +88,7 @@ async def test_full_finetune_trains_every_weight_and_resumes(tiny_model_path, tm
     model = art.TrainableModel(name="full", project="ft", base_model=str(tiny_model_path),
                                _internal_config={"full_finetune": True})
     await model.register(backend)
-    service = backend._services[("ft", "full")]
+    service = backend.service.loaded(("ft", "full"))
     embedding_before = service.model.get_input_embeddings().weight.detach().clone()
     before = await greedy_logprobs(model, "full")
     for step in range(2):
@@ -115,7 +114,7 @@ async def test_full_finetune_trains_every_weight_and_resumes(tiny_model_path, tm
                                 _internal_config={"full_finetune": True})
     await model2.register(backend2)
     assert await model2.get_step() == 3
-    reloaded = backend2._services[("ft", "full")].model.get_input_embeddings().weight
+    reloaded = backend2.service.loaded(("ft", "full")).model.get_input_embeddings().weight
     assert torch.equal(reloaded, service.model.get_input_embeddings().weight)
     await backend2.close()
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import art
+from art.backends.local_service import LocalService
 from art.errors import ArtValueError
 
 
@@ -15,7 +16,7 @@ async def test_an_oom_during_a_step_rolls_back_and_names_the_knob(tiny_model_pat
     backend = art.LocalBackend(path=str(tmp_path))
     model = art.TrainableModel(name="oom", project="p", base_model=str(tiny_model_path))
     await model.register(backend)
-    service = backend._services[("p", "oom")]
+    service = backend.service.loaded(("p", "oom"))
     client = model.openai_client()
 
     async def group(seed: int) -> art.TrajectoryGroup:
@@ -68,7 +69,7 @@ async def test_a_diverging_step_is_a_400_naming_learning_rate_and_rolls_back(tin
     backend = art.LocalBackend(path=str(tmp_path))
     model = art.TrainableModel(name="nan", project="p", base_model=str(tiny_model_path))
     await model.register(backend)
-    service = backend._services[("p", "nan")]
+    service = backend.service.loaded(("p", "nan"))
     before = lora_weights(service)
     with pytest.raises(ArtValueError) as info:
         await backend.train(model, [await group_of(model, 0, rewards=(0.0, 1e38, -1e38, 0.0))],
@@ -94,12 +95,12 @@ async def test_cancelled_steps_roll_back(tiny_model_path, tmp_path):
     from art.server.serve import create_serve_app
     from art.server.thread import ServerThread
 
-    backend = art.LocalBackend(path=str(tmp_path), served_at="http://unused")
-    with ServerThread(create_serve_app(backend, watchdog_s=None, watchdog_train_s=None)) as server:
+    local = LocalService(str(tmp_path))
+    with ServerThread(create_serve_app(local, watchdog_s=None, watchdog_train_s=None)) as server:
         async with art.RemoteBackend(server.base_url) as remote:
             model = art.TrainableModel(name="stop", project="p", base_model=str(tiny_model_path))
             await model.register(remote)
-            service = backend._services[("p", "stop")]
+            service = local.loaded(("p", "stop"))
             before = lora_weights(service)
             groups = [await group_of(model, 0)]
             assert await remote.cancel_training(model) is False  # nothing running
@@ -134,4 +135,4 @@ async def test_cancelled_steps_roll_back(tiny_model_path, tmp_path):
 
             result = await remote.train(model, groups, learning_rate=1e-2)  # and it still trains
             assert result.step == 1
-    await backend.close()
+    await local.close()

@@ -58,7 +58,7 @@ async def test_train_two_steps_then_resume(tiny_model_path, tmp_path):
     assert all("train/reward" in row and "train/loss" in row for row in history)
     logged = (run / "trajectories" / "train" / "0001.jsonl").read_text().splitlines()
     assert len(logged) == 8 and "token_ids" in json.dumps(json.loads(logged[0]))
-    service = backend._services[("loop", "tiny")]
+    service = backend.service.loaded(("loop", "tiny"))
     optimizer_state = {k: v["exp_avg"].clone() for k, v in service.trainer.optimizer.state_dict()["state"].items()}
     await backend.close()
 
@@ -68,7 +68,7 @@ async def test_train_two_steps_then_resume(tiny_model_path, tmp_path):
     await model2.register(backend2)
     assert await model2.get_step() == 2
     assert await greedy_logprobs(model2, "tiny") == pytest.approx(after, abs=1e-4)
-    restored = backend2._services[("loop", "tiny")].trainer.optimizer.state_dict()["state"]
+    restored = backend2.service.loaded(("loop", "tiny")).trainer.optimizer.state_dict()["state"]
     assert optimizer_state.keys() == restored.keys()
     assert all(torch.equal(optimizer_state[k], restored[k]["exp_avg"]) for k in optimizer_state)
     await one_step(model2, 2)

@@ -12,7 +12,7 @@ import time
 import httpx
 
 import art
-from art.backends.local import LocalBackend
+from art.backends.local_service import LocalService
 from art.server.serve import create_serve_app
 from art.server.thread import ServerThread
 
@@ -51,13 +51,13 @@ async def test_stuck_engine_and_training_step_are_reported(tiny_model_path, tmp_
     caplog.set_level(logging.INFO, logger="art.server.watchdog")
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    backend = LocalBackend(path=str(tmp_path), served_at=url)
-    app = create_serve_app(backend, watchdog_s=0.5, watchdog_train_s=0.5)
+    local = LocalService(str(tmp_path))
+    app = create_serve_app(local, watchdog_s=0.5, watchdog_train_s=0.5)
     with ServerThread(app, port=port):  # its lifespan runs the watchdog thread
         async with art.RemoteBackend(url) as remote, httpx.AsyncClient(base_url=url) as client:
             model = art.TrainableModel(name="dog", project="p", base_model=str(tiny_model_path))
             await model.register(remote)
-            service = backend._services[("p", "dog")]
+            service = local.loaded(("p", "dog"))
             health = await wait_for_health(client, "ok")
             assert health["stuck"] == []
 

@@ -36,7 +36,7 @@ async def test_probe_passes_then_catches_stale_serving_and_rolls_back(tiny_model
     backend = art.LocalBackend(path=str(tmp_path))
     model = art.TrainableModel(name="sync", project="p", base_model=str(tiny_model_path))
     await model.register(backend)
-    service = backend._services[("p", "sync")]
+    service = backend.service.loaded(("p", "sync"))
     checkpoints = ModelDir(tmp_path, "p", "sync").checkpoints
 
     # Normally: the metric is there (and logged as train/...), the two sides agree to float noise.
@@ -86,7 +86,7 @@ async def test_probe_catches_a_stale_merged_copy(tiny_model_path, tmp_path, monk
     model = art.TrainableModel(name="merge", project="p", base_model=str(tiny_model_path),
                                _internal_config={"engine_args": {"dtype": dtype, "merge_lora": True}})
     await model.register(backend)
-    service = backend._services[("p", "merge")]
+    service = backend.service.loaded(("p", "merge"))
     assert service.trainer.dtype == getattr(__import__("torch"), dtype)
     async def ranked_groups(step: int) -> list[art.TrajectoryGroup]:
         """Rewards that differ within each group, so every step really trains."""

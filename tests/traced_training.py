@@ -20,6 +20,7 @@ from pathlib import Path
 
 import art
 import art.tracing
+from art.backends.local_service import LocalService
 
 
 async def rollout(model: art.TrainableModel, seed: int) -> art.Trajectory:
@@ -36,7 +37,7 @@ async def train(model_path: str, root: str, remote: bool) -> None:
         from art.server.serve import create_serve_app
         from art.server.thread import ServerThread
 
-        server = ServerThread(create_serve_app(art.LocalBackend(path=root), model_roots=[Path(model_path).resolve().parent]))
+        server = ServerThread(create_serve_app(LocalService(root), model_roots=[Path(model_path).resolve().parent]))
         server.start()
         backend = art.RemoteBackend(server.base_url)
     else:

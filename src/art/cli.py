@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+import logging
 import os
 import sys
 
@@ -101,19 +102,39 @@ def _serve(args: argparse.Namespace) -> int:
         )
         return 2
     try:
-        from art.server.serve import serve
+        import uvicorn
+
+        from art.backends.local_service import LocalService
+        from art.server.security import default_model_roots, redact_access_log
+        from art.server.serve import bind, create_serve_app, url_for
+        from art.server.thread import KEEP_ALIVE_S
     except ImportError as exc:
         print(f"art serve: missing {exc.name or exc}: install the backend extra, "
               "pip install 'agent-rl-trainer[backend]'", file=sys.stderr)
         return 1
+    # The library's own INFO lines (a model ready, a step finished after its client left).
+    logging.basicConfig(format="%(levelname)s:     %(name)s: %(message)s")
+    logging.getLogger("art").setLevel(logging.INFO)
+    redact_access_log()
     try:
-        serve(host=args.host, port=args.port, path=args.path, api_key=api_key, max_body_mb=args.max_body_mb,
-              max_chat_body_mb=args.max_chat_body_mb, watchdog_s=args.watchdog_s,
-              watchdog_train_s=args.watchdog_train_s, models_dirs=args.models_dir,
-              allow_any_model_path=args.allow_any_model_path)
+        sock, port = bind(args.host, args.port)  # bound before anything starts: port 0 gives the real port
     except OSError as exc:
         print(f"art serve: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
         return 1
+    roots = None if args.allow_any_model_path else default_model_roots(args.models_dir)
+    app = create_serve_app(LocalService(args.path), api_key=api_key, max_body_bytes=int(args.max_body_mb * 2**20),
+                           max_chat_body_bytes=int(args.max_chat_body_mb * 2**20), watchdog_s=args.watchdog_s,
+                           watchdog_train_s=args.watchdog_train_s, model_roots=roots)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="info", timeout_graceful_shutdown=10,
+                                           timeout_keep_alive=KEEP_ALIVE_S))
+    url = url_for(args.host, port)
+    print(f"art serve: listening on {url} (storage {args.path}, auth {'on' if api_key else 'off'}); "
+          f"OpenAI routes at {url}/v1, management at {url}/art, schema at {url}/openapi.json, "
+          f"dashboard at {url}/dashboard", flush=True)
+    try:  # until SIGINT/SIGTERM: uvicorn finishes open requests, the app's lifespan stops the engines
+        server.run(sockets=[sock])
+    finally:
+        sock.close()
     return 0
 
 

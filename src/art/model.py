@@ -68,7 +68,7 @@ class Model(BaseModel):
                 timeout=httpx.Timeout(timeout=1800.0, connect=10.0),
                 max_retries=0,
                 # A backend that reaches its server through a custom transport supplies the client.
-                http_client=getattr(self._backend, "_openai_http_client", lambda model: None)(self)
+                http_client=getattr(self._backend, "openai_http_client", lambda model: None)(self)
                 or DefaultAsyncHttpxClient(event_hooks={"request": [tracing.inject_headers]}),
             )
         return self._client
@@ -79,9 +79,7 @@ class Model(BaseModel):
         return base if step is None else f"{base}@{step}"
 
     async def get_step(self) -> int:
-        if self._backend is not None and hasattr(self._backend, "_get_step"):
-            return await self._backend._get_step(self)
-        return 0
+        return await self._backend.get_step(self) if self._backend is not None else 0
 
     async def log(
         self,
@@ -102,8 +100,8 @@ class Model(BaseModel):
             row[key if "/" in key else f"{split}/{key}"] = value
         step = await self.get_step() if step is None else step
         log_to_wandb(self, step=step, metrics=row, run_dir=self._run_dir())
-        if self._backend is not None and hasattr(self._backend, "_log"):
-            await self._backend._log(self, split=split, step=step, metrics=row, groups=groups)
+        if self._backend is not None:
+            await self._backend.log(self, split=split, step=step, metrics=row, groups=groups)
         else:
             write_log(ModelDir(self.base_path, self.project, self.name), split=split, step=step,
                       metrics=row, groups=groups)
@@ -131,21 +129,22 @@ class TrainableModel(Model):
         verbose: bool = False,
     ) -> None:
         """One GRPO update; returns once the new step is saved and served. The groups' rewards
-        and the update's metrics are logged under `train/` at the step that sampled them."""
+        and the update's metrics are logged under `train/` at the step that sampled them.
+        (`verbose` is ART's; the backend's progress bar shows the step either way.)"""
         backend = self._require_backend()
         stats = getattr(trajectory_groups, "stats", None)  # from gather_trajectory_groups
         groups = list(trajectory_groups)
         step = await self.get_step()
         with tracing.span("art.train", {"art.model": f"{self.project}/{self.name}", "art.step_from": step,
                                         "art.groups": len(groups)}):
-            result = await backend._train_model(self, groups, config, _config or {}, verbose)
+            result = await backend.train(self, groups, config=config, _config=_config)
         metrics = {f"train/{k}": v for k, v in result.metrics.items()}
         metrics.update(_rollout_spending(groups, stats, result.metrics.get("groups_trained")))
         await self.log(groups, split="train", metrics=metrics, step=step)
 
     async def delete_checkpoints(self, best_checkpoint_metric: str = "val/reward") -> list[int]:
         """Keep the latest checkpoint and the best by `best_checkpoint_metric`; delete the rest."""
-        return await self._require_backend()._delete_checkpoints(self, best_checkpoint_metric)
+        return await self._require_backend().delete_checkpoints(self, best_checkpoint_metric)
 
     def _require_backend(self):
         if self._backend is None:

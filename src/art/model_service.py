@@ -16,7 +16,6 @@ import os
 import sys
 import threading
 import time
-from dataclasses import dataclass
 
 import torch
 from tqdm.auto import tqdm
@@ -28,8 +27,9 @@ from art.engine.base import AdapterRef
 from art.engine.llm_engine import LLMEngine
 from art.errors import ArtValueError, ModelNotFoundError, StepConflictError, WeightSyncError
 from art.internal_config import parse_internal_config
-from art.naming import echo, parse_served_name
+from art.naming import echo, model_part, parse_served_name
 from art.server.registry import ServedModel
+from art.service import TrainResult
 from art.storage import CheckpointStore, ModelDir
 from art.storage.run_log import write_trainer_logprobs
 from art.training.options import TrainOptions
@@ -37,13 +37,6 @@ from art.training.trainer import Trainer
 from art.training.validate import check_groups
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class TrainResult:
-    step: int
-    """The step now served (the checkpoint this update wrote)."""
-    metrics: dict[str, float]
 
 
 def bound_malloc_growth() -> None:
@@ -126,7 +119,7 @@ class ModelService:
                 raise ModelNotFoundError(f"model {echo(requested)}: a fully fine-tuned model keeps no separate base "
                                          f"weights; ask for {self.name!r}")
             return ServedModel(requested, self.engine, None, 0)
-        if requested.partition("@")[0] != self.name:
+        if model_part(requested) != self.name:
             raise ModelNotFoundError(f"model {echo(requested)} not found")
         _, step = parse_served_name(requested)
         if step is None:  # the engine picks the live weights when sampling starts

@@ -30,12 +30,18 @@ def echo(value) -> str:
     return f"{text[:ECHO_CHARS]}... ({size})"
 
 
+def model_part(requested: str) -> str:
+    """The model name in a request's `model` (`name` of `name@step`), the step unchecked: for
+    finding who should answer before `parse_served_name` checks the step."""
+    return requested.partition("@")[0]
+
+
 def parse_served_name(requested: str) -> tuple[str, int | None]:
     """A request's `model`: `name` -> (name, None); `name@N` -> (name, N), N in 1-9 ASCII digits.
 
     Anything else after '@' ("tiny@", "tiny@²", a 5,000-digit number, "tiny@-1") names no
     model: ModelNotFoundError (a 404 naming `model`)."""
-    name, at, step = requested.partition("@")
+    name, at, step = requested.partition("@")  # the one place a step is read from a name
     if not at:
         return name, None
     if not _STEP.fullmatch(step):

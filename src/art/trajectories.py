@@ -27,6 +27,7 @@ from pydantic import (
     PlainSerializer,
     PlainValidator,
     PrivateAttr,
+    ValidationError,
     field_validator,
 )
 from pydantic_core import to_jsonable_python
@@ -198,22 +199,34 @@ class Trajectory(BaseModel):
         return self.model_dump(mode="json")
 
     @classmethod
-    def from_logging(cls, data: Mapping[str, Any]) -> Trajectory:
-        """Inverse of `for_logging`: dumped Choices (no 'role', a 'message') become Choices again."""
+    def from_logging(cls, data: Mapping[str, Any], where: str = "trajectory") -> Trajectory:
+        """Inverse of `for_logging`: dumped Choices (no 'role', a 'message') become Choices again,
+        extras such as token ids included. Invalid data raises TrajectoryError naming the field
+        under `where` (the server reads every trained trajectory through here)."""
 
-        def revive(items: list[Any]) -> list[Any]:
-            return [
-                Choice.model_validate(item) if "role" not in item and "message" in item else item
-                for item in items
-            ]
+        def revive(items: list[Any], at: str) -> list[Any]:
+            return [validated(Choice, item, f"{at}[{i}]")
+                    if isinstance(item, Mapping) and "role" not in item and "message" in item else item
+                    for i, item in enumerate(items)]
 
         data = dict(data)
-        data["messages_and_choices"] = revive(data.get("messages_and_choices", []))
+        data["messages_and_choices"] = revive(data.get("messages_and_choices", []), f"{where}.messages_and_choices")
         data["additional_histories"] = [
-            {**h, "messages_and_choices": revive(h.get("messages_and_choices", []))}
-            for h in data.get("additional_histories", [])
+            {**h, "messages_and_choices": revive(h.get("messages_and_choices", []),
+                                                 f"{where}.additional_histories[{i}].messages_and_choices")}
+            for i, h in enumerate(data.get("additional_histories", []))
         ]
-        return cls.model_validate(data)
+        return validated(cls, data, where)
+
+
+def validated(model: type[BaseModel], data: Any, where: str) -> Any:
+    """`model.model_validate(data)`; the first problem raises TrajectoryError naming its field."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        loc = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in first.get("loc", ()))
+        raise TrajectoryError(f"{where}{loc}: {first.get('msg', 'invalid')}", field=f"{where}{loc}") from None
 
 
 class ExceptionRecord(BaseModel):

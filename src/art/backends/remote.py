@@ -1,9 +1,9 @@
 """`RemoteBackend`: the HTTP client of `art serve` (ART's `art.Backend`).
 
-It speaks the same protocol as `LocalBackend` to `art.Model` (register, _get_step, train,
-_train_model, _log, _delete_checkpoints, close), so a training script switches machines by
-changing one line. It holds no model state and imports no torch: trajectories leave as JSON
-(`for_logging()` dumps, Choices whole with their token ids and logprobs), rollouts go
+`RemoteService` implements the service API (`art.service`) over HTTP, and `RemoteBackend` is
+the same adapter over it as `LocalBackend` is over its local service, so a training script
+switches machines by changing one line. It holds no model state and imports no torch:
+trajectories leave as JSON (`for_logging()` dumps, Choices whole with their token ids and logprobs), rollouts go
 straight to the server's OpenAI routes, and server errors come back as `art.errors`
 exceptions carrying the server's message.
 
@@ -21,97 +21,75 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from dataclasses import dataclass
-from typing import Any, Callable, NoReturn
+from dataclasses import asdict
+from typing import Any, NoReturn
 
 import httpx
 from pydantic_core import to_jsonable_python
 from tqdm.auto import tqdm
 
+from art.backends.adapter import ServiceBackend
 from art.errors import (ArtValueError, BackendError, BackendUnavailableError, ContextLengthError, ModelNotFoundError,
                         StepCancelledError, StepConflictError)
 from art.observability import tracing
+from art.service import ModelKey, ModelSpec, Progress, TrainResult
 from art.storage.layout import validate_name
-from art.types import TrainConfig
+from art.training.options import TrainOptions
 
 API_KEY_ENV = "ART_API_KEY"
 
 
-@dataclass
-class TrainResult:
-    step: int
-    """The step now served (the checkpoint this update wrote)."""
-    metrics: dict[str, float]
-
-
-class RemoteBackend:
-    """`RemoteBackend("http://gpu-box:7999", api_key=...)`; the key defaults to $ART_API_KEY.
+class RemoteService:
+    """The service API (`art.service`) as a client of `art serve`'s management routes.
 
     `transport` replaces the network (e.g. `httpx.ASGITransport(app)` to run the server app in
     this process); `timeout` bounds each request in seconds (loading a model or a training
     step can take minutes; the train stream sends a heartbeat line every few seconds).
     """
 
-    def __init__(self, base_url: str = "http://127.0.0.1:7999", api_key: str | None = None, *,
-                 transport: httpx.AsyncBaseTransport | None = None, timeout: float = 1800.0) -> None:
+    def __init__(self, base_url: str, api_key: str | None, *, transport: httpx.AsyncBaseTransport | None = None,
+                 timeout: float = 1800.0) -> None:
         self.base_url = base_url.rstrip("/")
-        self._api_key = api_key if api_key is not None else os.environ.get(API_KEY_ENV) or None
-        self._transport = transport
-        self._timeout = httpx.Timeout(timeout, connect=10.0)
-        headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
+        self.api_key = api_key
+        self.transport = transport
+        self.timeout = httpx.Timeout(timeout, connect=10.0)
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._client = httpx.AsyncClient(base_url=self.base_url, headers=headers, transport=transport,
-                                         timeout=self._timeout, event_hooks={"request": [tracing.inject_headers]})
-        self._openai_clients: list[httpx.AsyncClient] = []
-        self._steps: dict[tuple[str, str], int] = {}  # the step last seen per model
-        self._in_doubt: dict[tuple[str, str], tuple[str, int | None]] = {}  # body digest, step sent
+                                         timeout=self.timeout, event_hooks={"request": [tracing.inject_headers]})
+        self._steps: dict[ModelKey, int] = {}  # the step last seen per model
+        self._in_doubt: dict[ModelKey, tuple[str, int | None]] = {}  # body digest, step sent
 
     def __repr__(self) -> str:  # never shows the key
-        return f"RemoteBackend({self.base_url!r})"
+        return f"RemoteService({self.base_url!r})"
 
-    # -- the protocol models call -----------------------------------------------------------
-    async def register(self, model) -> None:
-        config = model.config.model_dump() if hasattr(model.config, "model_dump") else model.config
-        body = {
-            "name": model.name, "project": model.project, "trainable": bool(getattr(model, "trainable", False)),
-            "base_model": getattr(model, "base_model", None),
-            "config": to_jsonable_python(config, serialize_unknown=True),
-            "internal_config": getattr(model, "_internal_config", None),
-        }
-        if not body["trainable"]:
-            body.update(inference_base_url=model.inference_base_url, inference_model_name=model.inference_model_name)
+    async def register(self, spec: ModelSpec) -> int:
+        body = {**asdict(spec), "config": to_jsonable_python(spec.config, serialize_unknown=True)}
+        if spec.trainable:
+            del body["inference_base_url"], body["inference_model_name"]
         info = await self._request("POST", "/art/models", body)
-        if isinstance(info, dict) and isinstance(info.get("step"), int):
-            self._steps[(model.project, model.name)] = info["step"]
-        if not body["trainable"] and model.inference_base_url is not None:
-            return  # a prompted baseline on its own endpoint: only its logs live on the server
-        model.inference_base_url = f"{self.base_url}/v1"
-        model.inference_api_key = self._api_key or "art-remote"
-        model.inference_model_name = model.name
+        step = info.get("step") if isinstance(info, dict) else None
+        if isinstance(step, int):
+            self._steps[spec.key] = step
+        return step if isinstance(step, int) else 0
 
-    async def _get_step(self, model) -> int:
-        step = (await self._request("GET", _path(model, "step")))["step"]
-        self._steps[(model.project, model.name)] = step
+    async def step(self, key: ModelKey) -> int:
+        step = (await self._request("GET", _path(key, "step")))["step"]
+        self._steps[key] = step
         return step
 
-    async def train(self, model, trajectory_groups, *, config: TrainConfig | None = None,
-                    _config: dict | None = None, progress: Callable[[dict], None] | None = None,
-                    **options) -> TrainResult:
-        """One update on the server, with a progress bar fed by its NDJSON stream; returns the
-        new step and its metrics. Options as for `LocalBackend.train`. Raises StepConflictError
-        when the server's step is not the one this client last saw (see the module docstring)."""
-        key = (model.project, model.name)
-        body = {
-            "trajectory_groups": [group.for_logging() for group in trajectory_groups],
-            "config": config.model_dump() if config is not None else None,
-            "dev_config": dict(_config or {}),
-            "options": options,
-        }
+    async def train(self, key: ModelKey, groups: list, options: TrainOptions, *, expected_step: int | None = None,
+                    progress: Progress | None = None) -> TrainResult:
+        """One update on the server, with a progress bar fed by its NDJSON stream. Without
+        `expected_step`, the step this client last saw is sent (see the module docstring)."""
+        body = {"trajectory_groups": [group.for_logging() for group in groups], "options": options.as_dict()}
         digest = hashlib.sha256(json.dumps(body, default=str, sort_keys=True).encode()).hexdigest()
         doubt = self._in_doubt.get(key)
-        body["expected_step"] = doubt[1] if doubt is not None and doubt[0] == digest else self._steps.get(key)
-        bar = tqdm(total=None, desc=f"train {model.name}", unit="step", leave=False)
+        if expected_step is None:
+            expected_step = doubt[1] if doubt is not None and doubt[0] == digest else self._steps.get(key)
+        body["expected_step"] = expected_step
+        bar = tqdm(total=None, desc=f"train {key[1]}", unit="step", leave=False)
         try:
-            async with self._client.stream("POST", _path(model, "train"), **_json_body(body)) as response:
+            async with self._client.stream("POST", _path(key, "train"), **_json_body(body)) as response:
                 if response.status_code >= 400:
                     await response.aread()
                     self._in_doubt.pop(key, None)  # refused before anything started
@@ -130,62 +108,42 @@ class RemoteBackend:
                         self._steps[key] = result.step
                         return result
         except httpx.HTTPError as exc:
-            self._in_doubt[key] = (digest, body["expected_step"])
+            self._in_doubt[key] = (digest, expected_step)
             raise BackendError(
                 f"the connection to {self.base_url} broke during training ({type(exc).__name__}: {exc}); "
                 "the step may still complete on the server: check `await model.get_step()` (sending the same "
                 "groups again is safe: a step that did complete is not trained twice)") from exc
         finally:
             bar.close()
-        self._in_doubt[key] = (digest, body["expected_step"])
+        self._in_doubt[key] = (digest, expected_step)
         raise BackendError(f"{self.base_url} ended the training stream without a result; the step may still "
                            "complete on the server: check `await model.get_step()`")
 
-    async def _train_model(self, model, groups, config: TrainConfig, dev_config: dict, verbose: bool = False):
-        return await self.train(model, groups, config=config, _config=dev_config)
+    async def check_training_input(self, key: ModelKey, groups: list) -> None:
+        """Checked by the server when the groups arrive; nothing to ask for up front."""
 
-    async def cancel_training(self, model) -> bool:
-        """Cancel the model's running training step on the server (it rolls back; its `train`
-        call raises StepCancelledError). False when none was running."""
-        return (await self._request("DELETE", _path(model, "train")))["cancelled"]
+    async def cancel_training(self, key: ModelKey) -> bool:
+        return (await self._request("DELETE", _path(key, "train")))["cancelled"]
 
-    async def _log(self, model, *, split: str, step: int, metrics: dict, groups) -> None:
+    async def log(self, key: ModelKey, *, split: str, step: int, metrics: dict, groups: list) -> None:
         body = {"split": split, "step": step, "metrics": to_jsonable_python(metrics, serialize_unknown=True),
                 "trajectory_groups": [group.for_logging() for group in groups]}
-        await self._request("POST", _path(model, "log"), body)
+        await self._request("POST", _path(key, "log"), body)
 
-    async def _delete_checkpoints(self, model, best_checkpoint_metric: str) -> list[int]:
-        answer = await self._request("DELETE", _path(model, "checkpoints"),
+    async def checkpoints(self, key: ModelKey) -> list[int]:
+        return (await self._request("GET", _path(key, "checkpoints")))["steps"]
+
+    async def delete_checkpoints(self, key: ModelKey, best_checkpoint_metric: str) -> list[int]:
+        answer = await self._request("DELETE", _path(key, "checkpoints"),
                                      params={"best_checkpoint_metric": best_checkpoint_metric})
         return answer["deleted"]
 
-    async def _list_checkpoints(self, model) -> list[int]:
-        return (await self._request("GET", _path(model, "checkpoints")))["steps"]
+    async def history(self, key: ModelKey) -> list[dict]:
+        return (await self._request("GET", _path(key, "metrics")))["rows"]
 
-    async def _get_history(self, model) -> list[dict]:
-        return (await self._request("GET", _path(model, "metrics")))["rows"]
-
-    def _openai_http_client(self, model) -> httpx.AsyncClient | None:
-        """With a custom transport, `model.openai_client()` must use it too (for our URL only)."""
-        if self._transport is None or not (model.inference_base_url or "").startswith(self.base_url):
-            return None
-        client = httpx.AsyncClient(transport=self._transport, timeout=self._timeout,
-                                   event_hooks={"request": [tracing.inject_headers]})
-        self._openai_clients.append(client)
-        return client
-
-    # -- lifecycle ------------------------------------------------------------------------
     async def close(self) -> None:
         """Close the HTTP connections. The server and its models keep running."""
-        for client in [self._client, *self._openai_clients]:
-            await client.aclose()
-        self._openai_clients.clear()
-
-    async def __aenter__(self) -> RemoteBackend:
-        return self
-
-    async def __aexit__(self, *exc) -> None:
-        await self.close()
+        await self._client.aclose()
 
     async def _request(self, method: str, path: str, body: Any = None, params: dict | None = None) -> Any:
         try:
@@ -199,8 +157,44 @@ class RemoteBackend:
         return _parse(response.content, response)
 
 
-def _path(model, action: str) -> str:
-    project, name = validate_name(model.project, "project"), validate_name(model.name, "name")
+class RemoteBackend(ServiceBackend):
+    """`RemoteBackend("http://gpu-box:7999", api_key=...)`; the key defaults to $ART_API_KEY.
+    `transport` and `timeout`: see `RemoteService`."""
+
+    service: RemoteService
+
+    def __init__(self, base_url: str = "http://127.0.0.1:7999", api_key: str | None = None, *,
+                 transport: httpx.AsyncBaseTransport | None = None, timeout: float = 1800.0) -> None:
+        api_key = api_key if api_key is not None else os.environ.get(API_KEY_ENV) or None
+        super().__init__(RemoteService(base_url, api_key, transport=transport, timeout=timeout))
+        self.base_url = self.service.base_url
+        self._openai_clients: list[httpx.AsyncClient] = []
+
+    def __repr__(self) -> str:  # never shows the key
+        return f"RemoteBackend({self.base_url!r})"
+
+    async def _endpoint(self) -> tuple[str, str]:
+        return f"{self.base_url}/v1", self.service.api_key or "art-remote"
+
+    def openai_http_client(self, model) -> httpx.AsyncClient | None:
+        """With a custom transport, `model.openai_client()` must use it too (for our URL only)."""
+        if self.service.transport is None or not (model.inference_base_url or "").startswith(self.base_url):
+            return None
+        client = httpx.AsyncClient(transport=self.service.transport, timeout=self.service.timeout,
+                                   event_hooks={"request": [tracing.inject_headers]})
+        self._openai_clients.append(client)
+        return client
+
+    async def close(self) -> None:
+        """Close the HTTP connections. The server and its models keep running."""
+        await self.service.close()
+        for client in self._openai_clients:
+            await client.aclose()
+        self._openai_clients.clear()
+
+
+def _path(key: ModelKey, action: str) -> str:
+    project, name = validate_name(key[0], "project"), validate_name(key[1], "name")
     return f"/art/models/{project}/{name}/{action}"
 
 

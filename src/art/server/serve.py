@@ -1,4 +1,4 @@
-"""`art serve`: one process holding a `LocalBackend`, reachable over HTTP.
+"""The app `art serve` runs: a `LocalService`, reachable over HTTP (the command is `art.cli`).
 
 The app is the OpenAI routes (`art.server.app`), the management routes
 (`art.server.management`) and the dashboard (`art.dashboard`, under /dashboard), behind a
@@ -7,7 +7,7 @@ the dashboard with a form (`art.server.dashboard_login`). Unlike `LocalBackend`'
 loopback server, this one is meant to be reached from other machines (the `art serve` command
 refuses a non-loopback address without a key).
 A restarted server loads stored runs again when a request names them
-(`management.Registrations`), and a watchdog thread (`art.server.watchdog`) reports a stuck
+(`LocalService.spec`), and a watchdog thread (`art.server.watchdog`) reports a stuck
 engine loop or training step in the log and on /health.
 """
 
@@ -16,18 +16,19 @@ from __future__ import annotations
 import contextlib
 import logging
 import socket
+from typing import TYPE_CHECKING
 
 from fastapi import FastAPI
 
-from art.backends.local import LocalBackend
 from art.dashboard import dashboard_router
 from art.server.app import create_app
 from art.server.dashboard_login import LOGIN_MAX_BYTES, LOGIN_PATH, login_router
-from art.server.management import Registrations, management_router
-from art.server.security import (BearerAuth, BodyLimit, RefuseQueryCredentials, default_model_roots,
-                                 redact_access_log)
-from art.server.thread import KEEP_ALIVE_S
+from art.server.management import management_router
+from art.server.security import BearerAuth, BodyLimit, RefuseQueryCredentials
 from art.server.watchdog import ENGINE_STALL_S, TRAINING_STEP_S, Watchdog
+
+if TYPE_CHECKING:
+    from art.backends.local_service import LocalService
 
 log = logging.getLogger(__name__)
 
@@ -39,12 +40,12 @@ DEFAULT_MAX_CHAT_BODY_MB = 8.0
 """Chat requests (/v1): room for long agent contexts, not for a prompt that takes minutes to tokenise."""
 
 
-def create_serve_app(backend: LocalBackend, *, api_key: str | None = None,
+def create_serve_app(service: LocalService, *, api_key: str | None = None,
                      max_body_bytes: int = int(DEFAULT_MAX_BODY_MB * 2**20),
                      max_chat_body_bytes: int = int(DEFAULT_MAX_CHAT_BODY_MB * 2**20), heartbeat_s: float = 10.0,
                      watchdog_s: float | None = ENGINE_STALL_S,
                      watchdog_train_s: float | None = TRAINING_STEP_S, model_roots: list | None = None) -> FastAPI:
-    """The whole app for `backend`. With `api_key`, every route but /health needs it (and
+    """The whole app for `service`. With `api_key`, every route but /health needs it (and
     /health shows details only with it); /dashboard also takes the cookie its login form sets.
     Bodies are bounded by `max_chat_body_bytes` on /v1 and `max_body_bytes` elsewhere.
     `watchdog_s`: seconds an engine loop may have pending work without progress, and
@@ -52,9 +53,8 @@ def create_serve_app(backend: LocalBackend, *, api_key: str | None = None,
     None: not checked). `model_roots`: the server folders a registered `base_model` path may
     point into (None: any). The app's lifespan runs the watchdog thread, and shutting the app
     down stops it and every model's engine."""
-    watchdog = Watchdog(backend.activities, limits={"engine": watchdog_s, "training step": watchdog_train_s})
-    registrations = Registrations(backend)
-    app = create_app(backend, recover=registrations.recover_served, watchdog=watchdog)
+    watchdog = Watchdog(service.activities, limits={"engine": watchdog_s, "training step": watchdog_train_s})
+    app = create_app(service, recover=service.recover_served, watchdog=watchdog)
 
     @contextlib.asynccontextmanager
     async def lifespan(_app):
@@ -63,12 +63,11 @@ def create_serve_app(backend: LocalBackend, *, api_key: str | None = None,
             yield
         finally:
             watchdog.stop()
-            await backend.close()
+            await service.close()
 
     app.router.lifespan_context = lifespan
-    app.include_router(management_router(backend, heartbeat_s=heartbeat_s, registrations=registrations,
-                                         model_roots=model_roots))
-    app.include_router(dashboard_router(backend.root, logout=bool(api_key)))  # /dashboard, behind the same key
+    app.include_router(management_router(service, heartbeat_s=heartbeat_s, model_roots=model_roots))
+    app.include_router(dashboard_router(service.root, logout=bool(api_key)))  # /dashboard, behind the same key
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes,
                        path_limits={"/v1/": max_chat_body_bytes, LOGIN_PATH: LOGIN_MAX_BYTES})
     if api_key:
@@ -88,35 +87,3 @@ def bind(host: str, port: int) -> tuple[socket.socket, int]:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
     return sock, sock.getsockname()[1]
-
-
-def serve(*, host: str, port: int, path: str, api_key: str | None, max_body_mb: float = DEFAULT_MAX_BODY_MB,
-          max_chat_body_mb: float = DEFAULT_MAX_CHAT_BODY_MB, watchdog_s: float | None = ENGINE_STALL_S,
-          watchdog_train_s: float | None = TRAINING_STEP_S, models_dirs: list[str] = (),
-          allow_any_model_path: bool = False) -> None:
-    """Bind, print the address, serve until SIGINT/SIGTERM (uvicorn finishes open requests,
-    the app's lifespan stops the engines, then re-raises the signal)."""
-    import uvicorn
-
-    # The library's own INFO lines (a model ready, a step finished after its client left).
-    logging.basicConfig(format="%(levelname)s:     %(name)s: %(message)s")
-    logging.getLogger("art").setLevel(logging.INFO)
-    redact_access_log()
-    sock, port = bind(host, port)
-    url = url_for(host, port)
-    # A wildcard bind is served on every address; the backend's own URL uses loopback.
-    local = url_for("127.0.0.1" if host in ("0.0.0.0", "") else "::1" if host == "::" else host, port)
-    backend = LocalBackend(path=path, served_at=local)
-    app = create_serve_app(backend, api_key=api_key, max_body_bytes=int(max_body_mb * 2**20),
-                           max_chat_body_bytes=int(max_chat_body_mb * 2**20), watchdog_s=watchdog_s,
-                           watchdog_train_s=watchdog_train_s,
-                           model_roots=None if allow_any_model_path else default_model_roots(models_dirs))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="info", timeout_graceful_shutdown=10,
-                                           timeout_keep_alive=KEEP_ALIVE_S))
-    print(f"art serve: listening on {url} (storage {path}, auth {'on' if api_key else 'off'}); "
-          f"OpenAI routes at {url}/v1, management at {url}/art, schema at {url}/openapi.json, "
-          f"dashboard at {url}/dashboard", flush=True)
-    try:
-        server.run(sockets=[sock])
-    finally:
-        sock.close()

@@ -1,0 +1,219 @@
+"""`LocalService`: the service API (`art.service`) over models loaded in this process.
+
+It holds one `ModelService` (weights, engine, trainer, checkpoints) per trainable model, the
+specs of every registered model, and the storage root. `LocalBackend` adapts it for
+`art.Model`; `art serve` puts it behind the management and OpenAI routes. It is also what the
+OpenAI routes resolve a request's `model` with (`served_model_names`, `resolve`).
+
+After a restart (even `kill -9`) nothing is registered, but the runs are on disk: naming a
+model with a `model.json` under the root registers it again from that file (`spec`), at its
+latest complete checkpoint.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from pathlib import Path
+
+from art.errors import ArtValueError, BackendError, ModelNotFoundError
+from art.naming import echo, model_part
+from art.server.registry import ServedModel
+from art.service import ModelKey, ModelSpec, Progress, TrainResult
+from art.storage.history import read_history
+from art.storage.layout import ModelDir, stored_runs, validate_name
+from art.storage.run_log import write_log
+from art.training.options import TrainOptions
+
+log = logging.getLogger(__name__)
+
+
+class LocalService:
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root)
+        self._specs: dict[ModelKey, ModelSpec] = {}
+        self._loaded: dict[ModelKey, object] = {}  # ModelService, imported lazily (torch)
+        self._locks: dict[ModelKey, asyncio.Lock] = {}
+
+    # -- registration ---------------------------------------------------------------------
+    async def register(self, spec: ModelSpec) -> int:
+        async with self._locks.setdefault(spec.key, asyncio.Lock()):  # one load per model
+            return await self._register(spec)
+
+    async def _register(self, spec: ModelSpec) -> int:
+        if spec.trainable and spec.key not in self._loaded:
+            if not spec.base_model:
+                raise ArtValueError(f"{spec.project}/{spec.name}: a trainable model needs a base_model",
+                                    field="base_model")
+            from art.model_service import ModelService  # heavy: torch, transformers
+
+            try:
+                self._loaded[spec.key] = await asyncio.to_thread(
+                    ModelService, self.root, name=spec.name, project=spec.project, base_model=spec.base_model,
+                    internal_config=spec.internal_config, user_config=spec.config)
+            except ArtValueError:
+                raise
+            except OSError as exc:  # mostly transformers' "no such model": name what was asked for
+                raise ArtValueError(f"registering {spec.project}/{spec.name} failed; check base_model "
+                                    f"{echo(spec.base_model)}: {echo(str(exc))}", field="base_model") from exc
+            except (TypeError, ValueError) as exc:  # what peft, the engine or torch refused in it
+                raise ArtValueError(f"registering {spec.project}/{spec.name} failed; check internal_config "
+                                    f"{echo(spec.internal_config)}: {echo(str(exc))}",
+                                    field="internal_config") from exc
+        self._specs[spec.key] = spec
+        return self._loaded[spec.key].step if spec.key in self._loaded else 0
+
+    def specs(self) -> list[ModelSpec]:
+        """The models registered so far (recovered ones included)."""
+        return list(self._specs.values())
+
+    async def spec(self, key: ModelKey) -> ModelSpec | None:
+        """The registered model, or its stored run registered again from its model.json (a
+        restart); None when there is neither."""
+        if key in self._specs:
+            return self._specs[key]
+        async with self._locks.setdefault(key, asyncio.Lock()):
+            if key in self._specs:
+                return self._specs[key]
+            stored = await asyncio.to_thread(ModelDir(self.root, *key).read_model_json)
+            if not stored or not isinstance(stored.get("base_model"), str):
+                return None
+            internal = stored.get("internal_config")
+            spec = ModelSpec(project=key[0], name=key[1], trainable=True, base_model=stored["base_model"],
+                             config=stored.get("config"), internal_config=internal if isinstance(internal, dict) else None)
+            log.warning("%s/%s was not registered in this process: loading it from its stored run (a restart?)", *key)
+            try:
+                await self._register(spec)
+            except Exception as exc:
+                raise BackendError(f"{key[0]}/{key[1]} is stored under {self.root} but could not be loaded again "
+                                   f"({type(exc).__name__}: {exc}); register it again") from exc
+            return spec
+
+    async def recover_served(self, requested: str) -> bool:
+        """For the OpenAI routes: `name` or `name@step` of a stored run not loaded yet; True
+        when it was loaded. A name stored under several projects is not guessed."""
+        name = model_part(requested)
+        try:
+            validate_name(name, "model")
+        except ArtValueError:
+            return False
+        keys = [key for key in await asyncio.to_thread(stored_runs, self.root)
+                if key[1] == name and key not in self._specs]
+        if len(keys) > 1:
+            raise ModelNotFoundError(
+                f"The model {echo(requested)} is not loaded, and runs named {echo(name)} are stored in several projects "
+                f"({', '.join(p for p, _ in keys)}): register the one you mean with `await model.register(backend)`")
+        return bool(keys) and await self.spec(keys[0]) is not None
+
+    def loaded(self, key: ModelKey):
+        """The `ModelService` of a registered trainable model (for tools and tests that look inside)."""
+        service = self._loaded.get(key)
+        if service is None:
+            raise ModelNotFoundError(f"model {key[0]}/{key[1]} is not registered with this backend")
+        return service
+
+    async def _trainable(self, key: ModelKey):
+        spec = await self.spec(key)
+        if spec is None:
+            raise ModelNotFoundError(f"model {key[0]}/{key[1]} is not registered and no run of it is stored under "
+                                     f"{self.root}: call `await model.register(backend)`")
+        if not spec.trainable:
+            raise ArtValueError(f"model {key[0]}/{key[1]} was registered as not trainable", field="trainable")
+        return self._loaded[key]
+
+    # -- the service API ------------------------------------------------------------------
+    async def step(self, key: ModelKey) -> int:
+        await self.spec(key)  # a stored run reports its step after a restart
+        service = self._loaded.get(key)
+        return service.step if service is not None else 0
+
+    async def train(self, key: ModelKey, groups: list, options: TrainOptions, *, expected_step: int | None = None,
+                    progress: Progress | None = None) -> TrainResult:
+        service = await self._trainable(key)
+        return await service.train(list(groups), options, progress=progress, expected_step=expected_step)
+
+    async def check_training_input(self, key: ModelKey, groups: list) -> None:
+        service = await self._trainable(key)
+        await asyncio.to_thread(service.check_groups, list(groups))
+
+    async def cancel_training(self, key: ModelKey) -> bool:
+        return (await self._trainable(key)).cancel()
+
+    async def log(self, key: ModelKey, *, split: str, step: int, metrics: dict, groups: list) -> None:
+        """Any model's logs, registered or not (a prompted baseline only logs)."""
+        await asyncio.to_thread(write_log, ModelDir(self.root, *key), split=split, step=step, metrics=metrics,
+                                groups=groups)
+
+    async def checkpoints(self, key: ModelKey) -> list[int]:
+        return await asyncio.to_thread((await self._trainable(key)).store.steps)
+
+    async def delete_checkpoints(self, key: ModelKey, best_checkpoint_metric: str) -> list[int]:
+        service = await self._trainable(key)
+        best = best_step(read_history(service.dir.history), best_checkpoint_metric)
+        if best is None:
+            log.warning("no %r in history: keeping only the latest checkpoint", best_checkpoint_metric)
+        keep = {service.step} | ({best} if best is not None else set())
+        return await asyncio.to_thread(service.delete_checkpoints, keep)
+
+    async def history(self, key: ModelKey) -> list[dict]:
+        return await asyncio.to_thread(read_history, ModelDir(self.root, *key).history)
+
+    async def close(self) -> None:
+        """Stop every model's engine; the service cannot be reused."""
+        for service in self._loaded.values():
+            await asyncio.to_thread(service.close)
+        self._loaded.clear()
+        self._specs.clear()
+
+    # -- what the OpenAI routes and the watchdog read --------------------------------------
+    def served_model_names(self) -> list[str]:
+        names: list[str] = []
+        for service in self._loaded.values():
+            names += service.served_names()
+            if service.base_model not in names and not service.full_finetune:
+                names.append(service.base_model)
+        return names
+
+    def resolve(self, model: str) -> ServedModel:
+        specific = None  # a model that knows the name says why it cannot serve it
+        for service in self._loaded.values():
+            try:
+                return service.resolve(model)
+            except ModelNotFoundError as exc:
+                if model_part(model) in (service.name, service.base_model):
+                    specific = specific or exc
+        if specific is not None:
+            raise specific
+        raise ModelNotFoundError(f"The model {echo(model)} does not exist; served: {self.served_model_names()}")
+
+    def stats(self) -> dict[str, dict]:
+        """Engine load per model, shown by GET /health."""
+        return {f"{project}/{name}": service.stats() for (project, name), service in self._loaded.items()}
+
+    def activities(self) -> list:
+        """What a watchdog (`art.server.watchdog`) checks: each model's engine loop (seconds
+        without progress while it has work) and its running training step (seconds running)."""
+        from art.server.watchdog import Activity
+
+        now, out = time.monotonic(), []
+        for (project, name), service in list(self._loaded.items()):
+            engine = service.engine
+            out.append(Activity("engine", f"{project}/{name}", engine.stalled_s(), engine.thread_id))
+            since, thread = service.training_since, service.training_thread
+            if since is not None:
+                out.append(Activity("training step", f"{project}/{name}", now - since, thread))
+        return out
+
+
+def best_step(history: list[dict], metric: str) -> int | None:
+    """The step whose rows have the highest mean of `metric` (None when it was never logged)."""
+    values: dict[int, list[float]] = {}
+    for row in history:
+        value, step = row.get(metric), row.get("step")
+        if isinstance(value, (int, float)) and math.isfinite(value) and type(step) is int:
+            values.setdefault(step, []).append(float(value))
+    if not values:
+        return None
+    return max(values, key=lambda s: sum(values[s]) / len(values[s]))
