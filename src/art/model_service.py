@@ -89,13 +89,20 @@ class ModelService:
         self.engine = LLMEngine(self.model, self.tokenizer, engine_config, lock=self.lock, adapters=self.adapters)
         reference = ((lambda: base_models.load(base_model, dtype=dtype, device=self.device)[0])
                      if self.full_finetune else None)
+        peers = None
+        if settings.trainer_ranks > 1:  # data parallel: ranks 1..N-1 build the same model in processes of their own
+            from art.training.data_parallel import RankPeers, RankSpec
+
+            peers = RankPeers(settings.trainer_ranks, RankSpec(base_model, None if self.full_finetune else lora,
+                                                               str(self.device), str(dtype).removeprefix("torch.")))
         self.trainer = Trainer(self.model, self.tokenizer, lock=self.lock, load_reference=reference,
-                               device=self.device, dtype=dtype)
+                               device=self.device, dtype=dtype, peers=peers)
         self.store = CheckpointStore(self.dir.checkpoints)
         latest = self.store.latest_step()
         if latest is None:
             self.store.write(0, self.trainer.save)
             latest = 0
+            self.trainer.sync_peers(self.store.path(0))
         else:
             self.trainer.restore(self.store.path(latest))
         self.step = latest
@@ -255,8 +262,10 @@ class ModelService:
         self.engine.weights_updated(self.step)
 
     def close(self) -> None:
-        """Stop the engine thread so the weights can be freed."""
+        """Stop the engine thread (so the weights can be freed) and any trainer ranks."""
         self.engine.stop()
+        if self.trainer.peers is not None:
+            self.trainer.peers.close()
 
     def delete_checkpoints(self, keep: set[int]) -> list[int]:
         deleted = []

@@ -22,11 +22,12 @@ from typing import Callable
 import torch
 from tqdm.auto import tqdm
 
-from art.errors import ArtValueError, StepCancelledError
+from art.errors import ArtError, ArtValueError, BackendError, StepCancelledError
 from art.observability import tracing
 
 from art.training.advantages import balance_advantage, group_advantages, reward_std, rewards_differ
 from art.training import packing
+from art.training.data_parallel import Collective, RankPeers
 from art.training.logprobs import gathered_logprobs
 from art.training.loss import Normalizer, policy_loss_terms
 from art.training.options import ADAMW_BETAS, ADAMW_WEIGHT_DECAY, TrainOptions
@@ -43,13 +44,16 @@ OPTIMIZER_FILE = "optimizer.pt"
 class Trainer:
     def __init__(self, model, tokenizer, *, lock: threading.RLock | None = None,
                  load_reference: Callable[[], torch.nn.Module] | None = None,
-                 device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> None:
+                 device: torch.device | str | None = None, dtype: torch.dtype | None = None,
+                 collective: Collective | None = None, peers: RankPeers | None = None) -> None:
         """`model`: a PeftModel whose live adapter is trained, or a plain model trained whole
         (full fine-tuning), already on `device` (default: where its weights are). `dtype`: the
         compute dtype (default: the weights'); float32 weights computed in a lower dtype run
         under autocast. `load_reference` gives the frozen base model the KL term (beta > 0)
         needs under full fine-tuning; it is loaded on first use. With LoRA the reference is
-        the same model with the adapter disabled."""
+        the same model with the adapter disabled. Data parallel (`art.training.data_parallel`):
+        `collective` is this rank's view of the group; rank 0 passes `peers` instead, the other
+        ranks it keeps in step."""
         self.model = model
         first = next(model.parameters())
         self.device = torch.device(device) if device is not None else first.device
@@ -66,15 +70,34 @@ class Trainer:
         )
         self.last_trainer_logprobs: list[dict] = []
         """The last step's `trainer_logprob_rows`, for the run's storage."""
+        self.peers = peers
+        self.collective = collective or (peers.collective if peers is not None else Collective())
 
     # -- the update -----------------------------------------------------------------------
     def step(self, groups, options: TrainOptions, *, desc: str = "train",
              on_optimizer_step: Callable[[int, int, dict[str, float]], None] | None = None,
-             should_stop: Callable[[], bool] | None = None) -> dict[str, float]:
+             should_stop: Callable[[], bool] | None = None, quiet: bool = False) -> dict[str, float]:
         """Apply one update (`options.optimizer_steps` AdamW steps); returns metrics (with
         `skipped/<reason>` counts and, when nothing could be trained, `nothing_to_train` = 1
         and a warning that says why). `on_optimizer_step(done, total, metrics)` follows each
-        optimizer step."""
+        optimizer step. With peers, they train the same step alongside."""
+        if self.peers is None:
+            return self._step(groups, options, desc, on_optimizer_step, should_stop, quiet)
+        failed = True
+        try:
+            self.peers.begin_step(groups, options)
+            metrics = self._step(groups, options, desc, on_optimizer_step, should_stop, quiet)
+            failed = False
+            return metrics
+        except (ArtError, torch.cuda.OutOfMemoryError):
+            raise
+        except Exception as exc:  # most often a collective that lost a rank
+            raise BackendError(f"the data-parallel step failed ({type(exc).__name__}: {exc}); it is rolled back, "
+                               "and ranks that died are started again before the next step") from exc
+        finally:
+            self.peers.end_step(failed)
+
+    def _step(self, groups, options: TrainOptions, desc, on_optimizer_step, should_stop, quiet) -> dict[str, float]:
         self.last_trainer_logprobs = []
         if any(getattr(module, "merged", False) for module in self.model.modules()):
             raise RuntimeError("the adapter is merged into the base weights for serving; unmerge it before training "
@@ -82,7 +105,7 @@ class Trainer:
         with tracing.span("art.train.pack") as pack:  # sequences, mini-batches and micro-batch plans
             sequences, issues, stats = prepare_batch(groups, options)
             parts = [part for part in split_mini_batches(sequences, options.mini_batches) if part]
-            plans = [plan_micro_batches(part, options) for part in parts]
+            plans = [plan_micro_batches(self.collective.shard(part), options) for part in parts]  # this rank's
             tracing.set_attributes(pack, {"art.sequences": len(sequences)})
         metrics: dict[str, float] = {f"skipped/{k}": float(v) for k, v in sorted(issues.items())}
         metrics.update(stats)
@@ -98,7 +121,7 @@ class Trainer:
         sums: Counter = Counter()
         norms: list[float] = []
         total_steps = len(parts) * options.epochs
-        bar = tqdm(total=total_steps * sum(map(len, plans)), desc=desc, unit="batch", leave=False)
+        bar = tqdm(total=total_steps * sum(map(len, plans)), desc=desc, unit="batch", leave=False, disable=quiet)
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         with self.lock:
@@ -119,6 +142,8 @@ class Trainer:
                 self.model.eval()
                 bar.close()
         total_trained = sum(s.num_trained for s in sequences) * options.epochs  # token terms seen
+        computed = self.collective.sum_values(Counter(
+            tokens_computed=sum(m.tokens_computed for micro in plans for m in micro)))["tokens_computed"]
         metrics.update({
             "loss": sums["loss"] / len(norms),
             "policy_loss": sums["policy_loss"] / total_trained,
@@ -129,10 +154,12 @@ class Trainer:
             "optimizer_steps": float(len(norms)),
             "trained_tokens": float(sum(s.num_trained for s in sequences)),
             "tokens_in_batch": float(sum(len(s.token_ids) for s in sequences)),
-            "tokens_computed": float(sum(m.tokens_computed for micro in plans for m in micro)),
+            "tokens_computed": float(computed),
             "sequences": float(len(sequences)),
         })
-        self.last_trainer_logprobs = trainer_logprob_rows(sequences)
+        self.last_trainer_logprobs = sorted(
+            (row for rows in self.collective.gather(trainer_logprob_rows(sequences)) for row in rows),
+            key=lambda row: (row["group"], row["trajectory"], row["sequence"]))
         if self.device.type == "cuda":
             metrics["peak_gpu_memory_gb"] = torch.cuda.max_memory_allocated(self.device) / 2**30
         if "kl" in sums:
@@ -151,14 +178,22 @@ class Trainer:
                                 options.max_tokens_normalizer)
         sums: Counter = Counter()
         self.optimizer.zero_grad(set_to_none=True)
+        stopped = False
         with tracing.span("art.train.forward_backward", {"art.micro_batches": len(micro)}):
             for i, batch in enumerate(micro):
                 if should_stop is not None and should_stop():
-                    raise StepCancelledError("the training step was cancelled before it finished; it is rolled back")
+                    stopped = True
+                    break
                 terms = self._forward(batch, options, normalizer, None if before is None else before[i], record)
                 terms["loss"].backward()  # this micro-batch's share of the mini-batch loss
                 sums.update({k: float(v.detach()) for k, v in terms.items()})
                 bar.update(1)
+        if self.collective.any(stopped):  # every rank stops together, or the others would wait forever
+            raise StepCancelledError("the training step was cancelled before it finished; it is rolled back")
+        if self.collective.world > 1:
+            with tracing.span("art.train.all_reduce", {"art.ranks": self.collective.world}):
+                self.collective.sum_gradients(self.params)
+                sums = self.collective.sum_values(sums)
         with tracing.span("art.train.optimizer"):
             sums["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.params, options.max_grad_norm))
             if not (math.isfinite(sums["loss"]) and math.isfinite(sums["grad_norm"])):
@@ -293,6 +328,13 @@ class Trainer:
             optimizer_file = Path(folder) / OPTIMIZER_FILE
             if optimizer_file.exists():
                 self.optimizer.load_state_dict(torch.load(optimizer_file, weights_only=True, map_location=self.device))
+        self.sync_peers(folder)
+
+    def sync_peers(self, folder: Path) -> None:
+        """Rank 0: every peer loads checkpoint `folder`, the one this rank holds (peers that
+        died are started again first)."""
+        if self.peers is not None:
+            self.collective = self.peers.restore(Path(folder))
 
 
     def _restore_adapter(self, folder: Path) -> None:

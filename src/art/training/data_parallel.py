@@ -1,0 +1,298 @@
+"""Data-parallel training on torch.distributed: several ranks share one update.
+
+Every rank holds the same weights and optimizer state and receives the same groups. Each
+mini-batch is split into per-rank shards (`Collective.shard`: whole groups, balanced by
+tokens). Each rank runs its shard's micro-batches, with the loss still normalised by the
+*whole* mini-batch (`Normalizer`). The gradients are then summed across ranks (one flat
+all-reduce per optimizer step), which gives exactly the single-process gradient up to float
+summation order, and every rank applies the same clipped AdamW step. gloo on CPU, NCCL on CUDA.
+
+Rank 0 is the trainer inside the backend (it shares its model with the engine). Ranks
+1..N-1 are processes started by `RankPeers` (or, on a cluster, by Ray: `art.cluster`). Each
+holds its own copy of the model and obeys three commands sent over a pipe: restore a
+checkpoint folder, train a step, close. The process group carries only the tensors of a step.
+A failed step is rolled back by the backend; if a rank died (or a collective broke), the next
+restore starts every peer again, so the following step trains cleanly.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import multiprocessing
+import os
+import pickle
+import threading
+import traceback
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from art.errors import ArtValueError, BackendError, StepCancelledError
+from art.training.sequences import Sequence
+
+log = logging.getLogger(__name__)
+
+STEP_TIMEOUT = datetime.timedelta(minutes=30)
+"""How long a collective waits for a slow rank before the step fails (and rolls back)."""
+
+
+class Collective:
+    """One rank's view of the training group. `world == 1` (no group) is the single process."""
+
+    def __init__(self, rank: int = 0, world: int = 1, group=None, store=None) -> None:
+        self.rank, self.world, self.group, self.store = rank, world, group, store
+        self._rounds = 0
+
+    def shard(self, part: list[Sequence]) -> list[Sequence]:
+        """This rank's sequences of a mini-batch: whole groups, assigned longest first to the
+        least-loaded rank (by tokens); single sequences when there are fewer groups than ranks.
+        Deterministic, so every rank computes the same assignment."""
+        if self.world == 1:
+            return part
+        groups: dict[int, list[Sequence]] = {}
+        for s in part:
+            groups.setdefault(s.group, []).append(s)
+        units = list(groups.values()) if len(groups) >= self.world else [[s] for s in part]
+        load = [0] * self.world
+        mine: list[Sequence] = []
+        for unit in sorted(units, key=lambda u: -sum(len(s.token_ids) for s in u)):  # stable: ties keep order
+            rank = load.index(min(load))
+            load[rank] += sum(len(s.token_ids) for s in unit)
+            if rank == self.rank:
+                mine += unit
+        return sorted(mine, key=lambda s: s.group)
+
+    def any(self, flag: bool) -> bool:
+        """True on every rank when it is True on any (a cancel seen by one rank stops all)."""
+        if self.world == 1:
+            return flag
+        value = torch.tensor([float(flag)])
+        self.group.allreduce([value]).wait()
+        return bool(value.item())
+
+    def sum_gradients(self, params: list[torch.nn.Parameter]) -> None:
+        """Sum every trained parameter's gradient across ranks, in one flat buffer (a rank
+        whose shard was empty contributes zeros)."""
+        if self.world == 1:
+            return
+        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
+        self.group.allreduce([flat]).wait()
+        offset = 0
+        for p in params:
+            n = p.numel()
+            p.grad = flat[offset:offset + n].view_as(p).clone()
+            offset += n
+
+    def sum_values(self, values: Counter) -> Counter:
+        """Per-rank sums (loss terms, token counts) summed across ranks; every rank gets them."""
+        if self.world == 1:
+            return values
+        gathered = self.gather(dict(values))
+        total: Counter = Counter()
+        for part in gathered:
+            total.update(part)
+        return total
+
+    def gather(self, value) -> list:
+        """Every rank's `value`, in rank order, on every rank (small Python objects, through the
+        group's store; each call has keys of its own)."""
+        if self.world == 1:
+            return [value]
+        self._rounds += 1
+        self.store.set(f"gather/{self._rounds}/{self.rank}", pickle.dumps(value))
+        return [pickle.loads(self.store.get(f"gather/{self._rounds}/{rank}")) for rank in range(self.world)]
+
+
+def host_store(world: int, host: str = "127.0.0.1") -> dist.TCPStore:
+    """Rank 0's rendezvous store on a free port (`store.port` tells the peers where)."""
+    return dist.TCPStore(host, 0, world, True, timeout=STEP_TIMEOUT, wait_for_workers=False)
+
+
+def start_group(rank: int, world: int, device: torch.device, *, store: dist.TCPStore | None = None,
+                port: int | None = None, host: str = "127.0.0.1") -> Collective:
+    """Join a process group of `world` ranks (rank 0 passes its `store`, the others its
+    `port`): gloo on CPU, NCCL on CUDA. A group object of its own, not torch's default group,
+    so one process may hold several models' groups. Returns once every rank has joined."""
+    if store is None:
+        store = dist.TCPStore(host, port, world, False, timeout=STEP_TIMEOUT)
+    if device.type == "cuda":
+        group = dist.ProcessGroupNCCL(store, rank, world)
+    else:
+        group = dist.ProcessGroupGloo(store, rank, world, STEP_TIMEOUT)
+    return Collective(rank, world, group, store)
+
+
+@dataclass(frozen=True)
+class RankSpec:
+    """What a peer needs to build the same trainable model as rank 0."""
+
+    base_model: str
+    lora: dict | None
+    """peft LoraConfig arguments; None for full fine-tuning."""
+    device: str
+    dtype: str
+    """torch dtype name of the compute precision (e.g. "float32", "bfloat16")."""
+
+
+def build_trainer(spec: RankSpec, collective: Collective):
+    """A rank's model and Trainer, built the way `ModelService` builds rank 0's."""
+    from art import base_models
+    from art.training.trainer import Trainer
+
+    dtype = getattr(torch, spec.dtype)
+    device = torch.device(spec.device)
+    weights_dtype = torch.float32 if spec.lora is None else dtype
+    base, tokenizer = base_models.load(spec.base_model, dtype=weights_dtype, device=device)
+    if spec.lora is None:
+        model = base.requires_grad_(True)
+    else:
+        from peft import LoraConfig, get_peft_model
+
+        model = get_peft_model(base, LoraConfig(task_type="CAUSAL_LM", **spec.lora))
+    model.eval()
+    reference = (lambda: base_models.load(spec.base_model, dtype=dtype, device=device)[0]) if spec.lora is None else None
+    return Trainer(model, tokenizer, load_reference=reference, device=device, dtype=dtype, collective=collective)
+
+
+def peer_main(rank: int, world: int, port: int, spec: RankSpec, connection) -> None:
+    """A peer process: join the group, build the model, then obey rank 0's commands. A step
+    that fails here for a reason of its own (not one every rank shares) ends the process, so
+    the ranks waiting on it in a collective fail at once instead of at the timeout."""
+    torch.set_num_threads(max(1, int(os.environ.get("ART_RANK_THREADS", "1"))))
+    collective = start_group(rank, world, torch.device(spec.device), port=port)
+    try:
+        trainer = build_trainer(spec, collective)
+    except BaseException as exc:
+        connection.send(("error", f"rank {rank} could not build its model: {type(exc).__name__}: {exc}"))
+        return
+    connection.send(("ready", None))
+    while True:
+        command, *args = connection.recv()
+        if command == "close":
+            return
+        try:
+            if command == "restore":
+                trainer.restore(Path(args[0]))
+            elif command == "step":
+                trainer.step(*args, desc=f"rank {rank}", quiet=True)
+            connection.send(("ok", None))
+        except (StepCancelledError, ArtValueError) as exc:  # raised on every rank alike
+            connection.send(("error", f"{type(exc).__name__}: {exc}"))
+        except BaseException as exc:
+            connection.send(("error", f"rank {rank}: {type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
+            os._exit(1)
+
+
+class RankPeers:
+    """Rank 0's handle on ranks 1..N-1: local processes that train in step with it."""
+
+    def __init__(self, world: int, spec: RankSpec) -> None:
+        if world < 2:
+            raise ArtValueError(f"trainer_ranks must be at least 2 to start peers, got {world}", field="trainer_ranks")
+        self.world, self.spec = world, spec
+        self.collective = Collective()
+        self._processes: list = []
+        self._connections: list = []
+        self._lock = threading.Lock()
+        self.healthy = False
+
+    def start(self) -> Collective:
+        """(Re)start every peer and the group; returns rank 0's new collective."""
+        self.close()
+        context = multiprocessing.get_context("spawn")  # a fresh interpreter: no forked threads or CUDA state
+        store = host_store(self.world)
+        for rank in range(1, self.world):
+            ours, theirs = context.Pipe()
+            process = context.Process(target=peer_main, args=(rank, self.world, store.port, self.spec, theirs),
+                                      name=f"art-trainer-rank-{rank}", daemon=True)
+            process.start()
+            self._processes.append(process)
+            self._connections.append(ours)
+        self.collective = start_group(0, self.world, torch.device(self.spec.device), store=store)
+        self._answers("ready", what="start")
+        self.healthy = True
+        log.info("trainer ranks 1-%d started", self.world - 1)
+        return self.collective
+
+    def restore(self, folder: Path) -> Collective:
+        """Every peer loads the checkpoint rank 0 restored; peers that died (or a broken group)
+        are started again first."""
+        if not self.healthy or not all(p.is_alive() for p in self._processes):
+            self.start()
+        self._send("restore", str(folder))
+        self._answers("ok", what="restore")
+        return self.collective
+
+    def begin_step(self, groups, options) -> None:
+        if not self.healthy:
+            raise BackendError("the trainer ranks are not running (a failed step?); restore a checkpoint first")
+        self._send("step", list(groups), options)
+
+    def end_step(self, failed: bool) -> None:
+        """Wait for every peer's step; raise the first error (or mark the group broken when
+        rank 0 itself failed, since its peers may be stuck in a collective)."""
+        try:
+            self._answers("ok", what="step", timeout=5.0 if failed else None)
+        except BackendError:
+            self.healthy = False
+            if not failed:
+                raise
+        except (StepCancelledError, ArtValueError):
+            if not failed:
+                raise
+
+    def _send(self, *message) -> None:
+        for rank, connection in enumerate(self._connections, start=1):
+            try:
+                connection.send(message)
+            except OSError as exc:
+                self.healthy = False
+                raise BackendError(f"trainer rank {rank} is gone ({type(exc).__name__}); the ranks are started "
+                                   "again at the next restore") from exc
+
+    def _answers(self, expected: str, *, what: str, timeout: float | None = None) -> None:
+        first = None
+        for rank, (process, connection) in enumerate(zip(self._processes, self._connections), start=1):
+            if not connection.poll(timeout if timeout is not None else STEP_TIMEOUT.total_seconds()):
+                self.healthy = False
+                first = first or BackendError(f"trainer rank {rank} did not answer {what} in time")
+                continue
+            try:
+                kind, detail = connection.recv()
+            except (EOFError, OSError):
+                self.healthy = False
+                first = first or BackendError(f"trainer rank {rank} died during {what} (exit code {process.exitcode})")
+                continue
+            if kind != expected:
+                if not process.is_alive() or "\n" in (detail or ""):
+                    self.healthy = False
+                first = first or _peer_error(detail, rank, what)
+        if first is not None:
+            raise first
+
+    def close(self) -> None:
+        for connection in self._connections:
+            try:
+                connection.send(("close",))
+            except (OSError, BrokenPipeError):
+                pass
+        for process in self._processes:
+            process.join(timeout=5)
+            if process.is_alive():
+                process.kill()
+                process.join()
+        self._processes, self._connections = [], []
+        self.collective = Collective()
+        self.healthy = False
+
+
+def _peer_error(detail: str, rank: int, what: str) -> Exception:
+    if detail.startswith("StepCancelledError"):
+        return StepCancelledError(detail.split(": ", 1)[-1])
+    if detail.startswith("ArtValueError"):
+        return ArtValueError(detail.split(": ", 1)[-1])
+    return BackendError(f"trainer rank {rank} failed during {what}: {detail}")
