@@ -3,7 +3,6 @@ process makes, and a rank that dies mid-step costs that step only."""
 
 from __future__ import annotations
 
-import asyncio
 
 import pytest
 import torch

@@ -73,6 +73,7 @@ async def training_loop(backend: art.RemoteBackend, base_model: str, server_root
     deleted = await model.delete_checkpoints(best_checkpoint_metric="train/reward")
     assert deleted == [1] and await backend.list_checkpoints(model) == [0, 2]
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["0000", "0002"]
+    assert await backend.restart_replicas(model) == []  # one engine, no replicas to restart
 
 
 def serve_app(root: Path, **kwargs):

@@ -4,8 +4,8 @@ ART scripts pass keys meant for vLLM, Unsloth and their trainer (`init_args`, `t
 `_decouple_vllm_and_unsloth`, ...). Every key ART knows is accepted: those that mean something
 here are honoured (`engine_args`, `peft_args` or ART's newer `lora_config`, `seed`,
 `full_finetune` or `init_args.full_finetuning`, `init_args.max_seq_length` and
-`init_args.gpu_memory_utilization`, and ours, `trainer_ranks`); the rest are named once in a
-warning.
+`init_args.gpu_memory_utilization`, and ours, `trainer_ranks` and `engine_replicas`); the
+rest are named once in a warning.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ IGNORED_KEYS = frozenset({
     "allow_unvalidated_arch", "megatron_model_initialization", "tinker_args", "tinker_native_args",
     "_log_vllm_metrics", "_use_pipeline_rl",
 })
-MAX_TRAINER_RANKS = 64
-"""Local trainer processes; far above the cores or GPUs of one machine."""
+MAX_PROCESSES = 64
+"""Trainer ranks or engine replicas of one model at most; far above the GPUs of one machine."""
 # ART's newer `lora_config` names -> peft's LoraConfig names.
 LORA_CONFIG_NAMES = {"rank": "r", "alpha": "lora_alpha", "dropout": "lora_dropout", "target_modules": "target_modules",
                      "bias": "bias", "use_rslora": "use_rslora", "layers_to_transform": "layers_to_transform",
@@ -43,13 +43,17 @@ class ModelSettings:
     trainer_ranks: int = 1
     """Data-parallel trainer ranks (`art.training.data_parallel`): rank 0 shares the engine's
     model, ranks 1..N-1 are processes of their own."""
+    engine_replicas: int = 1
+    """Engine replicas behind the endpoint (`art.engine.replicas`): replica 0 is the engine
+    that shares the trainer's model, replicas 1..N-1 are processes of their own."""
 
 
 def parse_internal_config(internal: dict | None) -> ModelSettings:
     """Raises ArtValueError naming the field for what cannot be honoured as given."""
     internal = dict(internal or {})
     init = dict(internal.get("init_args") or {})
-    known = {"engine_args", "peft_args", "lora_config", "seed", "full_finetune", "init_args", "trainer_ranks"}
+    known = {"engine_args", "peft_args", "lora_config", "seed", "full_finetune", "init_args", "trainer_ranks",
+             "engine_replicas"}
     warn_ignored([k for k in internal if k not in known], "_internal_config")
     warn_ignored([k for k in init if k not in ("max_seq_length", "gpu_memory_utilization", "full_finetuning")],
                  "init_args")
@@ -71,12 +75,14 @@ def parse_internal_config(internal: dict | None) -> ModelSettings:
     seed = internal.get("seed", 0)
     if not isinstance(seed, int) or isinstance(seed, bool):
         raise ArtValueError(f"seed must be an int, got {seed!r}", field="seed")
-    ranks = internal.get("trainer_ranks", 1)
-    if not isinstance(ranks, int) or isinstance(ranks, bool) or not 1 <= ranks <= MAX_TRAINER_RANKS:
-        raise ArtValueError(f"trainer_ranks must be an int from 1 to {MAX_TRAINER_RANKS}, got {ranks!r}",
-                            field="trainer_ranks")
+    counts = {}
+    for key in ("trainer_ranks", "engine_replicas"):
+        value = internal.get(key, 1)
+        if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_PROCESSES:
+            raise ArtValueError(f"{key} must be an int from 1 to {MAX_PROCESSES}, got {value!r}", field=key)
+        counts[key] = value
     return ModelSettings(engine=engine, full_finetune=bool(full), lora=None if full else {**LORA_DEFAULTS, **lora_given},
-                         seed=seed, trainer_ranks=ranks)
+                         seed=seed, **counts)
 
 
 def _lora_config(config) -> dict:

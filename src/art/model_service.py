@@ -87,6 +87,13 @@ class ModelService:
         self.lock = threading.RLock()
         self.adapters = AdapterSet(self.model)
         self.engine = LLMEngine(self.model, self.tokenizer, engine_config, lock=self.lock, adapters=self.adapters)
+        self.replicas = None
+        if settings.engine_replicas > 1:  # replicas 1..N-1 build the same model in processes of their own
+            from art.engine.replicas import ReplicaSet, ReplicaSpec, replica_threads
+
+            self.replicas = ReplicaSet(self.engine, ReplicaSpec(base_model, None if self.full_finetune else lora,
+                                                                self.engine.config, replica_threads()),
+                                       settings.engine_replicas)
         reference = ((lambda: base_models.load(base_model, dtype=dtype, device=self.device)[0])
                      if self.full_finetune else None)
         peers = None
@@ -107,6 +114,8 @@ class ModelService:
             self.trainer.restore(self.store.path(latest))
         self.step = latest
         self.adapters.live_step = latest
+        if self.replicas is not None:
+            self.replicas.restart(latest, self.live_weights())  # all start, on the weights of `latest`
         self._model_json = {
             "name": name, "project": project, "base_model": base_model, "config": user_config,
             "internal_config": internal, "lora": lora, "updated_at": time.time(),
@@ -125,22 +134,44 @@ class ModelService:
             if self.full_finetune:
                 raise ModelNotFoundError(f"model {echo(requested)}: a fully fine-tuned model keeps no separate base "
                                          f"weights; ask for {self.name!r}")
-            return ServedModel(requested, self.engine, None, 0)
+            return ServedModel(requested, self.serving, None, 0)
         if model_part(requested) != self.name:
             raise ModelNotFoundError(f"model {echo(requested)} not found")
         _, step = parse_served_name(requested)
         if step is None:  # the engine picks the live weights when sampling starts
-            return ServedModel(requested, self.engine, AdapterRef(self.name, None, None), self.step)
+            return ServedModel(requested, self.serving, AdapterRef(self.name, None, None), self.step)
         if self.full_finetune and step != self.step:
             raise ModelNotFoundError(f"model {echo(requested)}: only the latest step ({self.step}) of a fully "
                                      "fine-tuned model is served")
         if step not in self.store.steps():
             raise ModelNotFoundError(
                 f"model {echo(requested)}: no checkpoint for step {step} (available: {self.store.steps()})")
-        return ServedModel(requested, self.engine, AdapterRef(requested, self.store.path(step), step), step)
+        return ServedModel(requested, self.serving, AdapterRef(requested, self.store.path(step), step), step)
 
-    def stats(self) -> dict[str, float]:
-        return {"step": self.step, **self.engine.stats()}
+    @property
+    def serving(self):
+        """The engine requests go to: the replica set when there are replicas, else the one engine."""
+        return self.replicas if self.replicas is not None else self.engine
+
+    def stats(self) -> dict:
+        return {"step": self.step, **self.engine.stats(), **(self.replicas.stats() if self.replicas else {})}
+
+    def live_weights(self):
+        """What replicas load to hold the live weights: the adapter's tensors (on the CPU), or,
+        fully fine-tuned, the current checkpoint's folder."""
+        if self.full_finetune:
+            return self.store.path(self.step)
+        from peft import get_peft_model_state_dict
+
+        with self.lock:
+            return {k: v.detach().to("cpu", copy=True) for k, v in get_peft_model_state_dict(self.model).items()}
+
+    async def restart_replicas(self) -> list[int]:
+        """Start the replicas that left the rotation again, on the current weights; their indices."""
+        if self.replicas is None:
+            return []
+        async with self._train_lock:  # not while a step publishes new weights
+            return await asyncio.to_thread(self.replicas.restart, self.step, self.live_weights())
 
     def served_names(self) -> list[str]:
         steps = [self.step] if self.full_finetune else self.store.steps()
@@ -179,6 +210,11 @@ class ModelService:
                     log.error("%s", exc)
                     await asyncio.to_thread(self._roll_back, result.step - 1)
                     raise
+                if self.replicas is not None:  # each loads the step's weights and answers the probe
+                    with tracing.span("art.train.publish_to_replicas"):
+                        weights = await asyncio.to_thread(self.live_weights)
+                        result.metrics.update(await self.replicas.publish(
+                            result.step, weights, lambda replica: weight_sync.check(self, via=replica)))
                 if current is not None:
                     tracing.set_attributes(current, {"art.step": result.step, **{
                         f"art.train.{k}": v for k, v in result.metrics.items() if isinstance(v, (int, float))}})
@@ -262,8 +298,10 @@ class ModelService:
         self.engine.weights_updated(self.step)
 
     def close(self) -> None:
-        """Stop the engine thread (so the weights can be freed) and any trainer ranks."""
+        """Stop the engine thread (so the weights can be freed), any replicas and trainer ranks."""
         self.engine.stop()
+        if self.replicas is not None:
+            self.replicas.close()
         if self.trainer.peers is not None:
             self.trainer.peers.close()
 

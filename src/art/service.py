@@ -147,5 +147,10 @@ class Service(Protocol):
         """The model's history rows, oldest first."""
         ...
 
+    async def restart_replicas(self, key: ModelKey) -> list[int]:
+        """Start the model's engine replicas that left the rotation again, on the current
+        weights; returns their indices (empty without replicas)."""
+        ...
+
     async def close(self) -> None:
         ...

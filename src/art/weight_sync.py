@@ -44,14 +44,15 @@ def probe_prompt(tokenizer) -> list[int]:
     return [int(i) for i in ids]
 
 
-async def check(service) -> dict[str, float]:
-    """Sample the probe through `service`'s engine by its plain name (the latest step) and
-    compare with the trainer. Returns {METRIC: max abs diff}; raises WeightSyncError with both
-    sets of numbers on a mismatch or when the engine says other weights sampled it."""
+async def check(service, via=None) -> dict[str, float]:
+    """Sample the probe through `service`'s engine (or the engine replica `via`) by its plain
+    name (the latest step) and compare with the trainer. Returns {METRIC: max abs diff}; raises
+    WeightSyncError with both sets of numbers on a mismatch or when the engine says other
+    weights sampled it."""
     prompt = probe_prompt(service.tokenizer)
     served = service.resolve(service.name)
     params = SamplingParams(n=1, temperature=0.0, max_tokens=PROBE_TOKENS, ignore_eos=True)
-    (completion,) = await served.engine.generate(prompt, params, served.adapter)
+    (completion,) = await (via or service.engine).generate(prompt, params, served.adapter)
     trained = await asyncio.to_thread(trainer_logprobs, service, prompt, completion.token_ids)
     served_lp = list(completion.logprobs)
     diff = max(abs(a - b) for a, b in zip(served_lp, trained))
@@ -60,11 +61,13 @@ async def check(service) -> dict[str, float]:
     if not (diff <= tolerance and label_ok):  # `not <=` also catches NaN
         stale = "" if label_ok else (f"; the engine says the weights of step {completion.step} sampled it, "
                                      f"not step {service.step}")
+        where = "" if via is None else f" (engine replica {via.index})"
+        then = ("The step is rolled back to the last checkpoint." if via is None
+                else "The replica leaves the rotation.")
         raise WeightSyncError(
-            f"weight-sync check failed for {service.project}/{service.name} step {service.step}: on the probe "
+            f"weight-sync check failed for {service.project}/{service.name}{where} step {service.step}: on the probe "
             f"tokens {completion.token_ids} the engine served logprobs {_fmt(served_lp)} but the trainer "
-            f"computes {_fmt(trained)} (max abs diff {diff:.3g}, tolerance {tolerance:g}){stale}. The step is "
-            "rolled back to the last checkpoint.")
+            f"computes {_fmt(trained)} (max abs diff {diff:.3g}, tolerance {tolerance:g}){stale}. {then}")
     return {METRIC: diff}
 
 

@@ -82,6 +82,11 @@ class ServiceBackend:
         """The model's history.jsonl rows, oldest first."""
         return await self.service.history(model_key(model))
 
+    async def restart_replicas(self, model) -> list[int]:
+        """Start the model's engine replicas that left the rotation again (a replica that died or
+        failed the weight-sync probe); returns their indices."""
+        return await self.service.restart_replicas(model_key(model))
+
     async def close(self) -> None:
         await self.service.close()
 

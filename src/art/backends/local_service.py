@@ -160,6 +160,9 @@ class LocalService:
     async def history(self, key: ModelKey) -> list[dict]:
         return await asyncio.to_thread(read_history, ModelDir(self.root, *key).history)
 
+    async def restart_replicas(self, key: ModelKey) -> list[int]:
+        return await (await self._trainable(key)).restart_replicas()
+
     async def close(self) -> None:
         """Stop every model's engine; the service cannot be reused."""
         for service in self._loaded.values():

@@ -141,6 +141,9 @@ class RemoteService:
     async def history(self, key: ModelKey) -> list[dict]:
         return (await self._request("GET", _path(key, "metrics")))["rows"]
 
+    async def restart_replicas(self, key: ModelKey) -> list[int]:
+        return (await self._request("POST", _path(key, "replicas/restart")))["restarted"]
+
     async def close(self) -> None:
         """Close the HTTP connections. The server and its models keep running."""
         await self._client.aclose()

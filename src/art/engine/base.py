@@ -66,6 +66,8 @@ class Completion:
     """Seconds the request waited before the engine admitted it."""
     time_to_first_token_s: float | None = None
     """Seconds from the request's arrival to its first sampled token."""
+    replica: int | None = None
+    """Which engine replica sampled it (`art.engine.replicas`); None without replicas."""
 
 
 class Engine(Protocol):

@@ -57,15 +57,21 @@ def create_app(registry: ModelRegistry, *, default_max_tokens: int = 1024,
 
     @app.get("/health")
     async def health(request: Request) -> dict[str, Any]:
-        """Liveness ("ok", or "degraded" while the watchdog sees something stuck). With the API
-        key (or on a server without one) also each engine's load and what is stuck, where."""
+        """Liveness ("ok", or "degraded" while the watchdog sees something stuck or an engine
+        replica is out of rotation). With the API key (or on a server without one) also each
+        engine's load, what is stuck, where, and which replicas are down and why."""
         stuck = watchdog.stuck() if watchdog is not None else []
-        body: dict[str, Any] = {"status": "degraded" if stuck else "ok"}
+        engines = registry.stats() if hasattr(registry, "stats") else {}
+        down = [{"model": model, **replica} for model, stats in engines.items()
+                for replica in stats.get("replicas", []) if not replica["serving"]]
+        body: dict[str, Any] = {"status": "degraded" if stuck or down else "ok"}
         if not request.scope.get("state", {}).get("authorized", True):
             return body  # no key: model names and stacks are not for anyone who can reach the port
-        body["engines"] = registry.stats() if hasattr(registry, "stats") else {}
+        body["engines"] = engines
         if watchdog is not None:
             body["stuck"] = stuck
+        if down:
+            body["replicas_down"] = down
         return body
 
     @app.get("/v1/models")
@@ -153,6 +159,9 @@ async def _complete(served: ServedModel, body: ChatCompletionRequest, default_ma
         # The engine says which weights sampled (a training step may have landed meanwhile).
         "step": next((c.step for c in completions if c.step is not None), served.step),
     }
+    replica = next((c.replica for c in completions if c.replica is not None), None)
+    if replica is not None:  # several engine replicas serve this model: which one sampled
+        head["replica"] = replica
     generated = sum(len(c.token_ids) for c in completions)
     usage = {"prompt_tokens": len(prompt), "completion_tokens": generated,
              "total_tokens": len(prompt) + generated}
@@ -353,9 +362,11 @@ def _error(status: int, message: str, type_: str, param: str | None = None,
 
 
 def error_response(body: dict[str, Any]) -> JSONResponse:
-    """An `error_object` as the response (its `status` becomes the HTTP status)."""
+    """An `error_object` as the response (its `status` becomes the HTTP status, its
+    `retry_after` a Retry-After header)."""
     status = body.pop("status")
-    return AsciiJSONResponse({"error": body}, status_code=status)
+    headers = {"Retry-After": str(body["retry_after"])} if body.get("retry_after") is not None else None
+    return AsciiJSONResponse({"error": body}, status_code=status, headers=headers)
 
 
 def internal_error(exc: BaseException, what: str = "request") -> dict[str, Any]:
@@ -386,6 +397,8 @@ def error_object(exc: BaseException, what: str = "request") -> dict[str, Any]:
         status, kind, param, code = 409, "invalid_request_error", None, "step_cancelled"
     elif isinstance(exc, BackendUnavailableError):
         status, kind, param, code = 503, "server_error", None, "unavailable"
+        if getattr(exc, "retry_after", None) is not None:  # worth sending again soon (a replica stopped)
+            extra = {"retry_after": exc.retry_after}
     elif isinstance(exc, ArtError):  # the library's own message, written for the user
         request_id = uuid.uuid4().hex[:16]
         log.error("%s failed [request_id %s]: %s", what, request_id, exc)

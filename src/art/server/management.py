@@ -15,6 +15,7 @@ and back.
     GET    /art/models/{project}/{name}/checkpoints       the saved steps
     DELETE /art/models/{project}/{name}/checkpoints       keep the latest and the best step
     GET    /art/models/{project}/{name}/metrics           the history.jsonl rows
+    POST   /art/models/{project}/{name}/replicas/restart  start engine replicas out of rotation again
 
 Trajectories travel as `Trajectory.for_logging()` dicts: a message is a dict with a `role`,
 a model `Choice` is its full dump (`message`, `logprobs`, `token_ids`, `prompt_token_ids`),
@@ -218,6 +219,10 @@ class Cancelled(BaseModel):
                                         "train stream ends with a 409 `step_cancelled` error line.")
 
 
+class RestartedReplicas(BaseModel):
+    restarted: list[int] = Field(description="Indices of the replicas started again, on the current weights.")
+
+
 class DeletedCheckpoints(BaseModel):
     deleted: list[int]
     kept: list[int]
@@ -391,6 +396,12 @@ def management_router(service: LocalService, *, heartbeat_s: float = 10.0,
     ) -> DeletedCheckpoints:
         deleted = await service.delete_checkpoints(key, best_checkpoint_metric)
         return DeletedCheckpoints(deleted=deleted, kept=await service.checkpoints(key))
+
+    @router.post("/models/{project}/{name}/replicas/restart", response_model=RestartedReplicas,
+                 summary="Start the engine replicas that left the rotation again")
+    @_answer_errors
+    async def restart_replicas(key: ModelKey = Depends(model_key)) -> RestartedReplicas:
+        return RestartedReplicas(restarted=await service.restart_replicas(key))
 
     @router.get("/models/{project}/{name}/metrics", summary="History rows (history.jsonl)",
                 responses={200: {"description": "`{\"rows\": [...]}`, oldest first"}})

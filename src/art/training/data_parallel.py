@@ -43,8 +43,10 @@ STEP_TIMEOUT = datetime.timedelta(minutes=30)
 class Collective:
     """One rank's view of the training group. `world == 1` (no group) is the single process."""
 
-    def __init__(self, rank: int = 0, world: int = 1, group=None, store=None) -> None:
+    def __init__(self, rank: int = 0, world: int = 1, group=None, store=None, device: str | torch.device = "cpu") -> None:
         self.rank, self.world, self.group, self.store = rank, world, group, store
+        self.device = torch.device(device)
+        """Where the group's tensors live (NCCL needs them on the rank's GPU)."""
         self._rounds = 0
 
     def shard(self, part: list[Sequence]) -> list[Sequence]:
@@ -70,7 +72,7 @@ class Collective:
         """True on every rank when it is True on any (a cancel seen by one rank stops all)."""
         if self.world == 1:
             return flag
-        value = torch.tensor([float(flag)])
+        value = torch.tensor([float(flag)], device=self.device)
         self.group.allreduce([value]).wait()
         return bool(value.item())
 
@@ -123,7 +125,16 @@ def start_group(rank: int, world: int, device: torch.device, *, store: dist.TCPS
         group = dist.ProcessGroupNCCL(store, rank, world)
     else:
         group = dist.ProcessGroupGloo(store, rank, world, STEP_TIMEOUT)
-    return Collective(rank, world, group, store)
+    return Collective(rank, world, group, store, device)
+
+
+def rank_device(spec_device: str, rank: int) -> torch.device:
+    """A peer's device: the CPU, or on CUDA one GPU per rank (rank 0, the backend's, on the first)."""
+    device = torch.device(spec_device)
+    if device.type != "cuda":
+        return device
+    first = device.index or 0
+    return torch.device("cuda", (first + rank) % torch.cuda.device_count())
 
 
 @dataclass(frozen=True)
@@ -144,7 +155,7 @@ def build_trainer(spec: RankSpec, collective: Collective):
     from art.training.trainer import Trainer
 
     dtype = getattr(torch, spec.dtype)
-    device = torch.device(spec.device)
+    device = collective.device
     weights_dtype = torch.float32 if spec.lora is None else dtype
     base, tokenizer = base_models.load(spec.base_model, dtype=weights_dtype, device=device)
     if spec.lora is None:
@@ -163,7 +174,7 @@ def peer_main(rank: int, world: int, port: int, spec: RankSpec, connection) -> N
     that fails here for a reason of its own (not one every rank shares) ends the process, so
     the ranks waiting on it in a collective fail at once instead of at the timeout."""
     torch.set_num_threads(max(1, int(os.environ.get("ART_RANK_THREADS", "1"))))
-    collective = start_group(rank, world, torch.device(spec.device), port=port)
+    collective = start_group(rank, world, rank_device(spec.device, rank), port=port)
     try:
         trainer = build_trainer(spec, collective)
     except BaseException as exc:
@@ -193,6 +204,9 @@ class RankPeers:
     def __init__(self, world: int, spec: RankSpec) -> None:
         if world < 2:
             raise ArtValueError(f"trainer_ranks must be at least 2 to start peers, got {world}", field="trainer_ranks")
+        if torch.device(spec.device).type == "cuda" and world > torch.cuda.device_count():
+            raise ArtValueError(f"trainer_ranks={world} needs a GPU per rank; this machine has "
+                                f"{torch.cuda.device_count()}", field="trainer_ranks")
         self.world, self.spec = world, spec
         self.collective = Collective()
         self._processes: list = []

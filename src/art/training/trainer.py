@@ -348,16 +348,21 @@ class Trainer:
             raise RuntimeError(f"checkpoint {folder} does not match the adapter: {missing[:3]}")
 
     def _restore_full(self, folder: Path) -> None:
-        from safetensors.torch import load_file
+        load_full_weights(self.model, folder)
 
-        weights: dict[str, torch.Tensor] = {}
-        for shard in sorted(folder.glob("model*.safetensors")):
-            weights.update(load_file(str(shard)))
-        missing, unexpected = self.model.load_state_dict(weights, strict=False)
-        tied = {"lm_head.weight"} if getattr(self.model.config, "tie_word_embeddings", False) else set()
-        if unexpected or set(missing) - tied:
-            raise RuntimeError(f"checkpoint {folder} does not match the model: missing {sorted(missing)[:3]}, "
-                               f"unexpected {sorted(unexpected)[:3]}")
+
+def load_full_weights(model, folder: Path) -> None:
+    """A fully fine-tuned checkpoint (HF safetensors shards) into `model`, every weight checked."""
+    from safetensors.torch import load_file
+
+    weights: dict[str, torch.Tensor] = {}
+    for shard in sorted(Path(folder).glob("model*.safetensors")):
+        weights.update(load_file(str(shard)))
+    missing, unexpected = model.load_state_dict(weights, strict=False)
+    tied = {"lm_head.weight"} if getattr(model.config, "tie_word_embeddings", False) else set()
+    if unexpected or set(missing) - tied:
+        raise RuntimeError(f"checkpoint {folder} does not match the model: missing {sorted(missing)[:3]}, "
+                           f"unexpected {sorted(unexpected)[:3]}")
 
 
 def _diverged(options: TrainOptions, what: str) -> ArtValueError:

@@ -1,0 +1,487 @@
+"""Engine replicas: N copies of a model's engine behind one OpenAI endpoint.
+
+Replica 0 is the backend's own engine: it shares the trainer's model. Replicas 1..N-1 are
+processes of their own (`replica_main`; on a cluster, Ray actors: `art.cluster`), each with a
+copy of the model and an `LLMEngine`. `ReplicaSet` is itself an `Engine`, so the HTTP app
+does not know replicas exist. Each `generate` goes to one replica (`PrefixRouter`): the replica
+that already holds the prompt's prefix in its cache (a group's samples, a repeated prompt, the
+next turn of a conversation), unless that replica is busier than the others by more than
+`BALANCE` requests; otherwise the least-loaded one. Every completion says which replica
+sampled it (`Completion.replica`, `replica` in the response).
+
+After a training step the backend publishes the new adapter weights to every replica
+(`ReplicaSet.publish`); a replica serves a step's label only once it holds that step's weights.
+Each then answers the weight-sync probe. A replica that fails the probe, or whose process
+dies, leaves the rotation with a logged reason (`GET /health` turns "degraded"); its in-flight
+requests fail with a 503 and Retry-After, and new ones go to the live replicas.
+`ReplicaSet.restart` starts the dead ones again on the current weights.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import itertools
+import logging
+import multiprocessing
+import os
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import torch
+
+from art.engine.base import AdapterRef, Completion, SamplingParams
+from art.engine.config import EngineConfig
+from art.errors import ArtValueError, BackendUnavailableError, ContextLengthError, ModelNotFoundError
+
+log = logging.getLogger(__name__)
+
+BLOCK = 16
+"""Tokens per prefix block the router remembers (a prompt's prefix is matched block by block)."""
+BALANCE = 8
+"""A replica holding a prompt's prefix still gets it unless it has this many more requests in
+flight than the least-loaded replica."""
+REMEMBERED_BLOCKS = 65536
+"""Prefix blocks the router remembers per replica (least recently used forgotten first)."""
+RETRY_AFTER_S = 1
+
+
+class ReplicaUnavailableError(BackendUnavailableError):
+    """A replica stopped while serving a request: the request may be sent again (503)."""
+
+    retry_after = RETRY_AFTER_S
+
+
+@dataclass(frozen=True)
+class ReplicaSpec:
+    """What a replica process needs to build the same served model as the backend."""
+
+    base_model: str
+    lora: dict | None
+    """peft LoraConfig arguments; None for a fully fine-tuned model."""
+    engine: EngineConfig
+    """The backend's engine config, resolved (device and dtype concrete)."""
+    threads: int = 1
+    """torch threads of a CPU replica."""
+
+
+def replica_device(device: str, index: int) -> str:
+    """The CPU, or on CUDA one GPU per replica (replica 0, the backend's, on the first)."""
+    parsed = torch.device(device)
+    if parsed.type != "cuda":
+        return device
+    return f"cuda:{((parsed.index or 0) + index) % torch.cuda.device_count()}"
+
+
+# -- the replica process -------------------------------------------------------------------
+
+
+def build_engine(spec: ReplicaSpec, index: int):
+    """A replica's model and engine, built the way `ModelService` builds the backend's."""
+    from art import base_models
+    from art.engine.adapters import AdapterSet
+    from art.engine.llm_engine import LLMEngine
+
+    config = dataclasses.replace(spec.engine, device=replica_device(spec.engine.device, index))
+    base, tokenizer = base_models.load(spec.base_model, dtype=config.torch_dtype, device=config.device)
+    if spec.lora is None:
+        model = base
+    else:
+        from peft import LoraConfig, get_peft_model
+
+        model = get_peft_model(base, LoraConfig(task_type="CAUSAL_LM", **spec.lora))
+    model.eval()
+    return LLMEngine(model, tokenizer, config, adapters=AdapterSet(model))
+
+
+def load_weights(engine, step: int, weights) -> None:
+    """Replace the live weights: adapter tensors (LoRA) or a checkpoint folder (full fine-tuning)."""
+    with engine.paused():
+        if isinstance(weights, dict):
+            from peft import set_peft_model_state_dict
+
+            set_peft_model_state_dict(engine.model, weights, adapter_name="default")
+        else:
+            from art.training.trainer import load_full_weights
+
+            load_full_weights(engine.model, weights)
+        engine.adapters.live_step = step
+        engine.weights_updated(step)
+
+
+def replica_main(index: int, spec: ReplicaSpec, connection) -> None:
+    """A replica process: build the engine, then answer requests from the pipe concurrently
+    (each `generate` is a task; the engine batches them)."""
+    torch.set_num_threads(spec.threads)
+    try:
+        engine = build_engine(spec, index)
+    except BaseException as exc:
+        connection.send(("error", 0, _error_payload(exc)))
+        return
+    connection.send(("ok", 0, {"max_model_len": engine.max_model_len}))
+    asyncio.run(_serve(engine, connection))
+
+
+async def _serve(engine, connection) -> None:
+    loop = asyncio.get_running_loop()
+    inbox: asyncio.Queue = asyncio.Queue()
+    send_lock = threading.Lock()
+
+    def read() -> None:
+        while True:
+            try:
+                message = connection.recv()
+            except (EOFError, OSError):
+                message = ("close", 0)
+            loop.call_soon_threadsafe(inbox.put_nowait, message)
+            if message[0] == "close":
+                return
+
+    def send(message) -> None:
+        with send_lock:
+            connection.send(message)
+
+    async def answer(kind: str, request_id: int, args) -> None:
+        try:
+            if kind == "generate":
+                result = await engine.generate(*args)
+            elif kind == "load":
+                result = await asyncio.to_thread(load_weights, engine, *args)
+            else:
+                result = engine.stats()
+            send(("ok", request_id, result))
+        except BaseException as exc:
+            send(("error", request_id, _error_payload(exc)))
+
+    threading.Thread(target=read, name="art-replica-reader", daemon=True).start()
+    tasks: set[asyncio.Task] = set()
+    while True:
+        kind, request_id, *args = await inbox.get()
+        if kind == "close":
+            engine.stop()
+            return
+        task = asyncio.ensure_future(answer(kind, request_id, args))
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+
+
+_ERRORS = {cls.__name__: cls for cls in (ArtValueError, ContextLengthError, ModelNotFoundError)}
+
+
+def _error_payload(exc: BaseException) -> tuple[str, str, str | None]:
+    return type(exc).__name__, str(exc), getattr(exc, "field", None)
+
+
+def _revive_error(payload, index: int) -> Exception:
+    name, message, field = payload
+    if name in ("ArtValueError", "ContextLengthError"):
+        return _ERRORS[name](message, field=field)
+    if name == "ModelNotFoundError":
+        return ModelNotFoundError(message)
+    return BackendUnavailableError(f"replica {index}: {name}: {message}")
+
+
+# -- the backend's side --------------------------------------------------------------------
+
+
+class Replica:
+    """What the router needs of a replica: `index`, `in_flight`, `down` (a reason, or None)."""
+
+    index: int
+    in_flight: int = 0
+    down: str | None = None
+    step: int | None = None
+    """The training step whose weights the replica holds."""
+
+
+class LocalReplica(Replica):
+    """Replica 0: the backend's own engine (its weights are the trainer's)."""
+
+    def __init__(self, engine) -> None:
+        self.index, self.engine = 0, engine
+
+    @property
+    def step(self) -> int:
+        return self.engine.adapters.live_step
+
+    async def generate(self, prompt: list[int], params: SamplingParams, adapter: AdapterRef | None) -> list[Completion]:
+        self.in_flight += 1
+        try:
+            completions = await self.engine.generate(prompt, params, adapter)
+        finally:
+            self.in_flight -= 1
+        for c in completions:
+            c.replica = 0
+        return completions
+
+    def stats(self) -> dict:
+        return self.engine.stats()
+
+
+class ProcessReplica(Replica):
+    """A replica in a process of its own, spoken to over a pipe (one reader thread settles the
+    futures of its requests)."""
+
+    def __init__(self, index: int, spec: ReplicaSpec) -> None:
+        self.index, self.spec = index, spec
+        self.down = "not started"
+        self._process = None
+        self._connection = None
+        self._pending: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Future]] = {}
+        self._ids = itertools.count(1)
+        self._send_lock = threading.Lock()
+        self._closing = False
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process is not None else None
+
+    def start(self) -> None:
+        """Start the process and wait until its engine is built (blocking: call off the event loop)."""
+        self.close()
+        context = multiprocessing.get_context("spawn")
+        ours, theirs = context.Pipe()
+        self._process = context.Process(target=replica_main, args=(self.index, self.spec, theirs),
+                                        name=f"art-replica-{self.index}", daemon=True)
+        self._process.start()
+        self._connection = ours
+        kind, _, detail = ours.recv()  # "ok" once its engine is built
+        if kind != "ok":
+            self.close()
+            raise _revive_error(detail, self.index)
+        self.down, self.step = None, 0
+        threading.Thread(target=self._read, name=f"art-replica-{self.index}-reader", daemon=True).start()
+
+    def _read(self) -> None:
+        connection = self._connection
+        while True:
+            try:
+                kind, request_id, detail = connection.recv()
+            except (EOFError, OSError):
+                break
+            loop, future = self._pending.pop(request_id, (None, None))
+            if future is None:
+                continue
+            if kind == "ok":
+                loop.call_soon_threadsafe(_settle, future, detail, None)
+            else:
+                loop.call_soon_threadsafe(_settle, future, None, _revive_error(detail, self.index))
+        if connection is self._connection and not self._closing:  # not a replaced or closed process's reader
+            self._process.join(timeout=1)
+            self.mark_down(f"its process stopped (exit code {self._process.exitcode})")
+
+    def mark_down(self, reason: str) -> None:
+        if self.down is None:
+            log.error("replica %d leaves the rotation: %s", self.index, reason)
+        self.down = reason
+        pending, self._pending = self._pending, {}
+        for loop, future in pending.values():
+            loop.call_soon_threadsafe(_settle, future, None, ReplicaUnavailableError(
+                f"replica {self.index} stopped while serving this request ({reason}); send it again: the other "
+                "replicas serve"))
+
+    async def call(self, kind: str, *args):
+        if self.down is not None:
+            raise ReplicaUnavailableError(f"replica {self.index} is out of rotation: {self.down}")
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        request_id = next(self._ids)
+        self._pending[request_id] = (loop, future)
+        try:
+            with self._send_lock:
+                self._connection.send((kind, request_id, *args))
+        except OSError as exc:
+            self._pending.pop(request_id, None)
+            self.mark_down(f"its pipe broke ({type(exc).__name__})")
+            raise ReplicaUnavailableError(f"replica {self.index} is gone; send the request again") from exc
+        return await future
+
+    async def generate(self, prompt: list[int], params: SamplingParams, adapter: AdapterRef | None) -> list[Completion]:
+        self.in_flight += 1
+        try:
+            completions = await self.call("generate", list(prompt), params, adapter)
+        finally:
+            self.in_flight -= 1
+        for c in completions:
+            c.replica = self.index
+        return completions
+
+    async def load(self, step: int, weights) -> None:
+        await self.call("load", step, weights)
+        self.step = step
+
+    def stats(self) -> dict:
+        return {"in_flight": self.in_flight}
+
+    def close(self) -> None:
+        self._closing = True
+        if self._connection is not None:
+            try:
+                with self._send_lock:
+                    self._connection.send(("close", 0))
+            except OSError:
+                pass
+        if self._process is not None:
+            self._process.join(timeout=10)
+            if self._process.is_alive():
+                self._process.kill()
+                self._process.join()
+        self._process = self._connection = None
+        self.down = self.down or "closed"
+        self._closing = False
+
+
+def _settle(future: asyncio.Future, result, error) -> None:
+    if future.done():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
+
+
+class PrefixRouter:
+    """Chooses a replica for a prompt: prefix affinity within a load bound, else least loaded.
+
+    Each replica remembers the hashes of the prompt prefixes it served, block by block. The
+    replica holding the longest prefix of a prompt *beyond what every live replica holds* (the
+    system prompt soon sits everywhere) gets it, unless it has `BALANCE` or more requests in
+    flight than the least-loaded replica."""
+
+    def __init__(self) -> None:
+        self._seen: dict[int, OrderedDict] = {}
+        self._turn = itertools.count()
+
+    def choose(self, replicas: list[Replica], prompt: list[int]) -> Replica:
+        live = [r for r in replicas if r.down is None]
+        if not live:
+            raise ReplicaUnavailableError("no engine replica is serving (see GET /health)")
+        blocks = _block_hashes(prompt)
+        matched = {r.index: self._matched(r.index, blocks) for r in live}
+        shared = min(matched.values())
+        least = min(r.in_flight for r in live)
+        best = max(live, key=lambda r: (matched[r.index], -r.in_flight))
+        if matched[best.index] > shared and best.in_flight < least + BALANCE:
+            chosen = best
+        else:  # least loaded; ties in turn, so an idle set fills evenly
+            idle = [r for r in live if r.in_flight == least]
+            chosen = idle[next(self._turn) % len(idle)]
+        self._remember(chosen.index, blocks)
+        return chosen
+
+    def _matched(self, index: int, blocks: list[int]) -> int:
+        seen = self._seen.get(index, {})
+        n = 0
+        while n < len(blocks) and blocks[n] in seen:
+            n += 1
+        return n
+
+    def _remember(self, index: int, blocks: list[int]) -> None:
+        seen = self._seen.setdefault(index, OrderedDict())
+        for block in blocks:
+            seen[block] = None
+            seen.move_to_end(block)
+        while len(seen) > REMEMBERED_BLOCKS:
+            seen.popitem(last=False)
+
+    def forget(self, index: int) -> None:
+        """A restarted replica holds no prefixes."""
+        self._seen.pop(index, None)
+
+
+def _block_hashes(prompt: list[int]) -> list[int]:
+    """One hash per prefix: of the first BLOCK tokens, the first 2*BLOCK, ..., and the whole prompt."""
+    out, running = [], 0
+    for start in range(0, len(prompt), BLOCK):
+        running = hash((running, tuple(prompt[start:start + BLOCK])))
+        out.append(running)
+    return out
+
+
+class ReplicaSet:
+    """An `Engine` over replicas (see the module docstring); replica 0 is `engine`."""
+
+    def __init__(self, engine, spec: ReplicaSpec, count: int) -> None:
+        self.local = engine
+        self.tokenizer, self.max_model_len, self.grammars = engine.tokenizer, engine.max_model_len, engine.grammars
+        self.replicas: list[Replica] = [LocalReplica(engine)] + [ProcessReplica(i, spec) for i in range(1, count)]
+        self.router = PrefixRouter()
+
+    @property
+    def peers(self) -> list[ProcessReplica]:
+        return [r for r in self.replicas if isinstance(r, ProcessReplica)]
+
+    def start(self) -> None:
+        """Start every process replica (blocking; they build their engines in parallel)."""
+        errors: list[BaseException] = []
+        threads = [threading.Thread(target=_collect, args=(r.start, errors)) for r in self.peers]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        if errors:
+            raise errors[0]
+
+    async def generate(self, prompt_token_ids: list[int], params: SamplingParams,
+                       adapter: AdapterRef | None) -> list[Completion]:
+        replica = self.router.choose(self._routable(adapter), prompt_token_ids)
+        return await replica.generate(prompt_token_ids, params, adapter)
+
+    def _routable(self, adapter: AdapterRef | None) -> list[Replica]:
+        """Replicas that may serve `adapter`: for the live weights, those holding the latest step
+        (a replica still loading a new step is skipped rather than serve the old one as new)."""
+        if adapter is None or adapter.path is not None or not self.peers:
+            return self.replicas
+        latest = self.replicas[0].step
+        return [r for r in self.replicas if r.step == latest]
+
+    async def publish(self, step: int, weights, probe) -> dict[str, float]:
+        """Load `weights` of `step` into every live process replica, then run `probe(replica)`
+        (the weight-sync check) on each; a replica that fails either leaves the rotation.
+        Returns how many replicas serve the step."""
+        peers = [r for r in self.peers if r.down is None]
+
+        async def one(replica: ProcessReplica) -> None:
+            try:
+                await replica.load(step, weights)
+                await probe(replica)
+            except Exception as exc:
+                replica.mark_down(f"step {step}: {exc}")
+
+        await asyncio.gather(*(one(r) for r in peers))
+        return {"replicas_serving": float(sum(r.down is None for r in self.replicas))}
+
+    def restart(self, step: int, weights) -> list[int]:
+        """Start every replica that is out of rotation again on `weights` of `step` (blocking);
+        returns their indices."""
+        restarted = []
+        for replica in self.peers:
+            if replica.down is None:
+                continue
+            replica.start()
+            self.router.forget(replica.index)
+            asyncio.run(replica.load(step, weights))  # its own loop: this runs in a worker thread
+            restarted.append(replica.index)
+            log.info("replica %d restarted at step %d", replica.index, step)
+        return restarted
+
+    def stats(self) -> dict:
+        return {"replicas": [{"replica": r.index, "serving": r.down is None, "down": r.down, "step": r.step,
+                              "in_flight": r.in_flight} for r in self.replicas]}
+
+    def close(self) -> None:
+        for replica in self.peers:
+            replica.close()
+
+
+def _collect(function, errors: list) -> None:
+    try:
+        function()
+    except BaseException as exc:
+        errors.append(exc)
+
+
+def replica_threads() -> int:
+    """torch threads per CPU replica process (`ART_REPLICA_THREADS`, default 1)."""
+    return max(1, int(os.environ.get("ART_REPLICA_THREADS", "1")))
