@@ -93,6 +93,17 @@ def test_art_internal_config_keys(caplog):
     assert info.value.field == "lora_config"
 
 
+def test_scale_out_keys_are_checked():
+    settings = parse_internal_config({"trainer_ranks": 2, "engine_replicas": 3, "placement": "ray"})
+    assert (settings.trainer_ranks, settings.engine_replicas, settings.placement) == (2, 3, "ray")
+    assert parse_internal_config({}).placement is None  # the backend's default decides
+    for bad, field in [({"trainer_ranks": 0}, "trainer_ranks"), ({"engine_replicas": True}, "engine_replicas"),
+                       ({"engine_replicas": 65}, "engine_replicas"), ({"placement": "moon"}, "placement")]:
+        with pytest.raises(ArtValueError) as info:
+            parse_internal_config(bad)
+        assert info.value.field == field
+
+
 async def test_an_art_script_config_registers_and_serves(tiny_model_path, tmp_path):
     """ART's development-script `_internal_config` died at register with a TypeError before."""
     backend = art.LocalBackend(path=str(tmp_path))

@@ -46,6 +46,11 @@ def _parser() -> argparse.ArgumentParser:
                             "/health says degraded")
     serve.add_argument("--watchdog-train-s", type=float, default=1800.0,
                        help="report a training step running longer than this many seconds (default 1800; 0 off)")
+    serve.add_argument("--ray", action="store_true",
+                       help="run models' engine replicas and trainer ranks beyond the first as Ray actors "
+                            "(a local Ray instance unless --ray-address)")
+    serve.add_argument("--ray-address", default=None, metavar="ADDR",
+                       help="the Ray cluster to join (e.g. auto, or HEAD_IP:6379 after `ray start --head`); implies --ray")
     dashboard = commands.add_parser(
         "dashboard", help="a local web page to watch runs: curves, samples, trained tokens",
         description="Serve a page over the runs stored under --path: reward and metric curves, each step's "
@@ -122,13 +127,20 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"art serve: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
         return 1
     roots = None if args.allow_any_model_path else default_model_roots(args.models_dir)
-    app = create_serve_app(LocalService(args.path), api_key=api_key, max_body_bytes=int(args.max_body_mb * 2**20),
+    placement = "processes"
+    if args.ray or args.ray_address:
+        from art.ray_cluster import ensure_ray
+
+        ensure_ray(args.ray_address)  # a local instance, or the cluster at --ray-address
+        placement = "ray"
+    app = create_serve_app(LocalService(args.path, placement=placement), api_key=api_key, max_body_bytes=int(args.max_body_mb * 2**20),
                            max_chat_body_bytes=int(args.max_chat_body_mb * 2**20), watchdog_s=args.watchdog_s,
                            watchdog_train_s=args.watchdog_train_s, model_roots=roots)
     server = uvicorn.Server(uvicorn.Config(app, log_level="info", timeout_graceful_shutdown=10,
                                            timeout_keep_alive=KEEP_ALIVE_S))
     url = url_for(args.host, port)
-    print(f"art serve: listening on {url} (storage {args.path}, auth {'on' if api_key else 'off'}); "
+    print(f"art serve: listening on {url} (storage {args.path}, auth {'on' if api_key else 'off'}, "
+          f"replicas and ranks in {placement}); "
           f"OpenAI routes at {url}/v1, management at {url}/art, schema at {url}/openapi.json, "
           f"dashboard at {url}/dashboard", flush=True)
     try:  # until SIGINT/SIGTERM: uvicorn finishes open requests, the app's lifespan stops the engines

@@ -4,8 +4,8 @@ ART scripts pass keys meant for vLLM, Unsloth and their trainer (`init_args`, `t
 `_decouple_vllm_and_unsloth`, ...). Every key ART knows is accepted: those that mean something
 here are honoured (`engine_args`, `peft_args` or ART's newer `lora_config`, `seed`,
 `full_finetune` or `init_args.full_finetuning`, `init_args.max_seq_length` and
-`init_args.gpu_memory_utilization`, and ours, `trainer_ranks` and `engine_replicas`); the
-rest are named once in a warning.
+`init_args.gpu_memory_utilization`, and ours, `trainer_ranks`, `engine_replicas` and
+`placement`); the rest are named once in a warning.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ IGNORED_KEYS = frozenset({
     "allow_unvalidated_arch", "megatron_model_initialization", "tinker_args", "tinker_native_args",
     "_log_vllm_metrics", "_use_pipeline_rl",
 })
+PLACEMENTS = ("processes", "ray")
 MAX_PROCESSES = 64
 """Trainer ranks or engine replicas of one model at most; far above the GPUs of one machine."""
 # ART's newer `lora_config` names -> peft's LoraConfig names.
@@ -46,6 +47,9 @@ class ModelSettings:
     engine_replicas: int = 1
     """Engine replicas behind the endpoint (`art.engine.replicas`): replica 0 is the engine
     that shares the trainer's model, replicas 1..N-1 are processes of their own."""
+    placement: str | None = None
+    """Where replicas and ranks 1..N-1 run: "processes" (local) or "ray" (`art.ray_cluster`);
+    None: the backend's default."""
 
 
 def parse_internal_config(internal: dict | None) -> ModelSettings:
@@ -53,7 +57,7 @@ def parse_internal_config(internal: dict | None) -> ModelSettings:
     internal = dict(internal or {})
     init = dict(internal.get("init_args") or {})
     known = {"engine_args", "peft_args", "lora_config", "seed", "full_finetune", "init_args", "trainer_ranks",
-             "engine_replicas"}
+             "engine_replicas", "placement"}
     warn_ignored([k for k in internal if k not in known], "_internal_config")
     warn_ignored([k for k in init if k not in ("max_seq_length", "gpu_memory_utilization", "full_finetuning")],
                  "init_args")
@@ -81,8 +85,11 @@ def parse_internal_config(internal: dict | None) -> ModelSettings:
         if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_PROCESSES:
             raise ArtValueError(f"{key} must be an int from 1 to {MAX_PROCESSES}, got {value!r}", field=key)
         counts[key] = value
+    placement = internal.get("placement")
+    if placement not in (None, *PLACEMENTS):
+        raise ArtValueError(f"placement must be one of {', '.join(PLACEMENTS)}, got {placement!r}", field="placement")
     return ModelSettings(engine=engine, full_finetune=bool(full), lora=None if full else {**LORA_DEFAULTS, **lora_given},
-                         seed=seed, **counts)
+                         seed=seed, placement=placement, **counts)
 
 
 def _lora_config(config) -> dict:

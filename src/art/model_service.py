@@ -62,7 +62,9 @@ class ModelService:
     """The thread running that update."""
 
     def __init__(self, root, *, name: str, project: str, base_model: str, internal_config: dict | None = None,
-                 user_config: dict | None = None) -> None:
+                 user_config: dict | None = None, placement: str = "processes") -> None:
+        """`placement`: where engine replicas and trainer ranks 1..N-1 run unless the model's
+        internal config says: "processes" or "ray" (`art.ray_cluster`)."""
         from peft import LoraConfig, get_peft_model
 
         bound_malloc_growth()
@@ -87,19 +89,25 @@ class ModelService:
         self.lock = threading.RLock()
         self.adapters = AdapterSet(self.model)
         self.engine = LLMEngine(self.model, self.tokenizer, engine_config, lock=self.lock, adapters=self.adapters)
+        on_ray = (settings.placement or placement) == "ray"
         self.replicas = None
         if settings.engine_replicas > 1:  # replicas 1..N-1 build the same model in processes of their own
             from art.engine.replicas import ReplicaSet, ReplicaSpec, replica_threads
 
+            replica_class = None
+            if on_ray:
+                from art.ray_cluster import RayReplica as replica_class
             self.replicas = ReplicaSet(self.engine, ReplicaSpec(base_model, None if self.full_finetune else lora,
                                                                 self.engine.config, replica_threads()),
-                                       settings.engine_replicas)
+                                       settings.engine_replicas, replica_class)
         reference = ((lambda: base_models.load(base_model, dtype=dtype, device=self.device)[0])
                      if self.full_finetune else None)
         peers = None
         if settings.trainer_ranks > 1:  # data parallel: ranks 1..N-1 build the same model in processes of their own
             from art.training.data_parallel import RankPeers, RankSpec
 
+            if on_ray:
+                from art.ray_cluster import RayRankPeers as RankPeers
             peers = RankPeers(settings.trainer_ranks, RankSpec(base_model, None if self.full_finetune else lora,
                                                                str(self.device), str(dtype).removeprefix("torch.")))
         self.trainer = Trainer(self.model, self.tokenizer, lock=self.lock, load_reference=reference,

@@ -22,12 +22,13 @@ class LocalBackend(ServiceBackend):
     service: LocalService
 
     def __init__(self, *, in_process: bool = True, path: str | None = None, host: str = "127.0.0.1",
-                 port: int = 0) -> None:
+                 port: int = 0, placement: str = "processes") -> None:
         """`path`: run storage root (default `./.art`). `port` 0 picks a free port for the
-        loopback server, started when the first model registers."""
+        loopback server, started when the first model registers. `placement`: where engine
+        replicas and trainer ranks beyond the first run, "processes" or "ray" (see `art.ray_cluster`)."""
         if not in_process:
             log.warning("LocalBackend(in_process=False) is not supported yet; running in process")
-        super().__init__(LocalService(Path(path) if path is not None else Path(".art")))
+        super().__init__(LocalService(Path(path) if path is not None else Path(".art"), placement=placement))
         self._host, self._port = host, port
         self._server = None
 

@@ -31,8 +31,11 @@ log = logging.getLogger(__name__)
 
 
 class LocalService:
-    def __init__(self, root: str | Path) -> None:
+    def __init__(self, root: str | Path, *, placement: str = "processes") -> None:
+        """`placement`: where models' engine replicas and trainer ranks 1..N-1 run unless their
+        internal config says: "processes" or "ray" (`art.ray_cluster`)."""
         self.root = Path(root)
+        self.placement = placement
         self._specs: dict[ModelKey, ModelSpec] = {}
         self._loaded: dict[ModelKey, object] = {}  # ModelService, imported lazily (torch)
         self._locks: dict[ModelKey, asyncio.Lock] = {}
@@ -52,7 +55,7 @@ class LocalService:
             try:
                 self._loaded[spec.key] = await asyncio.to_thread(
                     ModelService, self.root, name=spec.name, project=spec.project, base_model=spec.base_model,
-                    internal_config=spec.internal_config, user_config=spec.config)
+                    internal_config=spec.internal_config, user_config=spec.config, placement=self.placement)
             except ArtValueError:
                 raise
             except OSError as exc:  # mostly transformers' "no such model": name what was asked for

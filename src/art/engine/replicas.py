@@ -117,7 +117,7 @@ def replica_main(index: int, spec: ReplicaSpec, connection) -> None:
     try:
         engine = build_engine(spec, index)
     except BaseException as exc:
-        connection.send(("error", 0, _error_payload(exc)))
+        connection.send(("error", 0, error_payload(exc)))
         return
     connection.send(("ok", 0, {"max_model_len": engine.max_model_len}))
     asyncio.run(_serve(engine, connection))
@@ -152,7 +152,7 @@ async def _serve(engine, connection) -> None:
                 result = engine.stats()
             send(("ok", request_id, result))
         except BaseException as exc:
-            send(("error", request_id, _error_payload(exc)))
+            send(("error", request_id, error_payload(exc)))
 
     threading.Thread(target=read, name="art-replica-reader", daemon=True).start()
     tasks: set[asyncio.Task] = set()
@@ -169,11 +169,13 @@ async def _serve(engine, connection) -> None:
 _ERRORS = {cls.__name__: cls for cls in (ArtValueError, ContextLengthError, ModelNotFoundError)}
 
 
-def _error_payload(exc: BaseException) -> tuple[str, str, str | None]:
+def error_payload(exc: BaseException) -> tuple[str, str, str | None]:
+    """An exception as it crosses to the backend: (class name, message, field)."""
     return type(exc).__name__, str(exc), getattr(exc, "field", None)
 
 
-def _revive_error(payload, index: int) -> Exception:
+def revive_error(payload, index: int) -> Exception:
+    """The backend's exception for a replica's `error_payload`."""
     name, message, field = payload
     if name in ("ArtValueError", "ContextLengthError"):
         return _ERRORS[name](message, field=field)
@@ -249,7 +251,7 @@ class ProcessReplica(Replica):
         kind, _, detail = ours.recv()  # "ok" once its engine is built
         if kind != "ok":
             self.close()
-            raise _revive_error(detail, self.index)
+            raise revive_error(detail, self.index)
         self.down, self.step = None, 0
         threading.Thread(target=self._read, name=f"art-replica-{self.index}-reader", daemon=True).start()
 
@@ -266,7 +268,7 @@ class ProcessReplica(Replica):
             if kind == "ok":
                 loop.call_soon_threadsafe(_settle, future, detail, None)
             else:
-                loop.call_soon_threadsafe(_settle, future, None, _revive_error(detail, self.index))
+                loop.call_soon_threadsafe(_settle, future, None, revive_error(detail, self.index))
         if connection is self._connection and not self._closing:  # not a replaced or closed process's reader
             self._process.join(timeout=1)
             self.mark_down(f"its process stopped (exit code {self._process.exitcode})")
@@ -402,15 +404,19 @@ def _block_hashes(prompt: list[int]) -> list[int]:
 class ReplicaSet:
     """An `Engine` over replicas (see the module docstring); replica 0 is `engine`."""
 
-    def __init__(self, engine, spec: ReplicaSpec, count: int) -> None:
+    def __init__(self, engine, spec: ReplicaSpec, count: int, replica_class=None) -> None:
+        """`replica_class` builds replicas 1..N-1: `ProcessReplica` (default) or
+        `art.ray_cluster.RayReplica`."""
         self.local = engine
         self.tokenizer, self.max_model_len, self.grammars = engine.tokenizer, engine.max_model_len, engine.grammars
-        self.replicas: list[Replica] = [LocalReplica(engine)] + [ProcessReplica(i, spec) for i in range(1, count)]
+        replica_class = replica_class or ProcessReplica
+        self.replicas: list[Replica] = [LocalReplica(engine)] + [replica_class(i, spec) for i in range(1, count)]
         self.router = PrefixRouter()
 
     @property
-    def peers(self) -> list[ProcessReplica]:
-        return [r for r in self.replicas if isinstance(r, ProcessReplica)]
+    def peers(self) -> list:
+        """Replicas 1..N-1 (processes or Ray actors)."""
+        return self.replicas[1:]
 
     def start(self) -> None:
         """Start every process replica (blocking; they build their engines in parallel)."""

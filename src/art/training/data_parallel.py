@@ -22,7 +22,6 @@ import logging
 import multiprocessing
 import os
 import pickle
-import threading
 import traceback
 from collections import Counter
 from dataclasses import dataclass
@@ -204,18 +203,18 @@ class RankPeers:
     def __init__(self, world: int, spec: RankSpec) -> None:
         if world < 2:
             raise ArtValueError(f"trainer_ranks must be at least 2 to start peers, got {world}", field="trainer_ranks")
-        if torch.device(spec.device).type == "cuda" and world > torch.cuda.device_count():
-            raise ArtValueError(f"trainer_ranks={world} needs a GPU per rank; this machine has "
-                                f"{torch.cuda.device_count()}", field="trainer_ranks")
         self.world, self.spec = world, spec
         self.collective = Collective()
         self._processes: list = []
         self._connections: list = []
-        self._lock = threading.Lock()
         self.healthy = False
 
     def start(self) -> Collective:
         """(Re)start every peer and the group; returns rank 0's new collective."""
+        if torch.device(self.spec.device).type == "cuda" and self.world > torch.cuda.device_count():
+            raise ArtValueError(f"trainer_ranks={self.world} needs a GPU per rank; this machine has "
+                                f"{torch.cuda.device_count()} (placement 'ray' spreads ranks over a cluster)",
+                                field="trainer_ranks")
         self.close()
         context = multiprocessing.get_context("spawn")  # a fresh interpreter: no forked threads or CUDA state
         store = host_store(self.world)
@@ -235,7 +234,7 @@ class RankPeers:
     def restore(self, folder: Path) -> Collective:
         """Every peer loads the checkpoint rank 0 restored; peers that died (or a broken group)
         are started again first."""
-        if not self.healthy or not all(p.is_alive() for p in self._processes):
+        if not self.healthy or not self._all_alive():
             self.start()
         self._send("restore", str(folder))
         self._answers("ok", what="restore")
@@ -258,6 +257,9 @@ class RankPeers:
         except (StepCancelledError, ArtValueError):
             if not failed:
                 raise
+
+    def _all_alive(self) -> bool:
+        return bool(self._processes) and all(p.is_alive() for p in self._processes)
 
     def _send(self, *message) -> None:
         for rank, connection in enumerate(self._connections, start=1):
@@ -284,7 +286,7 @@ class RankPeers:
             if kind != expected:
                 if not process.is_alive() or "\n" in (detail or ""):
                     self.healthy = False
-                first = first or _peer_error(detail, rank, what)
+                first = first or peer_error(detail, rank, what)
         if first is not None:
             raise first
 
@@ -304,7 +306,8 @@ class RankPeers:
         self.healthy = False
 
 
-def _peer_error(detail: str, rank: int, what: str) -> Exception:
+def peer_error(detail: str, rank: int, what: str) -> Exception:
+    """A peer's answer ("Kind: message") as the exception rank 0 raises."""
     if detail.startswith("StepCancelledError"):
         return StepCancelledError(detail.split(": ", 1)[-1])
     if detail.startswith("ArtValueError"):

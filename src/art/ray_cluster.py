@@ -1,0 +1,259 @@
+"""Ray as the cluster layer: a model's engine replicas and trainer ranks as Ray actors.
+
+`art serve --ray [--ray-address ADDR]`, or `_internal_config={"placement": "ray"}`, puts
+replicas 1..N-1 and trainer ranks 1..N-1 in Ray actors instead of local processes. Each actor
+asks Ray for its CPUs, plus one GPU when the backend runs on CUDA, on whatever node Ray picks.
+That is one machine after a local `ray.init()`, or many after `ray start --head` /
+`--address`.
+
+Ray places processes; torch.distributed still carries the gradients (the split verl uses).
+Rank 0's TCPStore listens on this node's address, and the rank actors join it.
+The actors build their models with the same functions as the local processes (`build_engine`,
+`build_trainer`) and answer in the same shape, so `ReplicaSet` and the trainer cannot tell
+them apart. Peers read checkpoints from the backend's path (a rank's restore, a fully
+fine-tuned replica's weights): on several nodes that path must be shared storage.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+
+import torch
+
+from art.engine.replicas import Replica, ReplicaSpec, ReplicaUnavailableError, error_payload, revive_error
+from art.errors import ArtValueError, BackendError, StepCancelledError
+from art.training.data_parallel import (STEP_TIMEOUT, RankPeers, RankSpec, host_store, peer_error, rank_device,
+                                        start_group)
+
+log = logging.getLogger(__name__)
+
+START_TIMEOUT_S = 600.0
+"""How long an actor may take to build its model (a large one loads for minutes)."""
+
+
+def ensure_ray(address: str | None = None):
+    """The `ray` module, connected: to `address` (a cluster) or a local instance. Raises
+    ArtValueError naming `placement` when Ray is not installed."""
+    try:
+        import ray
+    except ImportError as exc:
+        raise ArtValueError("placement 'ray' needs Ray: pip install 'agent-rl-trainer[ray]'",
+                            field="placement") from exc
+    if not ray.is_initialized():
+        ray.init(address=address, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    return ray
+
+
+def _gpus(device: str) -> float:
+    return 1.0 if torch.device(device).type == "cuda" else 0.0
+
+
+# -- engine replicas -----------------------------------------------------------------------
+
+
+class ReplicaActor:
+    """Runs in a Ray worker: one replica's engine; every answer is ("ok", value) or ("error", payload)."""
+
+    def __init__(self, index: int, spec: ReplicaSpec) -> None:
+        from art.engine.replicas import build_engine
+
+        torch.set_num_threads(spec.threads)
+        self.engine = build_engine(spec, index)
+
+    def ready(self) -> int:
+        return os.getpid()
+
+    async def generate(self, prompt, params, adapter):
+        try:
+            return "ok", await self.engine.generate(prompt, params, adapter)
+        except Exception as exc:
+            return "error", error_payload(exc)
+
+    async def load(self, step: int, weights):
+        from art.engine.replicas import load_weights
+
+        try:
+            return "ok", await asyncio.to_thread(load_weights, self.engine, step, weights)
+        except Exception as exc:
+            return "error", error_payload(exc)
+
+
+class RayReplica(Replica):
+    """A replica in a Ray actor: the same face as `ProcessReplica`."""
+
+    def __init__(self, index: int, spec: ReplicaSpec) -> None:
+        self.index, self.spec = index, spec
+        self.down = "not started"
+        self.actor = None
+        self.pid: int | None = None
+
+    def start(self) -> None:
+        """Create the actor and wait until its engine is built (blocking)."""
+        ray = ensure_ray()
+        self.close()
+        actor_class = ray.remote(ReplicaActor)
+        self.actor = actor_class.options(num_cpus=self.spec.threads, num_gpus=_gpus(self.spec.engine.device),
+                                         max_concurrency=1024, name=None).remote(self.index, self.spec)
+        try:
+            self.pid = ray.get(self.actor.ready.remote(), timeout=START_TIMEOUT_S)
+        except Exception as exc:
+            self.close()
+            raise BackendError(f"replica {self.index} could not start in Ray: {exc}") from exc
+        self.down, self.step = None, 0
+
+    def mark_down(self, reason: str) -> None:
+        if self.down is None:
+            log.error("replica %d leaves the rotation: %s", self.index, reason)
+        self.down = reason
+
+    async def _call(self, method: str, *args):
+        import ray
+
+        if self.down is not None:
+            raise ReplicaUnavailableError(f"replica {self.index} is out of rotation: {self.down}")
+        try:
+            kind, detail = await getattr(self.actor, method).remote(*args)
+        except ray.exceptions.RayActorError as exc:
+            self.mark_down(f"its Ray actor died ({type(exc).__name__})")
+            raise ReplicaUnavailableError(f"replica {self.index} stopped while serving this request; send it "
+                                          "again: the other replicas serve") from None
+        if kind != "ok":
+            raise revive_error(detail, self.index)
+        return detail
+
+    async def generate(self, prompt, params, adapter):
+        self.in_flight += 1
+        try:
+            completions = await self._call("generate", list(prompt), params, adapter)
+        finally:
+            self.in_flight -= 1
+        for c in completions:
+            c.replica = self.index
+        return completions
+
+    async def load(self, step: int, weights) -> None:
+        await self._call("load", step, weights)
+        self.step = step
+
+    def stats(self) -> dict:
+        return {"in_flight": self.in_flight}
+
+    def close(self) -> None:
+        if self.actor is not None:
+            import ray
+
+            ray.kill(self.actor)
+        self.actor = self.pid = None
+        self.down = self.down or "closed"
+
+
+# -- trainer ranks -------------------------------------------------------------------------
+
+
+class RankActor:
+    """Runs in a Ray worker: one trainer rank (rank >= 1) and its model."""
+
+    def __init__(self, rank: int, world: int, spec: RankSpec) -> None:
+        torch.set_num_threads(max(1, int(os.environ.get("ART_RANK_THREADS", "1"))))
+        self.rank, self.world, self.spec = rank, world, spec
+        self.trainer = None
+
+    def join(self, host: str, port: int):
+        """Join rank 0's group, then build the model (returns once both are done)."""
+        from art.training.data_parallel import build_trainer
+
+        try:
+            collective = start_group(self.rank, self.world, rank_device(self.spec.device, self.rank), port=port,
+                                     host=host)
+            self.trainer = build_trainer(self.spec, collective)
+            return "ok", os.getpid()
+        except Exception as exc:
+            return "error", f"rank {self.rank} could not start: {type(exc).__name__}: {exc}"
+
+    def restore(self, folder: str):
+        from pathlib import Path
+
+        return self._run(lambda: self.trainer.restore(Path(folder)))
+
+    def step(self, groups, options):
+        return self._run(lambda: self.trainer.step(groups, options, desc=f"rank {self.rank}", quiet=True))
+
+    def _run(self, work):
+        try:
+            work()
+            return "ok", None
+        except (StepCancelledError, ArtValueError) as exc:  # raised on every rank alike
+            return "error", f"{type(exc).__name__}: {exc}"
+        except BaseException:  # its own failure: end the process, so the others' collectives fail now
+            os._exit(1)
+
+
+class RayRankPeers(RankPeers):
+    """Ranks 1..N-1 as Ray actors: `RankPeers` with Ray as the transport."""
+
+    def __init__(self, world: int, spec: RankSpec) -> None:
+        super().__init__(world, spec)
+        self._actors: list = []
+        self._refs: list = []
+        self.pids: list[int] = []
+
+    def start(self):
+        ray = ensure_ray()
+        self.close()
+        host = ray.util.get_node_ip_address()
+        store = host_store(self.world, host)
+        actor_class = ray.remote(RankActor)
+        self._actors = [actor_class.options(num_cpus=1, num_gpus=_gpus(self.spec.device)).remote(rank, self.world,
+                                                                                               self.spec)
+                        for rank in range(1, self.world)]
+        joins = [actor.join.remote(host, store.port) for actor in self._actors]
+        self.collective = start_group(0, self.world, torch.device(self.spec.device), store=store)
+        answers = ray.get(joins, timeout=START_TIMEOUT_S)
+        failed = [detail for kind, detail in answers if kind != "ok"]
+        if failed:
+            self.close()
+            raise BackendError(f"trainer ranks could not start in Ray: {failed[0]}")
+        self.pids = [pid for _, pid in answers]
+        self.healthy = True
+        log.info("trainer ranks 1-%d started as Ray actors", self.world - 1)
+        return self.collective
+
+    def _all_alive(self) -> bool:
+        return bool(self._actors)
+
+    def _send(self, *message) -> None:
+        command, *args = message
+        self._refs = [getattr(actor, command).remote(*args) for actor in self._actors]
+
+    def _answers(self, expected: str, *, what: str, timeout: float | None = None) -> None:
+        import ray
+
+        first = None
+        for rank, ref in enumerate(self._refs, start=1):
+            try:
+                kind, detail = ray.get(ref, timeout=timeout if timeout is not None else STEP_TIMEOUT.total_seconds())
+            except ray.exceptions.GetTimeoutError:
+                self.healthy = False
+                first = first or BackendError(f"trainer rank {rank} did not answer {what} in time")
+                continue
+            except ray.exceptions.RayActorError:
+                self.healthy = False
+                first = first or BackendError(f"trainer rank {rank} died during {what}")
+                continue
+            if kind != "ok":
+                first = first or peer_error(detail, rank, what)
+        self._refs = []
+        if first is not None:
+            raise first
+
+    def close(self) -> None:
+        if self._actors:
+            import ray
+
+            for actor in self._actors:
+                ray.kill(actor)
+        self._actors, self._refs = [], []
+        self.collective = self.collective.__class__()
+        self.healthy = False
