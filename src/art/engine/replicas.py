@@ -1,7 +1,7 @@
 """Engine replicas: N copies of a model's engine behind one OpenAI endpoint.
 
 Replica 0 is the backend's own engine: it shares the trainer's model. Replicas 1..N-1 are
-processes of their own (`replica_main`; on a cluster, Ray actors: `art.cluster`), each with a
+processes of their own (`replica_main`; on a cluster, Ray actors: `art.ray_cluster`), each with a
 copy of the model and an `LLMEngine`. `ReplicaSet` is itself an `Engine`, so the HTTP app
 does not know replicas exist. Each `generate` goes to one replica (`PrefixRouter`): the replica
 that already holds the prompt's prefix in its cache (a group's samples, a repeated prompt, the

@@ -8,7 +8,7 @@ all-reduce per optimizer step), which gives exactly the single-process gradient 
 summation order, and every rank applies the same clipped AdamW step. gloo on CPU, NCCL on CUDA.
 
 Rank 0 is the trainer inside the backend (it shares its model with the engine). Ranks
-1..N-1 are processes started by `RankPeers` (or, on a cluster, by Ray: `art.cluster`). Each
+1..N-1 are processes started by `RankPeers` (or, on a cluster, by Ray: `art.ray_cluster`). Each
 holds its own copy of the model and obeys three commands sent over a pipe: restore a
 checkpoint folder, train a step, close. The process group carries only the tensors of a step.
 A failed step is rolled back by the backend; if a rank died (or a collective broke), the next
