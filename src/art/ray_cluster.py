@@ -22,7 +22,7 @@ import os
 
 import torch
 
-from art.engine.replicas import Replica, ReplicaSpec, ReplicaUnavailableError, error_payload, revive_error
+from art.engine.replicas import CalledReplica, ReplicaSpec, ReplicaUnavailableError, error_payload, revive_error
 from art.errors import ArtValueError, BackendError, StepCancelledError
 from art.training.data_parallel import (STEP_TIMEOUT, RankPeers, RankSpec, host_store, peer_error, rank_device,
                                         start_group)
@@ -80,7 +80,7 @@ class ReplicaActor:
             return "error", error_payload(exc)
 
 
-class RayReplica(Replica):
+class RayReplica(CalledReplica):
     """A replica in a Ray actor: the same face as `ProcessReplica`."""
 
     def __init__(self, index: int, spec: ReplicaSpec) -> None:
@@ -108,7 +108,7 @@ class RayReplica(Replica):
             log.error("replica %d leaves the rotation: %s", self.index, reason)
         self.down = reason
 
-    async def _call(self, method: str, *args):
+    async def call(self, method: str, *args):
         import ray
 
         if self.down is not None:
@@ -122,23 +122,6 @@ class RayReplica(Replica):
         if kind != "ok":
             raise revive_error(detail, self.index)
         return detail
-
-    async def generate(self, prompt, params, adapter):
-        self.in_flight += 1
-        try:
-            completions = await self._call("generate", list(prompt), params, adapter)
-        finally:
-            self.in_flight -= 1
-        for c in completions:
-            c.replica = self.index
-        return completions
-
-    async def load(self, step: int, weights) -> None:
-        await self._call("load", step, weights)
-        self.step = step
-
-    def stats(self) -> dict:
-        return {"in_flight": self.in_flight}
 
     def close(self) -> None:
         if self.actor is not None:

@@ -221,7 +221,32 @@ class LocalReplica(Replica):
         return self.engine.stats()
 
 
-class ProcessReplica(Replica):
+class CalledReplica(Replica):
+    """A replica in another process, reached through `call(kind, *args)`: a local process
+    (`ProcessReplica`) or a Ray actor (`art.ray_cluster.RayReplica`)."""
+
+    async def call(self, kind: str, *args):
+        raise NotImplementedError
+
+    async def generate(self, prompt: list[int], params: SamplingParams, adapter: AdapterRef | None) -> list[Completion]:
+        self.in_flight += 1
+        try:
+            completions = await self.call("generate", list(prompt), params, adapter)
+        finally:
+            self.in_flight -= 1
+        for c in completions:
+            c.replica = self.index
+        return completions
+
+    async def load(self, step: int, weights) -> None:
+        await self.call("load", step, weights)
+        self.step = step
+
+    def stats(self) -> dict:
+        return {"in_flight": self.in_flight}
+
+
+class ProcessReplica(CalledReplica):
     """A replica in a process of its own, spoken to over a pipe (one reader thread settles the
     futures of its requests)."""
 
@@ -298,23 +323,6 @@ class ProcessReplica(Replica):
             self.mark_down(f"its pipe broke ({type(exc).__name__})")
             raise ReplicaUnavailableError(f"replica {self.index} is gone; send the request again") from exc
         return await future
-
-    async def generate(self, prompt: list[int], params: SamplingParams, adapter: AdapterRef | None) -> list[Completion]:
-        self.in_flight += 1
-        try:
-            completions = await self.call("generate", list(prompt), params, adapter)
-        finally:
-            self.in_flight -= 1
-        for c in completions:
-            c.replica = self.index
-        return completions
-
-    async def load(self, step: int, weights) -> None:
-        await self.call("load", step, weights)
-        self.step = step
-
-    def stats(self) -> dict:
-        return {"in_flight": self.in_flight}
 
     def close(self) -> None:
         self._closing = True
