@@ -120,7 +120,8 @@ async def bench_replicas(args: argparse.Namespace) -> dict:
         for backend in backends.values():
             await backend.close()
     median = {name: round(statistics.median(values), 2) for name, values in seconds.items()}
-    print(table(["engine", "median s / rollout batch", "batches"], [[k, v, len(seconds[k])] for k, v in median.items()]))
+    print(table(["engine", "median s / rollout batch", "batches"],
+                [[k, v, len(seconds[k])] for k, v in median.items()]))
     speedup = ratio(median["1 replica"], median["2 replicas"])
     print(f"2 replicas are {speedup}x as fast as 1 on 32 rollouts of 48 tokens ({args.threads} thread(s) each)")
     return {"replica_seconds": median, "replica_speedup_2": speedup, "requests_per_replica": spread["2 replicas"]}

@@ -91,3 +91,33 @@ def load(base_model: str, *, dtype=None, device=None):
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return model, tokenizer
+
+
+def load_policy(base_model: str, lora: dict | None, *, dtype, device, trainable: bool = True):
+    """(model, tokenizer) as the backend serves and trains them: the base weights in `dtype`
+    with a fresh LoRA adapter (`lora`: peft LoraConfig arguments; peft keeps it in float32),
+    or, with `lora` None, the whole model. Trained whole, its weights are float32 masters with
+    gradients (the trainer computes in `dtype` under autocast); only served (`trainable`
+    False), they are plain `dtype`. One function for the backend and its replicas and ranks,
+    so all build the same model."""
+    import torch
+
+    whole_and_trained = lora is None and trainable
+    model, tokenizer = load(base_model, dtype=torch.float32 if whole_and_trained else dtype, device=device)
+    if lora is not None:
+        from peft import LoraConfig, get_peft_model
+
+        model = get_peft_model(model, LoraConfig(task_type="CAUSAL_LM", **lora))
+    elif whole_and_trained:
+        model.requires_grad_(True)
+    model.eval()
+    return model, tokenizer
+
+
+def reference_loader(base_model: str, lora: dict | None, *, dtype, device):
+    """What the trainer's KL term compares against: None with LoRA (the adapter disabled is
+    the reference), else a loader of the frozen base model, called on first use."""
+    if lora is not None:
+        return None
+    return lambda: load(base_model, dtype=dtype, device=device)[0]
+

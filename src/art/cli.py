@@ -50,7 +50,8 @@ def _parser() -> argparse.ArgumentParser:
                        help="run models' engine replicas and trainer ranks beyond the first as Ray actors "
                             "(a local Ray instance unless --ray-address)")
     serve.add_argument("--ray-address", default=None, metavar="ADDR",
-                       help="the Ray cluster to join (e.g. auto, or HEAD_IP:6379 after `ray start --head`); implies --ray")
+                       help="the Ray cluster to join (e.g. auto, or HEAD_IP:6379 after `ray start --head`); "
+                            "implies --ray")
     dashboard = commands.add_parser(
         "dashboard", help="a local web page to watch runs: curves, samples, trained tokens",
         description="Serve a page over the runs stored under --path: reward and metric curves, each step's "
@@ -133,7 +134,8 @@ def _serve(args: argparse.Namespace) -> int:
 
         ensure_ray(args.ray_address)  # a local instance, or the cluster at --ray-address
         placement = "ray"
-    app = create_serve_app(LocalService(args.path, placement=placement), api_key=api_key, max_body_bytes=int(args.max_body_mb * 2**20),
+    app = create_serve_app(LocalService(args.path, placement=placement), api_key=api_key,
+                           max_body_bytes=int(args.max_body_mb * 2**20),
                            max_chat_body_bytes=int(args.max_chat_body_mb * 2**20), watchdog_s=args.watchdog_s,
                            watchdog_train_s=args.watchdog_train_s, model_roots=roots)
     server = uvicorn.Server(uvicorn.Config(app, log_level="info", timeout_graceful_shutdown=10,

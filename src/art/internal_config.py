@@ -88,8 +88,9 @@ def parse_internal_config(internal: dict | None) -> ModelSettings:
     placement = internal.get("placement")
     if placement not in (None, *PLACEMENTS):
         raise ArtValueError(f"placement must be one of {', '.join(PLACEMENTS)}, got {placement!r}", field="placement")
-    return ModelSettings(engine=engine, full_finetune=bool(full), lora=None if full else {**LORA_DEFAULTS, **lora_given},
-                         seed=seed, placement=placement, **counts)
+    return ModelSettings(engine=engine, full_finetune=bool(full),
+                         lora=None if full else {**LORA_DEFAULTS, **lora_given}, seed=seed, placement=placement,
+                         **counts)
 
 
 def _lora_config(config) -> dict:

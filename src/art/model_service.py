@@ -65,8 +65,6 @@ class ModelService:
                  user_config: dict | None = None, placement: str = "processes") -> None:
         """`placement`: where engine replicas and trainer ranks 1..N-1 run unless the model's
         internal config says: "processes" or "ray" (`art.ray_cluster`)."""
-        from peft import LoraConfig, get_peft_model
-
         bound_malloc_growth()
         internal = dict(internal_config or {})
         settings = parse_internal_config(internal)  # ArtValueError naming the field, before any loading
@@ -75,17 +73,9 @@ class ModelService:
         self.dir = ModelDir(root, project, name)
         self.full_finetune = settings.full_finetune
         self.device, dtype = engine_config.device, engine_config.torch_dtype
-        # LoRA: the frozen base weights in the serving dtype (peft keeps the adapter in float32).
-        # Full fine-tuning: float32 master weights; the trainer computes in `dtype` under autocast.
-        weights_dtype = torch.float32 if self.full_finetune else dtype
-        base, self.tokenizer = base_models.load(base_model, dtype=weights_dtype, device=self.device)
-        lora = settings.lora
+        lora = settings.lora  # None under full fine-tuning
         torch.manual_seed(settings.seed)  # reproducible adapter init at step 0
-        if self.full_finetune:
-            self.model = base.requires_grad_(True)
-        else:
-            self.model = get_peft_model(base, LoraConfig(task_type="CAUSAL_LM", **lora))
-        self.model.eval()
+        self.model, self.tokenizer = base_models.load_policy(base_model, lora, dtype=dtype, device=self.device)
         self.lock = threading.RLock()
         self.adapters = AdapterSet(self.model)
         self.engine = LLMEngine(self.model, self.tokenizer, engine_config, lock=self.lock, adapters=self.adapters)
@@ -97,21 +87,19 @@ class ModelService:
             replica_class = None
             if on_ray:
                 from art.ray_cluster import RayReplica as replica_class
-            self.replicas = ReplicaSet(self.engine, ReplicaSpec(base_model, None if self.full_finetune else lora,
-                                                                self.engine.config, replica_threads()),
-                                       settings.engine_replicas, replica_class)
-        reference = ((lambda: base_models.load(base_model, dtype=dtype, device=self.device)[0])
-                     if self.full_finetune else None)
+            spec = ReplicaSpec(base_model, lora, self.engine.config, replica_threads())
+            self.replicas = ReplicaSet(self.engine, spec, settings.engine_replicas, replica_class)
         peers = None
         if settings.trainer_ranks > 1:  # data parallel: ranks 1..N-1 build the same model in processes of their own
             from art.training.data_parallel import RankPeers, RankSpec
 
             if on_ray:
                 from art.ray_cluster import RayRankPeers as RankPeers
-            peers = RankPeers(settings.trainer_ranks, RankSpec(base_model, None if self.full_finetune else lora,
-                                                               str(self.device), str(dtype).removeprefix("torch.")))
-        self.trainer = Trainer(self.model, self.tokenizer, lock=self.lock, load_reference=reference,
-                               device=self.device, dtype=dtype, peers=peers)
+            peers = RankPeers(settings.trainer_ranks, RankSpec(base_model, lora, str(self.device),
+                                                               str(dtype).removeprefix("torch.")))
+        self.trainer = Trainer(self.model, self.tokenizer, lock=self.lock, device=self.device, dtype=dtype, peers=peers,
+                               load_reference=base_models.reference_loader(base_model, lora, dtype=dtype,
+                                                                           device=self.device))
         self.store = CheckpointStore(self.dir.checkpoints)
         latest = self.store.latest_step()
         if latest is None:
@@ -211,9 +199,10 @@ class ModelService:
             with tracing.span("art.train_step", {"art.model": f"{self.project}/{self.name}",
                                                  "art.step_from": self.step}) as current:
                 result = await asyncio.to_thread(self._train_watched, groups, options, progress)  # context copied
+                probed: dict = {}  # the trainer's probe logprobs, shared by the replicas' checks
                 try:
                     with tracing.span("art.train.weight_sync_probe"):
-                        result.metrics.update(await weight_sync.check(self))
+                        result.metrics.update(await weight_sync.check(self, known=probed))
                 except WeightSyncError as exc:
                     log.error("%s", exc)
                     await asyncio.to_thread(self._roll_back, result.step - 1)
@@ -221,8 +210,11 @@ class ModelService:
                 if self.replicas is not None:  # each loads the step's weights and answers the probe
                     with tracing.span("art.train.publish_to_replicas"):
                         weights = await asyncio.to_thread(self.live_weights)
-                        result.metrics.update(await self.replicas.publish(
-                            result.step, weights, lambda replica: weight_sync.check(self, via=replica)))
+
+                        def probe(replica):
+                            return weight_sync.check(self, via=replica, known=probed)
+
+                        result.metrics.update(await self.replicas.publish(result.step, weights, probe))
                 if current is not None:
                     tracing.set_attributes(current, {"art.step": result.step, **{
                         f"art.train.{k}": v for k, v in result.metrics.items() if isinstance(v, (int, float))}})

@@ -23,9 +23,9 @@ import os
 import torch
 
 from art.engine.replicas import CalledReplica, ReplicaSpec, ReplicaUnavailableError, error_payload, revive_error
-from art.errors import ArtValueError, BackendError, StepCancelledError
-from art.training.data_parallel import (STEP_TIMEOUT, RankPeers, RankSpec, host_store, peer_error, rank_device,
-                                        start_group)
+from art.errors import ArtValueError, BackendError
+from art.training.data_parallel import (STEP_TIMEOUT, RankPeers, RankSpec, host_store, obey, peer_error,
+                                        rank_device, rank_threads, start_group)
 
 log = logging.getLogger(__name__)
 
@@ -139,7 +139,7 @@ class RankActor:
     """Runs in a Ray worker: one trainer rank (rank >= 1) and its model."""
 
     def __init__(self, rank: int, world: int, spec: RankSpec) -> None:
-        torch.set_num_threads(max(1, int(os.environ.get("ART_RANK_THREADS", "1"))))
+        torch.set_num_threads(rank_threads())
         self.rank, self.world, self.spec = rank, world, spec
         self.trainer = None
 
@@ -155,22 +155,11 @@ class RankActor:
         except Exception as exc:
             return "error", f"rank {self.rank} could not start: {type(exc).__name__}: {exc}"
 
-    def restore(self, folder: str):
-        from pathlib import Path
-
-        return self._run(lambda: self.trainer.restore(Path(folder)))
-
-    def step(self, groups, options):
-        return self._run(lambda: self.trainer.step(groups, options, desc=f"rank {self.rank}", quiet=True))
-
-    def _run(self, work):
-        try:
-            work()
-            return "ok", None
-        except (StepCancelledError, ArtValueError) as exc:  # raised on every rank alike
-            return "error", f"{type(exc).__name__}: {exc}"
-        except BaseException:  # its own failure: end the process, so the others' collectives fail now
-            os._exit(1)
+    def command(self, name: str, *args):
+        """Restore a folder or train a step, as a local peer obeys (`data_parallel.obey`)."""
+        answers: list = []
+        obey(self.trainer, self.rank, name, args, answers.append)
+        return answers[0]
 
 
 class RayRankPeers(RankPeers):
@@ -207,8 +196,7 @@ class RayRankPeers(RankPeers):
         return bool(self._actors)
 
     def _send(self, *message) -> None:
-        command, *args = message
-        self._refs = [getattr(actor, command).remote(*args) for actor in self._actors]
+        self._refs = [actor.command.remote(*message) for actor in self._actors]
 
     def _answers(self, expected: str, *, what: str, timeout: float | None = None) -> None:
         import ray

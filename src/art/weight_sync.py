@@ -44,16 +44,22 @@ def probe_prompt(tokenizer) -> list[int]:
     return [int(i) for i in ids]
 
 
-async def check(service, via=None) -> dict[str, float]:
+async def check(service, via=None, known: dict | None = None) -> dict[str, float]:
     """Sample the probe through `service`'s engine (or the engine replica `via`) by its plain
     name (the latest step) and compare with the trainer. Returns {METRIC: max abs diff}; raises
     WeightSyncError with both sets of numbers on a mismatch or when the engine says other
-    weights sampled it."""
+    weights sampled it. `known` keeps the trainer's logprobs by probe tokens across the checks
+    of one step, so replicas sampling the same tokens do not pause the engine for them again."""
     prompt = probe_prompt(service.tokenizer)
     served = service.resolve(service.name)
     params = SamplingParams(n=1, temperature=0.0, max_tokens=PROBE_TOKENS, ignore_eos=True)
     (completion,) = await (via or service.engine).generate(prompt, params, served.adapter)
-    trained = await asyncio.to_thread(trainer_logprobs, service, prompt, completion.token_ids)
+    tokens = tuple(completion.token_ids)
+    trained = known.get(tokens) if known is not None else None
+    if trained is None:
+        trained = await asyncio.to_thread(trainer_logprobs, service, prompt, completion.token_ids)
+        if known is not None:
+            known[tokens] = trained
     served_lp = list(completion.logprobs)
     diff = max(abs(a - b) for a, b in zip(served_lp, trained))
     label_ok = completion.step == service.step

@@ -85,7 +85,8 @@ class LocalService:
                 return None
             internal = stored.get("internal_config")
             spec = ModelSpec(project=key[0], name=key[1], trainable=True, base_model=stored["base_model"],
-                             config=stored.get("config"), internal_config=internal if isinstance(internal, dict) else None)
+                             config=stored.get("config"),
+                             internal_config=internal if isinstance(internal, dict) else None)
             log.warning("%s/%s was not registered in this process: loading it from its stored run (a restart?)", *key)
             try:
                 await self._register(spec)
@@ -106,8 +107,8 @@ class LocalService:
                 if key[1] == name and key not in self._specs]
         if len(keys) > 1:
             raise ModelNotFoundError(
-                f"The model {echo(requested)} is not loaded, and runs named {echo(name)} are stored in several projects "
-                f"({', '.join(p for p, _ in keys)}): register the one you mean with `await model.register(backend)`")
+                f"The model {echo(requested)} is not loaded, and runs named {echo(name)} are stored in several "
+                f"projects ({', '.join(p for p, _ in keys)}): register the one you mean with `await model.register(backend)`")
         return bool(keys) and await self.spec(keys[0]) is not None
 
     def loaded(self, key: ModelKey):

@@ -3,9 +3,9 @@
 `RemoteService` implements the service API (`art.service`) over HTTP, and `RemoteBackend` is
 the same adapter over it as `LocalBackend` is over its local service, so a training script
 switches machines by changing one line. It holds no model state and imports no torch:
-trajectories leave as JSON (`for_logging()` dumps, Choices whole with their token ids and logprobs), rollouts go
-straight to the server's OpenAI routes, and server errors come back as `art.errors`
-exceptions carrying the server's message.
+trajectories leave as JSON (`for_logging()` dumps, Choices whole with their token ids and
+logprobs), rollouts go straight to the server's OpenAI routes, and server errors come back as
+`art.errors` exceptions carrying the server's message.
 
 No batch is trained twice. Every train call carries `expected_step`, the step this client last
 saw for the model (from register, get_step or the previous result); the server refuses another

@@ -84,14 +84,8 @@ def build_engine(spec: ReplicaSpec, index: int):
     from art.engine.llm_engine import LLMEngine
 
     config = dataclasses.replace(spec.engine, device=replica_device(spec.engine.device, index))
-    base, tokenizer = base_models.load(spec.base_model, dtype=config.torch_dtype, device=config.device)
-    if spec.lora is None:
-        model = base
-    else:
-        from peft import LoraConfig, get_peft_model
-
-        model = get_peft_model(base, LoraConfig(task_type="CAUSAL_LM", **spec.lora))
-    model.eval()
+    model, tokenizer = base_models.load_policy(spec.base_model, spec.lora, dtype=config.torch_dtype,
+                                               device=config.device, trainable=False)
     return LLMEngine(model, tokenizer, config, adapters=AdapterSet(model))
 
 
@@ -119,7 +113,7 @@ def replica_main(index: int, spec: ReplicaSpec, connection) -> None:
     except BaseException as exc:
         connection.send(("error", 0, error_payload(exc)))
         return
-    connection.send(("ok", 0, {"max_model_len": engine.max_model_len}))
+    connection.send(("ok", 0, None))
     asyncio.run(_serve(engine, connection))
 
 
@@ -146,10 +140,8 @@ async def _serve(engine, connection) -> None:
         try:
             if kind == "generate":
                 result = await engine.generate(*args)
-            elif kind == "load":
+            else:  # "load"
                 result = await asyncio.to_thread(load_weights, engine, *args)
-            else:
-                result = engine.stats()
             send(("ok", request_id, result))
         except BaseException as exc:
             send(("error", request_id, error_payload(exc)))
@@ -217,9 +209,6 @@ class LocalReplica(Replica):
             c.replica = 0
         return completions
 
-    def stats(self) -> dict:
-        return self.engine.stats()
-
 
 class CalledReplica(Replica):
     """A replica in another process, reached through `call(kind, *args)`: a local process
@@ -241,9 +230,6 @@ class CalledReplica(Replica):
     async def load(self, step: int, weights) -> None:
         await self.call("load", step, weights)
         self.step = step
-
-    def stats(self) -> dict:
-        return {"in_flight": self.in_flight}
 
 
 class ProcessReplica(CalledReplica):
@@ -415,7 +401,6 @@ class ReplicaSet:
     def __init__(self, engine, spec: ReplicaSpec, count: int, replica_class=None) -> None:
         """`replica_class` builds replicas 1..N-1: `ProcessReplica` (default) or
         `art.ray_cluster.RayReplica`."""
-        self.local = engine
         self.tokenizer, self.max_model_len, self.grammars = engine.tokenizer, engine.max_model_len, engine.grammars
         replica_class = replica_class or ProcessReplica
         self.replicas: list[Replica] = [LocalReplica(engine)] + [replica_class(i, spec) for i in range(1, count)]
@@ -425,17 +410,6 @@ class ReplicaSet:
     def peers(self) -> list:
         """Replicas 1..N-1 (processes or Ray actors)."""
         return self.replicas[1:]
-
-    def start(self) -> None:
-        """Start every process replica (blocking; they build their engines in parallel)."""
-        errors: list[BaseException] = []
-        threads = [threading.Thread(target=_collect, args=(r.start, errors)) for r in self.peers]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        if errors:
-            raise errors[0]
 
     async def generate(self, prompt_token_ids: list[int], params: SamplingParams,
                        adapter: AdapterRef | None) -> list[Completion]:
@@ -467,18 +441,27 @@ class ReplicaSet:
         return {"replicas_serving": float(sum(r.down is None for r in self.replicas))}
 
     def restart(self, step: int, weights) -> list[int]:
-        """Start every replica that is out of rotation again on `weights` of `step` (blocking);
-        returns their indices."""
-        restarted = []
-        for replica in self.peers:
-            if replica.down is None:
-                continue
-            replica.start()
+        """Start every replica that is out of rotation again on `weights` of `step` (blocking:
+        they build their engines in parallel); returns their indices."""
+        down = [r for r in self.peers if r.down is not None]
+        errors: list[BaseException] = []
+        threads = [threading.Thread(target=_collect, args=(r.start, errors)) for r in down]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        started = [r for r in down if r.down is None]
+
+        async def load_all() -> None:
+            await asyncio.gather(*(r.load(step, weights) for r in started))
+
+        asyncio.run(load_all())  # a loop of its own: this runs in a worker thread
+        for replica in started:
             self.router.forget(replica.index)
-            asyncio.run(replica.load(step, weights))  # its own loop: this runs in a worker thread
-            restarted.append(replica.index)
             log.info("replica %d restarted at step %d", replica.index, step)
-        return restarted
+        if errors:  # the others serve; this one says why it could not start
+            raise errors[0]
+        return [r.index for r in started]
 
     def stats(self) -> dict:
         return {"replicas": [{"replica": r.index, "serving": r.down is None, "down": r.down, "step": r.step,

@@ -42,7 +42,8 @@ STEP_TIMEOUT = datetime.timedelta(minutes=30)
 class Collective:
     """One rank's view of the training group. `world == 1` (no group) is the single process."""
 
-    def __init__(self, rank: int = 0, world: int = 1, group=None, store=None, device: str | torch.device = "cpu") -> None:
+    def __init__(self, rank: int = 0, world: int = 1, group=None, store=None,
+                 device: str | torch.device = "cpu") -> None:
         self.rank, self.world, self.group, self.store = rank, world, group, store
         self.device = torch.device(device)
         """Where the group's tensors live (NCCL needs them on the rank's GPU)."""
@@ -153,26 +154,20 @@ def build_trainer(spec: RankSpec, collective: Collective):
     from art import base_models
     from art.training.trainer import Trainer
 
-    dtype = getattr(torch, spec.dtype)
-    device = collective.device
-    weights_dtype = torch.float32 if spec.lora is None else dtype
-    base, tokenizer = base_models.load(spec.base_model, dtype=weights_dtype, device=device)
-    if spec.lora is None:
-        model = base.requires_grad_(True)
-    else:
-        from peft import LoraConfig, get_peft_model
+    dtype, device = getattr(torch, spec.dtype), collective.device
+    model, tokenizer = base_models.load_policy(spec.base_model, spec.lora, dtype=dtype, device=device)
+    return Trainer(model, tokenizer, device=device, dtype=dtype, collective=collective,
+                   load_reference=base_models.reference_loader(spec.base_model, spec.lora, dtype=dtype, device=device))
 
-        model = get_peft_model(base, LoraConfig(task_type="CAUSAL_LM", **spec.lora))
-    model.eval()
-    reference = (lambda: base_models.load(spec.base_model, dtype=dtype, device=device)[0]) if spec.lora is None else None
-    return Trainer(model, tokenizer, load_reference=reference, device=device, dtype=dtype, collective=collective)
+
+def rank_threads() -> int:
+    """torch threads per CPU peer (`ART_RANK_THREADS`, default 1)."""
+    return max(1, int(os.environ.get("ART_RANK_THREADS", "1")))
 
 
 def peer_main(rank: int, world: int, port: int, spec: RankSpec, connection) -> None:
-    """A peer process: join the group, build the model, then obey rank 0's commands. A step
-    that fails here for a reason of its own (not one every rank shares) ends the process, so
-    the ranks waiting on it in a collective fail at once instead of at the timeout."""
-    torch.set_num_threads(max(1, int(os.environ.get("ART_RANK_THREADS", "1"))))
+    """A peer process: join the group, build the model, then `obey` rank 0's commands."""
+    torch.set_num_threads(rank_threads())
     collective = start_group(rank, world, rank_device(spec.device, rank), port=port)
     try:
         trainer = build_trainer(spec, collective)
@@ -184,17 +179,26 @@ def peer_main(rank: int, world: int, port: int, spec: RankSpec, connection) -> N
         command, *args = connection.recv()
         if command == "close":
             return
-        try:
-            if command == "restore":
-                trainer.restore(Path(args[0]))
-            elif command == "step":
-                trainer.step(*args, desc=f"rank {rank}", quiet=True)
-            connection.send(("ok", None))
-        except (StepCancelledError, ArtValueError) as exc:  # raised on every rank alike
-            connection.send(("error", f"{type(exc).__name__}: {exc}"))
-        except BaseException as exc:
-            connection.send(("error", f"rank {rank}: {type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
-            os._exit(1)
+        obey(trainer, rank, command, args, connection.send)
+
+
+def obey(trainer, rank: int, command: str, args, answer) -> None:
+    """Run one of rank 0's commands ("restore" a folder, or "step") on a peer's trainer and
+    `answer` ("ok", None) or ("error", message). A failure every rank shares (a cancel, a
+    diverged step) is only answered; one of the peer's own also ends its process, so the ranks
+    waiting on it in a collective fail at once instead of at the timeout."""
+    try:
+        if command == "restore":
+            trainer.restore(Path(args[0]))
+        else:
+            trainer.step(*args, desc=f"rank {rank}", quiet=True)
+        answer(("ok", None))
+    except (StepCancelledError, ArtValueError) as exc:  # raised on every rank alike
+        answer(("error", f"{type(exc).__name__}: {exc}"))
+    except BaseException as exc:
+        log.error("trainer rank %d failed; its process ends", rank, exc_info=True)
+        answer(("error", f"rank {rank}: {type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
+        os._exit(1)
 
 
 class RankPeers:
