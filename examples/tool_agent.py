@@ -96,8 +96,11 @@ async def rollout(model: art.Model, a: int, b: int, seed: int) -> art.Trajectory
 
 
 async def main(steps: int = 10, seed: int = 0, group_size: int = 8, problems_per_step: int = 4,
-               learning_rate: float = 1e-3, path: str = ".art", quiet: bool = False) -> list[dict]:
-    """Train; returns one row per step (success, reward, valid_tool_call, turns, seconds)."""
+               learning_rate: float = 1e-3, path: str = ".art", quiet: bool = False,
+               train_last: bool = True) -> list[dict]:
+    """Train; returns one row per step (success, reward, valid_tool_call, turns, seconds), each
+    measured on that step's episodes, before its update. `train_last=False` skips the update
+    after the last step's episodes (a measured run has nothing to measure it with)."""
     backend = art.LocalBackend(path=path)
     model = art.TrainableModel(name=f"calculator-seed{seed}", project="tool-agent", base_model=art.DEFAULT_MODEL)
     await model.register(backend)
@@ -116,7 +119,8 @@ async def main(steps: int = 10, seed: int = 0, group_size: int = 8, problems_per
         row = {"step": step, **{key: sum(t.metrics[key] for t in trajectories) / len(trajectories)
                                 for key in ("success", "valid_tool_call", "turns")},
                "reward": sum(t.reward for t in trajectories) / len(trajectories)}
-        await model.train(groups, config=art.TrainConfig(learning_rate=learning_rate))
+        if train_last or step < steps - 1:
+            await model.train(groups, config=art.TrainConfig(learning_rate=learning_rate))
         row["seconds"] = time.monotonic() - start
         rows.append(row)
         print(f"step {step}: success {row['success']:.2f}  reward {row['reward']:.3f}  "

@@ -151,15 +151,16 @@ def test_the_examples_reward_and_tool():
 
 @pytest.mark.slow
 async def test_the_tool_agent_learns_on_the_default_model(tmp_path):
-    """Fixed seed, 4 steps (about 5 minutes). The forced call's arguments are learnt first:
-    valid calls 0.56 -> 0.97 and mean reward 0.11 -> 0.29 by step 3, measured locally; the
-    success rate follows more slowly and with more spread between runs (0.12 and 0.16 at step
-    3 in two runs of this seed, 0.38 in a third), so it is only required to rise."""
+    """Fixed seed, 3 measured steps and 2 updates (about 3 minutes). The forced call's
+    arguments are learnt first: valid calls 0.56 -> 0.84 -> 0.97 and mean reward 0.11 -> 0.19
+    -> 0.32, measured locally; the success rate follows more slowly and with more spread
+    between runs (0.00 -> 0.03 -> 0.16 for this seed; 0.16 -> 0.06 -> 0.50 for seed 1), so it is
+    only required to rise."""
     example = load_example()
-    rows = await example.main(steps=4, seed=0, path=str(tmp_path), quiet=True)
-    assert len(rows) == 4
+    rows = await example.main(steps=3, seed=0, path=str(tmp_path), quiet=True, train_last=False)
+    assert len(rows) == 3
     trend = {key: [round(r[key], 2) for r in rows] for key in ("valid_tool_call", "reward", "success")}
     assert rows[-1]["valid_tool_call"] >= rows[0]["valid_tool_call"] + 0.25, trend
     assert rows[-1]["reward"] >= rows[0]["reward"] + 0.1, trend
-    assert max(r["success"] for r in rows[2:]) > rows[0]["success"], trend
+    assert max(r["success"] for r in rows[1:]) > rows[0]["success"], trend
     assert (tmp_path / "tool-agent" / "models" / "calculator-seed0" / "tool_agent.png").stat().st_size > 1000
