@@ -108,8 +108,10 @@ def load_policy(base_model: str, lora: dict | None, *, dtype, device, trainable:
         from peft import LoraConfig, get_peft_model
 
         model = get_peft_model(model, LoraConfig(task_type="CAUSAL_LM", **lora))
-    elif whole_and_trained:
+    if whole_and_trained:
         model.requires_grad_(True)
+    elif not trainable:
+        model.requires_grad_(False)  # only served: no weight needs a gradient
     model.eval()
     return model, tokenizer
 

@@ -4,7 +4,7 @@ ART scripts pass keys meant for vLLM, Unsloth and their trainer (`init_args`, `t
 `_decouple_vllm_and_unsloth`, ...). Every key ART knows is accepted: those that mean something
 here are honoured (`engine_args`, `peft_args` or ART's newer `lora_config`, `seed`,
 `full_finetune` or `init_args.full_finetuning`, `init_args.max_seq_length` and
-`init_args.gpu_memory_utilization`, and ours, `trainer_ranks`, `engine_replicas` and
+`init_args.gpu_memory_utilization`, and ours, `trainer_ranks`, `fsdp`, `engine_replicas` and
 `placement`); the rest are named once in a warning.
 """
 
@@ -44,6 +44,9 @@ class ModelSettings:
     trainer_ranks: int = 1
     """Data-parallel trainer ranks (`art.training.data_parallel`): rank 0 shares the engine's
     model, ranks 1..N-1 are processes of their own."""
+    fsdp: bool = False
+    """Full fine-tuning sharded over the trainer ranks with FSDP2 (`art.training.sharded`):
+    every rank is a process of its own, the backend keeps the engine's served copy."""
     engine_replicas: int = 1
     """Engine replicas behind the endpoint (`art.engine.replicas`): replica 0 is the engine
     that shares the trainer's model, replicas 1..N-1 are processes of their own."""
@@ -57,7 +60,7 @@ def parse_internal_config(internal: dict | None) -> ModelSettings:
     internal = dict(internal or {})
     init = dict(internal.get("init_args") or {})
     known = {"engine_args", "peft_args", "lora_config", "seed", "full_finetune", "init_args", "trainer_ranks",
-             "engine_replicas", "placement"}
+             "fsdp", "engine_replicas", "placement"}
     warn_ignored([k for k in internal if k not in known], "_internal_config")
     warn_ignored([k for k in init if k not in ("max_seq_length", "gpu_memory_utilization", "full_finetuning")],
                  "init_args")
@@ -88,7 +91,16 @@ def parse_internal_config(internal: dict | None) -> ModelSettings:
     placement = internal.get("placement")
     if placement not in (None, *PLACEMENTS):
         raise ArtValueError(f"placement must be one of {', '.join(PLACEMENTS)}, got {placement!r}", field="placement")
-    return ModelSettings(engine=engine, full_finetune=bool(full),
+    fsdp = internal.get("fsdp", False)
+    if fsdp not in (True, False):
+        raise ArtValueError(f"fsdp must be True or False, got {fsdp!r}", field="fsdp")
+    if fsdp and not full:
+        raise ArtValueError("fsdp shards a fully fine-tuned model; set full_finetune=True too (a LoRA adapter is "
+                            "small enough to train whole on each rank: use trainer_ranks alone)", field="fsdp")
+    if fsdp and placement == "ray":
+        raise ArtValueError("fsdp runs its ranks as local processes; placement 'ray' is not supported with it yet",
+                            field="fsdp")
+    return ModelSettings(engine=engine, full_finetune=bool(full), fsdp=bool(fsdp),
                          lora=None if full else {**LORA_DEFAULTS, **lora_given}, seed=seed, placement=placement,
                          **counts)
 

@@ -198,10 +198,10 @@ class RayRankPeers(RankPeers):
     def _send(self, *message) -> None:
         self._refs = [actor.command.remote(*message) for actor in self._actors]
 
-    def _answers(self, expected: str, *, what: str, timeout: float | None = None) -> None:
+    def _answers(self, expected: str, *, what: str, timeout: float | None = None, **_) -> list:
         import ray
 
-        first = None
+        first, results = None, []
         for rank, ref in enumerate(self._refs, start=1):
             try:
                 kind, detail = ray.get(ref, timeout=timeout if timeout is not None else STEP_TIMEOUT.total_seconds())
@@ -215,9 +215,11 @@ class RayRankPeers(RankPeers):
                 continue
             if kind != "ok":
                 first = first or peer_error(detail, rank, what)
+            results.append(detail)
         self._refs = []
         if first is not None:
             raise first
+        return results
 
     def close(self) -> None:
         if self._actors:

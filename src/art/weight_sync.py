@@ -5,8 +5,10 @@ sampled greedily for a few tokens through the engine's ordinary request path (na
 adapter selection, prefix cache, live-step bookkeeping: what an HTTP request goes through),
 then the trainer scores exactly those ids with its own forward pass. On CPU both share one
 model, so a difference means the serving path is wrong (stale cached KV, the wrong adapter,
-a step label that lies), not that the weights differ. It costs one short prompt and
-`PROBE_TOKENS` decode steps per update.
+a step label that lies), not that the weights differ. A sharded trainer (FSDP2,
+`art.training.sharded`) scores with its ranks' shards, so there it also checks that the
+engine's copy took the trained weights. It costs one short prompt and `PROBE_TOKENS` decode
+steps per update.
 """
 
 from __future__ import annotations
@@ -17,7 +19,6 @@ import torch
 
 from art.engine.base import SamplingParams
 from art.errors import WeightSyncError
-from art.training.logprobs import sequence_logprobs
 
 PROBE_MESSAGE = "Reply with one word: are you ready?"
 PROBE_TOKENS = 4
@@ -84,11 +85,10 @@ def tolerance_for(dtype: torch.dtype) -> float:
 def trainer_logprobs(service, prompt: list[int], completion: list[int]) -> list[float]:
     """The trainer's log p of each completion token after the prompt, with the function the
     loss uses, on the model as the trainer sees it: the engine paused (its serving state, such
-    as a LoRA merged into the base weights, undone), as for a training step."""
-    ids = torch.tensor([prompt + completion], device=service.trainer.device)  # [1, tokens]
-    with service.engine.paused(), torch.no_grad(), service.trainer.compute_precision():
-        values = sequence_logprobs(service.model, ids, torch.ones_like(ids))  # [1, tokens - 1]
-    return values[0, len(prompt) - 1:].tolist()
+    as a LoRA merged into the base weights, undone), as for a training step. A sharded trainer
+    (`art.training.sharded`) answers from its ranks' weights, not the engine's copy."""
+    with service.engine.paused():
+        return service.trainer.probe_logprobs(prompt, completion)
 
 
 def _fmt(values: list[float]) -> str:

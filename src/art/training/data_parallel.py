@@ -9,8 +9,9 @@ summation order, and every rank applies the same clipped AdamW step. gloo on CPU
 
 Rank 0 is the trainer inside the backend (it shares its model with the engine). Ranks
 1..N-1 are processes started by `RankPeers` (or, on a cluster, by Ray: `art.ray_cluster`). Each
-holds its own copy of the model and obeys three commands sent over a pipe: restore a
-checkpoint folder, train a step, close. The process group carries only the tensors of a step.
+holds its own copy of the model and obeys commands sent over a pipe: restore a checkpoint
+folder, train a step, close. The process group carries only the tensors of a step. Sharded
+(`art.training.sharded`, FSDP2), every rank is such a process and also saves and scores.
 A failed step is rolled back by the backend; if a rank died (or a collective broke), the next
 restore starts every peer again, so the following step trains cleanly.
 """
@@ -22,6 +23,7 @@ import logging
 import multiprocessing
 import os
 import pickle
+import time
 import traceback
 from collections import Counter
 from dataclasses import dataclass
@@ -43,10 +45,13 @@ class Collective:
     """One rank's view of the training group. `world == 1` (no group) is the single process."""
 
     def __init__(self, rank: int = 0, world: int = 1, group=None, store=None,
-                 device: str | torch.device = "cpu") -> None:
+                 device: str | torch.device = "cpu", sharded: bool = False) -> None:
         self.rank, self.world, self.group, self.store = rank, world, group, store
         self.device = torch.device(device)
         """Where the group's tensors live (NCCL needs them on the rank's GPU)."""
+        self.sharded = sharded
+        """The model is FSDP2-sharded over the group (`art.training.sharded`): its backward
+        already sums the gradients, and every rank must run as many passes as the others."""
         self._rounds = 0
 
     def shard(self, part: list[Sequence]) -> list[Sequence]:
@@ -78,8 +83,8 @@ class Collective:
 
     def sum_gradients(self, params: list[torch.nn.Parameter]) -> None:
         """Sum every trained parameter's gradient across ranks, in one flat buffer (a rank
-        whose shard was empty contributes zeros)."""
-        if self.world == 1:
+        whose shard was empty contributes zeros). Sharded, FSDP has summed them already."""
+        if self.world == 1 or self.sharded:
             return
         flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
         self.group.allreduce([flat]).wait()
@@ -128,6 +133,17 @@ def start_group(rank: int, world: int, device: torch.device, *, store: dist.TCPS
     return Collective(rank, world, group, store, device)
 
 
+def join_default_group(rank: int, world: int, device: torch.device, port: int,
+                       host: str = "127.0.0.1") -> Collective:
+    """A sharded rank's group: torch's default group (what FSDP2 runs on), one per process."""
+    store = dist.TCPStore(host, port, world + 1, False, timeout=STEP_TIMEOUT)
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=STEP_TIMEOUT)
+    return Collective(rank, world, dist.distributed_c10d._get_default_group(), store, device, sharded=True)
+
+
 def rank_device(spec_device: str, rank: int) -> torch.device:
     """A peer's device: the CPU, or on CUDA one GPU per rank (rank 0, the backend's, on the first)."""
     device = torch.device(spec_device)
@@ -147,6 +163,8 @@ class RankSpec:
     device: str
     dtype: str
     """torch dtype name of the compute precision (e.g. "float32", "bfloat16")."""
+    sharded: bool = False
+    """FSDP2 over every rank (`art.training.sharded`); full fine-tuning only."""
 
 
 def build_trainer(spec: RankSpec, collective: Collective):
@@ -156,7 +174,12 @@ def build_trainer(spec: RankSpec, collective: Collective):
 
     dtype, device = getattr(torch, spec.dtype), collective.device
     model, tokenizer = base_models.load_policy(spec.base_model, spec.lora, dtype=dtype, device=device)
-    return Trainer(model, tokenizer, device=device, dtype=dtype, collective=collective,
+    gather = None
+    if spec.sharded:
+        from art.training.sharded import shard_model
+
+        gather = shard_model(model, device)
+    return Trainer(model, tokenizer, device=device, dtype=dtype, collective=collective, gather=gather,
                    load_reference=base_models.reference_loader(spec.base_model, spec.lora, dtype=dtype, device=device))
 
 
@@ -165,10 +188,12 @@ def rank_threads() -> int:
     return max(1, int(os.environ.get("ART_RANK_THREADS", "1")))
 
 
-def peer_main(rank: int, world: int, port: int, spec: RankSpec, connection) -> None:
-    """A peer process: join the group, build the model, then `obey` rank 0's commands."""
+def peer_main(rank: int, world: int, port: int, spec: RankSpec, connection, stop=None) -> None:
+    """A peer process: join the group, build the model, then `obey` the backend's commands.
+    `stop`: an event the backend sets to cancel the running step."""
     torch.set_num_threads(rank_threads())
-    collective = start_group(rank, world, rank_device(spec.device, rank), port=port)
+    device = rank_device(spec.device, rank)
+    collective = (join_default_group if spec.sharded else start_group)(rank, world, device, port=port)
     try:
         trainer = build_trainer(spec, collective)
     except BaseException as exc:
@@ -179,20 +204,30 @@ def peer_main(rank: int, world: int, port: int, spec: RankSpec, connection) -> N
         command, *args = connection.recv()
         if command == "close":
             return
-        obey(trainer, rank, command, args, connection.send)
+        obey(trainer, rank, command, args, connection.send, stop.is_set if stop is not None else None)
 
 
-def obey(trainer, rank: int, command: str, args, answer) -> None:
-    """Run one of rank 0's commands ("restore" a folder, or "step") on a peer's trainer and
-    `answer` ("ok", None) or ("error", message). A failure every rank shares (a cancel, a
-    diverged step) is only answered; one of the peer's own also ends its process, so the ranks
-    waiting on it in a collective fail at once instead of at the timeout."""
+def obey(trainer, rank: int, command: str, args, answer, should_stop=None) -> None:
+    """Run one of the backend's commands on a peer's trainer: "restore" or "save" a folder,
+    "step", or "logprobs" of the probe; `answer` ("ok", result) or ("error", message). Rank 0
+    (a peer only when sharded) answers the step's (metrics, trainer logprob rows) and sends
+    ("progress", (done, total, metrics)) after each optimizer step. A failure every rank shares
+    (a cancel, a diverged step) is only answered; one of the peer's own also ends its process,
+    so the ranks waiting on it in a collective fail at once instead of at the timeout."""
     try:
+        result = None
         if command == "restore":
             trainer.restore(Path(args[0]))
+        elif command == "save":
+            trainer.save(Path(args[0]))
+        elif command == "logprobs":
+            result = trainer.probe_logprobs(*args)
         else:
-            trainer.step(*args, desc=f"rank {rank}", quiet=True)
-        answer(("ok", None))
+            progress = None if rank else (lambda *event: answer(("progress", event)))
+            metrics = trainer.step(*args, desc=f"rank {rank}", quiet=True, on_optimizer_step=progress,
+                                   should_stop=should_stop)
+            result = None if rank else (metrics, trainer.last_trainer_logprobs)
+        answer(("ok", result))
     except (StepCancelledError, ArtValueError) as exc:  # raised on every rank alike
         answer(("error", f"{type(exc).__name__}: {exc}"))
     except BaseException as exc:
@@ -202,15 +237,20 @@ def obey(trainer, rank: int, command: str, args, answer) -> None:
 
 
 class RankPeers:
-    """Rank 0's handle on ranks 1..N-1: local processes that train in step with it."""
+    """The backend's handle on the trainer ranks it runs as local processes: ranks 1..N-1,
+    which train in step with rank 0 (the backend's own trainer), or, sharded, all N."""
 
     def __init__(self, world: int, spec: RankSpec) -> None:
-        if world < 2:
+        if world < 2 and not spec.sharded:
             raise ArtValueError(f"trainer_ranks must be at least 2 to start peers, got {world}", field="trainer_ranks")
         self.world, self.spec = world, spec
+        self.first = 0 if spec.sharded else 1
+        """The lowest rank run as a peer."""
         self.collective = Collective()
         self._processes: list = []
         self._connections: list = []
+        self._stop = None  # set to cancel the running step (sharded: no rank 0 here to decide it)
+        self._store = None
         self.healthy = False
 
     def start(self) -> Collective:
@@ -221,18 +261,21 @@ class RankPeers:
                                 field="trainer_ranks")
         self.close()
         context = multiprocessing.get_context("spawn")  # a fresh interpreter: no forked threads or CUDA state
-        store = host_store(self.world)
-        for rank in range(1, self.world):
+        self._stop = context.Event()
+        self._store = store = host_store(self.world + (self.first == 0))  # sharded: the backend holds it, no rank
+        for rank in range(self.first, self.world):
             ours, theirs = context.Pipe()
-            process = context.Process(target=peer_main, args=(rank, self.world, store.port, self.spec, theirs),
+            process = context.Process(target=peer_main, args=(rank, self.world, store.port, self.spec, theirs,
+                                                              self._stop),
                                       name=f"art-trainer-rank-{rank}", daemon=True)
             process.start()
             self._processes.append(process)
             self._connections.append(ours)
-        self.collective = start_group(0, self.world, torch.device(self.spec.device), store=store)
+        if self.first:
+            self.collective = start_group(0, self.world, torch.device(self.spec.device), store=store)
         self._answers("ready", what="start")
         self.healthy = True
-        log.info("trainer ranks 1-%d started", self.world - 1)
+        log.info("trainer ranks %d-%d started%s", self.first, self.world - 1, " (sharded)" if self.spec.sharded else "")
         return self.collective
 
     def restore(self, folder: Path) -> Collective:
@@ -247,13 +290,18 @@ class RankPeers:
     def begin_step(self, groups, options) -> None:
         if not self.healthy:
             raise BackendError("the trainer ranks are not running (a failed step?); restore a checkpoint first")
+        if self._stop is not None:
+            self._stop.clear()
         self._send("step", list(groups), options)
 
-    def end_step(self, failed: bool) -> None:
-        """Wait for every peer's step; raise the first error (or mark the group broken when
-        rank 0 itself failed, since its peers may be stuck in a collective)."""
+    def end_step(self, failed: bool, on_progress=None, should_stop=None) -> list:
+        """Wait for every peer's step and return their results; raise the first error (or mark
+        the group broken when rank 0 itself failed, since its peers may be stuck in a
+        collective). `on_progress` gets rank 0's progress events; `should_stop` is polled
+        meanwhile and, once True, cancels the step on every peer."""
         try:
-            self._answers("ok", what="step", timeout=5.0 if failed else None)
+            return self._answers("ok", what="step", timeout=5.0 if failed else None, on_progress=on_progress,
+                                 should_stop=should_stop)
         except BackendError:
             self.healthy = False
             if not failed:
@@ -261,6 +309,25 @@ class RankPeers:
         except (StepCancelledError, ArtValueError):
             if not failed:
                 raise
+        return []
+
+    def sharded_step(self, groups, options, on_progress=None, should_stop=None) -> tuple[dict, list]:
+        """Sharded: one step on every rank; rank 0's (metrics, trainer logprob rows)."""
+        self.begin_step(groups, options)
+        try:
+            return self.end_step(False, on_progress, should_stop)[0]
+        except (ArtValueError, StepCancelledError):
+            raise
+        except BackendError as exc:
+            raise BackendError(f"{exc}; the step is rolled back, and ranks that died are started again before the "
+                               "next step") from exc
+
+    def command(self, name: str, *args):
+        """Sharded: run "save" or "logprobs" on every rank; rank 0's result."""
+        if not self.healthy:
+            raise BackendError("the trainer ranks are not running (a failed step?); restore a checkpoint first")
+        self._send(name, *args)
+        return self._answers("ok", what=name)[0]
 
     def _all_alive(self) -> bool:
         return bool(self._processes) and all(p.is_alive() for p in self._processes)
@@ -274,15 +341,18 @@ class RankPeers:
                 raise BackendError(f"trainer rank {rank} is gone ({type(exc).__name__}); the ranks are started "
                                    "again at the next restore") from exc
 
-    def _answers(self, expected: str, *, what: str, timeout: float | None = None) -> None:
-        first = None
-        for rank, (process, connection) in enumerate(zip(self._processes, self._connections), start=1):
-            if not connection.poll(timeout if timeout is not None else STEP_TIMEOUT.total_seconds()):
+    def _answers(self, expected: str, *, what: str, timeout: float | None = None, on_progress=None,
+                 should_stop=None) -> list:
+        """Each peer's answer, in rank order (raises the first error once all answered)."""
+        first, results = None, []
+        deadline = time.monotonic() + (timeout if timeout is not None else STEP_TIMEOUT.total_seconds())
+        for rank, (process, connection) in enumerate(zip(self._processes, self._connections), start=self.first):
+            try:
+                kind, detail = self._receive(connection, deadline, on_progress, should_stop)
+            except TimeoutError:
                 self.healthy = False
                 first = first or BackendError(f"trainer rank {rank} did not answer {what} in time")
                 continue
-            try:
-                kind, detail = connection.recv()
             except (EOFError, OSError):
                 self.healthy = False
                 first = first or BackendError(f"trainer rank {rank} died during {what} (exit code {process.exitcode})")
@@ -291,8 +361,25 @@ class RankPeers:
                 if not process.is_alive() or "\n" in (detail or ""):
                     self.healthy = False
                 first = first or peer_error(detail, rank, what)
+            results.append(detail)
         if first is not None:
             raise first
+        return results
+
+    def _receive(self, connection, deadline: float, on_progress, should_stop) -> tuple[str, object]:
+        """The next answer on `connection`, passing progress events on and polling `should_stop`."""
+        while True:
+            if should_stop is not None and should_stop():
+                self._stop.set()
+            if not connection.poll(max(0.0, min(0.2, deadline - time.monotonic()))):
+                if time.monotonic() >= deadline:
+                    raise TimeoutError
+                continue
+            kind, detail = connection.recv()
+            if kind != "progress":
+                return kind, detail
+            if on_progress is not None:
+                on_progress(*detail)
 
     def close(self) -> None:
         for connection in self._connections:
@@ -305,7 +392,7 @@ class RankPeers:
             if process.is_alive():
                 process.kill()
                 process.join()
-        self._processes, self._connections = [], []
+        self._processes, self._connections, self._store = [], [], None
         self.collective = Collective()
         self.healthy = False
 

@@ -47,13 +47,14 @@ def gathered_logprobs(model, ids: torch.Tensor, attention: torch.Tensor, sources
 
 
 def sequence_logprobs(model, ids: torch.Tensor, attention: torch.Tensor,
-                      chunk_tokens: int = CHUNK_TOKENS) -> torch.Tensor:
-    """log p(ids[:, t+1] | ids[:, :t+1]) for every position of right-padded rows: [rows, tokens - 1]."""
+                      chunk_tokens: int = CHUNK_TOKENS, gather=gathered_logprobs) -> torch.Tensor:
+    """log p(ids[:, t+1] | ids[:, :t+1]) for every position of right-padded rows: [rows, tokens - 1].
+    `gather`: what computes `gathered_logprobs` (a sharded trainer's goes through FSDP's root)."""
     rows, width = ids.shape
     row_index = torch.arange(rows, device=ids.device).repeat_interleave(width - 1)
     column_index = torch.arange(width - 1, device=ids.device).repeat(rows)
-    values = gathered_logprobs(model, ids, attention, (row_index, column_index), ids[:, 1:].reshape(-1),
-                               chunk_tokens=chunk_tokens)
+    values = gather(model, ids, attention, (row_index, column_index), ids[:, 1:].reshape(-1),
+                    chunk_tokens=chunk_tokens)
     return values.view(rows, width - 1)
 
 

@@ -28,12 +28,14 @@ from art.observability import tracing
 from art.training.advantages import balance_advantage, group_advantages, reward_std, rewards_differ
 from art.training import packing
 from art.training.data_parallel import Collective, RankPeers
-from art.training.logprobs import gathered_logprobs
+from art.training import sharded
+from art.training.logprobs import gathered_logprobs, sequence_logprobs
 from art.training.loss import Normalizer, policy_loss_terms
 from art.training.options import ADAMW_BETAS, ADAMW_WEIGHT_DECAY, TrainOptions
 from art.training import sequences
 from art.training.packing import HOST, MicroBatch, attention_mask, row_tensors
 from art.training.sequences import Sequence, sequences_of_trajectory
+from art.training.sft import enter_rl_mode
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +47,7 @@ class Trainer:
     def __init__(self, model, tokenizer, *, lock: threading.RLock | None = None,
                  load_reference: Callable[[], torch.nn.Module] | None = None,
                  device: torch.device | str | None = None, dtype: torch.dtype | None = None,
-                 collective: Collective | None = None, peers: RankPeers | None = None) -> None:
+                 collective: Collective | None = None, peers: RankPeers | None = None, gather=None) -> None:
         """`model`: a PeftModel whose live adapter is trained, or a plain model trained whole
         (full fine-tuning), already on `device` (default: where its weights are). `dtype`: the
         compute dtype (default: the weights'); float32 weights computed in a lower dtype run
@@ -53,8 +55,10 @@ class Trainer:
         needs under full fine-tuning; it is loaded on first use. With LoRA the reference is
         the same model with the adapter disabled. Data parallel (`art.training.data_parallel`):
         `collective` is this rank's view of the group; rank 0 passes `peers` instead, the other
-        ranks it keeps in step."""
+        ranks it keeps in step. `gather` computes `gathered_logprobs` (a sharded rank's goes
+        through FSDP's root unit: `art.training.sharded.ShardedScorer`)."""
         self.model = model
+        self.gather = gather or gathered_logprobs
         first = next(model.parameters())
         self.device = torch.device(device) if device is not None else first.device
         self.dtype = dtype or first.dtype
@@ -106,6 +110,9 @@ class Trainer:
             sequences, issues, stats = prepare_batch(groups, options)
             parts = [part for part in split_mini_batches(sequences, options.mini_batches) if part]
             plans = [plan_micro_batches(self.collective.shard(part), options) for part in parts]  # this rank's
+            if self.collective.sharded:  # every rank runs as many passes as the busiest: fillers make up the rest
+                most = [max(counts) for counts in zip(*self.collective.gather([len(p) for p in plans]))]
+                plans = [plan + [None] * (n - len(plan)) for plan, n in zip(plans, most)]
             tracing.set_attributes(pack, {"art.sequences": len(sequences)})
         metrics: dict[str, float] = {f"skipped/{k}": float(v) for k, v in sorted(issues.items())}
         metrics.update(stats)
@@ -116,6 +123,7 @@ class Trainer:
             log.warning("nothing to train in this step (%s); the step advances with unchanged weights",
                         describe(issues) or "no groups given")
             return metrics
+        enter_rl_mode(self.optimizer)  # AdamW's moments restart after SFT steps (art.training.sft)
         for group in self.optimizer.param_groups:
             group["lr"] = options.learning_rate
         sums: Counter = Counter()
@@ -143,7 +151,7 @@ class Trainer:
                 bar.close()
         total_trained = sum(s.num_trained for s in sequences) * options.epochs  # token terms seen
         computed = self.collective.sum_values(Counter(
-            tokens_computed=sum(m.tokens_computed for micro in plans for m in micro)))["tokens_computed"]
+            tokens_computed=sum(m.tokens_computed for micro in plans for m in micro if m is not None)))["tokens_computed"]
         metrics.update({
             "loss": sums["loss"] / len(norms),
             "policy_loss": sums["policy_loss"] / total_trained,
@@ -170,10 +178,11 @@ class Trainer:
             metrics["tis_truncated_fraction"] = sums["tis_truncated"] / total_trained
         return metrics
 
-    def _optimizer_step(self, part: list[Sequence], micro: list[MicroBatch], options: TrainOptions,
+    def _optimizer_step(self, part: list[Sequence], micro: list[MicroBatch | None], options: TrainOptions,
                         before: list[torch.Tensor] | None, bar, should_stop=None, record: bool = False) -> Counter:
         """Gradient accumulation over `micro`, then one clipped AdamW step; sums for metrics.
-        `record`: keep each sequence's trainer logprobs (`Sequence.trainer_logprobs`)."""
+        `record`: keep each sequence's trainer logprobs (`Sequence.trainer_logprobs`). A None
+        batch (sharded) is a filler pass that adds nothing to the gradients."""
         normalizer = Normalizer(options.loss_normalization, sum(s.num_trained for s in part), len(part),
                                 options.max_tokens_normalizer)
         sums: Counter = Counter()
@@ -181,13 +190,17 @@ class Trainer:
         stopped = False
         with tracing.span("art.train.forward_backward", {"art.micro_batches": len(micro)}):
             for i, batch in enumerate(micro):
-                if should_stop is not None and should_stop():
-                    stopped = True
+                if should_stop is not None and should_stop() and not self.collective.sharded:
+                    stopped = True  # (sharded ranks stop between optimizer steps: their passes are collectives)
                     break
+                if batch is None:
+                    self._filler_pass(options, normalizer)
+                    continue
                 terms = self._forward(batch, options, normalizer, None if before is None else before[i], record)
                 terms["loss"].backward()  # this micro-batch's share of the mini-batch loss
                 sums.update({k: float(v.detach()) for k, v in terms.items()})
                 bar.update(1)
+            stopped = stopped or (self.collective.sharded and should_stop is not None and should_stop())
         if self.collective.any(stopped):  # every rank stops together, or the others would wait forever
             raise StepCancelledError("the training step was cancelled before it finished; it is rolled back")
         if self.collective.world > 1:
@@ -195,14 +208,21 @@ class Trainer:
                 self.collective.sum_gradients(self.params)
                 sums = self.collective.sum_values(sums)
         with tracing.span("art.train.optimizer"):
-            sums["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.params, options.max_grad_norm))
+            sums["grad_norm"] = float(sharded.full_value(torch.nn.utils.clip_grad_norm_(self.params,
+                                                                                         options.max_grad_norm)))
             if not (math.isfinite(sums["loss"]) and math.isfinite(sums["grad_norm"])):
                 raise _diverged(options, f"the loss ({sums['loss']}) or its gradient norm ({sums['grad_norm']}) "
                                 "is not finite")
             self.optimizer.step()
-        if not all(bool(torch.isfinite(p).all()) for p in self.params):
+        if self.collective.any(not all(bool(torch.isfinite(sharded.local_part(p)).all()) for p in self.params)):
             raise _diverged(options, "a trained weight became NaN or Inf after the optimizer step")
         return sums
+
+    def _filler_pass(self, options: TrainOptions, normalizer: Normalizer) -> None:
+        """A forward and backward whose loss is multiplied by 0, so this rank's FSDP collectives
+        meet those of a rank with more micro-batches (`art.training.sharded`)."""
+        terms = self._forward(sharded.filler_batch(self.pad_id), options, normalizer)
+        (terms["loss"] * 0.0).backward()
 
     def _set_gradient_checkpointing(self, enabled: bool) -> None:
         """transformers >= 5 names it activation checkpointing; older ones gradient checkpointing."""
@@ -260,7 +280,7 @@ class Trainer:
         """Trainer logprobs of the trained tokens, laid out like inputs["mask"]; 0 elsewhere.
         With `with_entropy`, also the entropy of each trained token's distribution, laid out alike."""
         with self.compute_precision():
-            values = gathered_logprobs(self.model, inputs["ids"], inputs["attention"], inputs["sources"],
+            values = self.gather(self.model, inputs["ids"], inputs["attention"], inputs["sources"],
                                        inputs["targets"], position_ids=inputs["positions"], with_entropy=with_entropy)
         out = torch.zeros(inputs["mask"].shape, dtype=values.dtype, device=values.device)
         if not with_entropy:
@@ -268,9 +288,23 @@ class Trainer:
         return out.index_put(inputs["scatter"], values[0]), out.index_put(inputs["scatter"], values[1])
 
     @torch.no_grad()
-    def _pre_update_logprobs(self, batches: list[MicroBatch]) -> list[torch.Tensor]:
-        """The current policy's logprobs of every micro-batch, before any gradient."""
-        return [self._logprobs(self._inputs(batch)) for batch in batches]
+    def _pre_update_logprobs(self, batches: list[MicroBatch | None]) -> list[torch.Tensor | None]:
+        """The current policy's logprobs of every micro-batch, before any gradient (a filler
+        batch's pass is run and dropped)."""
+        out = []
+        for batch in batches:
+            values = self._logprobs(self._inputs(batch if batch is not None else sharded.filler_batch(self.pad_id)))
+            out.append(values if batch is not None else None)
+        return out
+
+    @torch.no_grad()
+    def probe_logprobs(self, prompt: list[int], completion: list[int]) -> list[float]:
+        """log p of each completion token after the prompt, with the function the loss uses
+        (the weight-sync probe's trainer side)."""
+        ids = torch.tensor([prompt + completion], device=self.device)  # [1, tokens]
+        with self.lock, self.compute_precision():
+            values = sequence_logprobs(self.model, ids, torch.ones_like(ids), gather=self.gather)  # [1, tokens - 1]
+        return values[0, len(prompt) - 1:].tolist()
 
     def _forward(self, batch: MicroBatch, options: TrainOptions, normalizer: Normalizer,
                  before: torch.Tensor | None = None, record: bool = False) -> dict[str, torch.Tensor]:
@@ -312,6 +346,8 @@ class Trainer:
     def save(self, folder: Path) -> None:
         """The adapter (peft format) or, under full fine-tuning, the whole model (HF format),
         servable by vLLM either way; and the optimizer state."""
+        if self.collective.sharded:
+            return sharded.save(self, folder)
         with self.lock:
             if self.full_finetune:
                 self.model.save_pretrained(str(folder))
@@ -320,6 +356,8 @@ class Trainer:
             torch.save(self.optimizer.state_dict(), Path(folder) / OPTIMIZER_FILE)
 
     def restore(self, folder: Path) -> None:
+        if self.collective.sharded:
+            return sharded.restore(self, folder)
         with self.lock:
             if self.full_finetune:
                 self._restore_full(Path(folder))

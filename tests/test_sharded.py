@@ -1,0 +1,132 @@
+"""Full fine-tuning sharded over trainer ranks with FSDP2 (`art.training.sharded`): two gloo
+ranks, each holding half of the weights, gradients and AdamW state, make the update one process
+makes; the backend serves what they trained, and a rank that dies costs that step only."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import art
+from art.training.data_parallel import Collective, RankPeers, RankSpec
+from art.training.options import TrainOptions
+from art.training.sharded import OPTIMIZER_FILE, ShardedTrainer
+from art.training.trainer import Trainer, plan_micro_batches, prepare_batch, split_mini_batches
+from tests.test_trainer_options import groups_of_choices
+from tests.test_training_loop import greedy_logprobs, rollout
+
+OPTIONS = TrainOptions(learning_rate=1e-3, mini_batches=2, micro_batch_tokens=32, packed_row_tokens=24)
+
+
+def full_trainer(path) -> Trainer:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).requires_grad_(True).eval()
+    return Trainer(model, AutoTokenizer.from_pretrained(path))
+
+
+def micro_batch_counts(groups, rank: int) -> list[int]:
+    sequences, _, _ = prepare_batch(groups, OPTIONS)
+    parts = [p for p in split_mini_batches(sequences, OPTIONS.mini_batches) if p]
+    return [len(plan_micro_batches(Collective(rank, 2).shard(part), OPTIONS)) for part in parts]
+
+
+def test_two_sharded_ranks_make_the_single_process_update(tiny_model_path, tmp_path):
+    """Two updates of two optimizer steps each; the first batch gives the ranks unequal numbers
+    of micro-batches, so filler passes must keep their collectives in step without adding to
+    the gradients."""
+    batches = [groups_of_choices(seed=1, groups=5, samples=4), groups_of_choices(seed=2, groups=4, samples=4)]
+    assert micro_batch_counts(batches[0], 0) != micro_batch_counts(batches[0], 1)
+    single = full_trainer(tiny_model_path)
+    single.save(tmp_path / "start")
+    (tmp_path / "start" / "optimizer.pt").unlink()  # both start with fresh AdamW state
+    expected = [single.step(batch, OPTIONS, quiet=True) for batch in batches]
+    single.save(tmp_path / "single")
+
+    served, _ = art.base_models.load(str(tiny_model_path))
+    peers = RankPeers(2, RankSpec(str(tiny_model_path), None, "cpu", "float32", sharded=True))
+    sharded = ShardedTrainer(served, peers, lock=threading.RLock(), device=torch.device("cpu"), dtype=torch.float32)
+    try:
+        sharded.restore(tmp_path / "start")
+        progress: list = []
+        got = [sharded.step(batch, OPTIONS, on_optimizer_step=lambda *event: progress.append(event))
+               for batch in batches]
+        sharded.save(tmp_path / "sharded")
+        probe = sharded.probe_logprobs([1, 2, 3, 4], [5, 6, 7])
+    finally:
+        peers.close()
+    for want, have in zip(expected, got):
+        for key in ("loss", "policy_loss", "grad_norm", "entropy", "trained_tokens", "tokens_computed"):
+            assert have[key] == pytest.approx(want[key], rel=1e-5, abs=1e-7), key
+        assert have["optimizer_steps"] == 2
+    assert [event[:2] for event in progress] == [(1, 2), (2, 2)] * 2  # rank 0's progress reached the backend
+    assert len(sharded.last_trainer_logprobs) == len(single.last_trainer_logprobs)  # both ranks' rows
+
+    want_weights, weights = load_file(str(tmp_path / "single" / "model.safetensors")), \
+        load_file(str(tmp_path / "sharded" / "model.safetensors"))
+    assert set(weights) == set(want_weights)
+    for name, value in want_weights.items():
+        torch.testing.assert_close(weights[name], value, rtol=1e-5, atol=1e-6, msg=name)
+        torch.testing.assert_close(dict(served.named_parameters())[name].detach(), value, rtol=1e-5, atol=1e-6)
+    names = [name for name, p in single.model.named_parameters() if p.requires_grad]
+    moments = torch.load(tmp_path / "sharded" / OPTIMIZER_FILE, weights_only=True)["state"]
+    for index, state in single.optimizer.state_dict()["state"].items():  # Adam's first moment
+        torch.testing.assert_close(moments[names[index]]["exp_avg"], state["exp_avg"], rtol=1e-5, atol=1e-8)
+    assert probe == pytest.approx(single.probe_logprobs([1, 2, 3, 4], [5, 6, 7]), abs=1e-5)
+
+
+async def test_the_backend_serves_what_the_sharded_ranks_train_and_survives_a_dead_rank(tiny_model_path, tmp_path):
+    backend = art.LocalBackend(path=str(tmp_path))
+    model = art.TrainableModel(name="fsdp", project="p", base_model=str(tiny_model_path),
+                               _internal_config={"full_finetune": True, "trainer_ranks": 2, "fsdp": True})
+    await model.register(backend)
+    service = backend.service.loaded(("p", "fsdp"))
+    peers = service.trainer.peers
+    assert [p.is_alive() for p in peers._processes] == [True, True]  # rank 0 too: a process of its own
+    assert not any(p.requires_grad for p in service.model.parameters())  # the backend keeps a served copy only
+
+    async def groups(step):
+        return await art.gather_trajectory_groups(
+            [art.TrajectoryGroup(rollout(model, seed=100 * step + 10 * g + i) for i in range(4)) for g in range(2)],
+            pbar_desc=None)
+
+    before = await greedy_logprobs(model, "fsdp")
+    result = await backend.train(model, await groups(0), learning_rate=1e-2)
+    assert result.step == 1 and result.metrics["weight_sync_max_abs_diff"] <= 1e-4
+    trained = await greedy_logprobs(model, "fsdp")
+    assert max(abs(a - b) for a, b in zip(trained, before)) > 1e-3  # the served copy took the new weights
+    files = set(p.name for p in (tmp_path / "p" / "models" / "fsdp" / "checkpoints" / "0001").iterdir())
+    assert {"model.safetensors", "config.json", OPTIMIZER_FILE} <= files
+
+    first_pid = peers._processes[1].pid
+
+    def kill_after_first_optimizer_step(event):
+        if event["type"] == "gradient_step" and event["done"] == 1:
+            peers._processes[1].kill()
+
+    with pytest.raises(art.BackendError, match="rolled back"):
+        await backend.train(model, await groups(1), learning_rate=1e-2, mini_batches=2,
+                            progress=kill_after_first_optimizer_step)
+    assert await model.get_step() == 1
+    assert await backend.list_checkpoints(model) == [0, 1]  # no half-written step 2
+    assert await greedy_logprobs(model, "fsdp") == pytest.approx(trained, abs=1e-6)
+    assert peers.healthy and peers._processes[1].pid != first_pid  # started again at the roll back
+
+    result = await backend.train(model, await groups(1), learning_rate=1e-2, mini_batches=2)
+    assert result.step == 2 and result.metrics["optimizer_steps"] == 2
+    await backend.close()
+    assert not peers._processes
+
+
+def test_fsdp_needs_full_fine_tuning():
+    from art.internal_config import parse_internal_config
+
+    with pytest.raises(art.ArtValueError) as error:
+        parse_internal_config({"trainer_ranks": 2, "fsdp": True})
+    assert error.value.field == "fsdp"
+    with pytest.raises(art.ArtValueError, match="fsdp must be True or False"):
+        parse_internal_config({"full_finetune": True, "fsdp": "yes"})
+    assert parse_internal_config({"full_finetune": True, "trainer_ranks": 2, "fsdp": True}).fsdp
