@@ -11,6 +11,7 @@ import pytest
 
 import art
 from art.engine.base import AdapterRef, SamplingParams
+from art.errors import BackendUnavailableError
 from art.engine.replicas import BALANCE, PrefixRouter, Replica, ReplicaUnavailableError
 
 SYSTEM = list(range(1000, 1040))  # a chat template's common head: every prompt starts with it
@@ -87,6 +88,12 @@ async def test_two_replicas_serve_train_and_survive_a_kill(tiny_model_path, tmp_
     assert [c.step for c in served] == [1, 1] and [c.replica for c in served] == [0, 1]
     assert served[0].token_ids == served[1].token_ids
     assert served[1].logprobs == pytest.approx(served[0].logprobs, abs=1e-4)
+    # Streamed, each replica (replica 1 across its pipe) sends every token as its own item, then
+    # the same completion.
+    for replica, alone in zip(service.replicas.replicas, served):
+        *sampled, (whole,) = [item async for item in replica.stream(prompt, params, AdapterRef("rep", None, None))]
+        assert [t.token_ids for t in sampled] == [[i] for i in alone.token_ids]
+        assert {t.replica for t in sampled} == {replica.index} and whole.token_ids == alone.token_ids
 
     # Kill replica 1 while a rollout is in flight: its requests fail with a retryable 503,
     # the others are served, new requests go to replica 0, and /health says why.
@@ -118,4 +125,17 @@ async def test_two_replicas_serve_train_and_survive_a_kill(tiny_model_path, tmp_
              for replica in service.replicas.replicas]
     assert [c.step for c in again] == [1, 1]
     assert again[1].logprobs == pytest.approx(served[0].logprobs, abs=1e-4)  # restarted on step 1's weights
+
+    # Closed while serving (the backend shutting down): its requests fail as retryable, none hangs.
+    slow = SamplingParams(max_tokens=200, ignore_eos=True)
+    pending = asyncio.ensure_future(peer.generate(prompt, slow, None))
+    streamed = peer.stream(prompt, slow, None)
+    await anext(streamed)  # both requests are in flight now
+    await asyncio.to_thread(peer.close)
+    with pytest.raises(BackendUnavailableError) as closed:
+        async for _ in streamed:
+            pass
+    assert closed.value.retry_after == 1
+    with pytest.raises(BackendUnavailableError):
+        await pending
     await backend.close()

@@ -7,6 +7,7 @@ nothing about HTTP, chat messages or GRPO: it turns prompt token ids into comple
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Protocol
@@ -70,8 +71,28 @@ class Completion:
     """Which engine replica sampled it (`art.engine.replicas`); None without replicas."""
 
 
+@dataclass
+class SampledTokens:
+    """Tokens one completion of a streamed request just sampled (`Engine.stream`), aligned lists."""
+
+    index: int
+    """Which of the request's `n` completions they extend."""
+    token_ids: list[int]
+    logprobs: list[float]
+    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
+    step: int | None = None
+    """As `Completion.step`: the training step of the weights sampling them."""
+    replica: int | None = None
+    """As `Completion.replica`."""
+
+
 class Engine(Protocol):
-    """A sampler bound to one base model (and its tokenizer)."""
+    """A sampler bound to one base model (and its tokenizer).
+
+    An engine may also have `stream(prompt_token_ids, params, adapter)`: an async iterator of
+    `SampledTokens` as they are sampled, then, last, the `list[Completion]` that `generate`
+    returns. `stream_completions` falls back to `generate` for an engine without one.
+    """
 
     tokenizer: object
     max_model_len: int
@@ -81,3 +102,27 @@ class Engine(Protocol):
     ) -> list[Completion]:
         """Sample `params.n` completions of the prompt with the given adapter (None: base model)."""
         ...
+
+
+async def stream_completions(engine: Engine, prompt_token_ids: list[int], params: SamplingParams,
+                             adapter: AdapterRef | None) -> AsyncIterator[SampledTokens | list[Completion]]:
+    """The engine's `stream`, or for an engine without one its `generate`, each completion's
+    tokens yielded once it returns (then the completions)."""
+    method = getattr(engine, "stream", None)
+    if method is not None:
+        events = method(prompt_token_ids, params, adapter)
+        try:
+            async for item in events:
+                yield item
+        finally:
+            await events.aclose()
+        return
+    completions = await engine.generate(prompt_token_ids, params, adapter)
+    for item in [*all_tokens(completions), completions]:
+        yield item
+
+
+def all_tokens(completions: list[Completion]) -> list[SampledTokens]:
+    """Each whole completion as the `SampledTokens` a stream would have sent."""
+    return [SampledTokens(i, c.token_ids, c.logprobs, c.top_logprobs, c.step, c.replica)
+            for i, c in enumerate(completions)]

@@ -15,15 +15,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import statistics
 import threading
 import time
+from collections import deque
 from contextlib import contextmanager
-from typing import Iterator
+from typing import AsyncIterator, Iterator
 
 import torch
 
 from art.engine.adapters import LIVE, AdapterSet, is_peft
-from art.engine.base import AdapterRef, Completion, SamplingParams
+from art.engine.base import AdapterRef, Completion, SampledTokens, SamplingParams
 from art.engine.config import EngineConfig
 from art.engine.decoder import unsupported_reason
 from art.engine.grammar import Grammars, consume
@@ -37,6 +39,9 @@ from art.engine.stopping import StopChecker
 from art.errors import BackendUnavailableError
 
 log = logging.getLogger(__name__)
+
+TTFT_WINDOW = 256
+"""Requests whose time to first token /health summarises (the latest ones)."""
 
 
 class LLMEngine:
@@ -74,6 +79,8 @@ class LLMEngine:
         """Prompt tokens of all admitted requests (compare runner.prefill_computed_tokens)."""
         self.progress_at = time.monotonic()
         """When the loop last finished a step, or work reached an idle engine (`stalled_s`)."""
+        self.recent_ttft_s: deque[float] = deque(maxlen=TTFT_WINDOW)
+        """Seconds from arrival to first token of the latest requests (/health's TTFT)."""
         self._cv = threading.Condition()
         self._stopped = False
         self._thread = threading.Thread(target=self._loop, name="art-engine", daemon=True)
@@ -104,8 +111,36 @@ class LLMEngine:
                     future.set_result(result)
             loop.call_soon_threadsafe(settle)
 
-        request = Request(list(prompt_token_ids), params, adapter, deliver)
-        request.samples = [Sample(request, i, make_generator(params.seed, i)) for i in range(params.n)]
+        self._submit(Request(list(prompt_token_ids), params, adapter, deliver))
+        return await future
+
+    async def stream(self, prompt_token_ids: list[int], params: SamplingParams,
+                     adapter: AdapterRef | None) -> AsyncIterator[SampledTokens | list[Completion]]:
+        """`generate`, yielding each completion's tokens as soon as a step samples them, then the
+        completions. A caller that stops listening does not stop the request: it runs to its end."""
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue = asyncio.Queue()
+
+        def put(item) -> None:
+            try:
+                loop.call_soon_threadsafe(queue.put_nowait, item)
+            except RuntimeError:  # the caller's loop is closed: nobody listens any more
+                pass
+
+        self._submit(Request(list(prompt_token_ids), params, adapter, put, on_tokens=put))
+        while True:
+            item = await queue.get()
+            if isinstance(item, BaseException):
+                raise item
+            if item and isinstance(item[0], Completion):
+                yield item
+                return
+            for tokens in item:
+                yield tokens
+
+    def _submit(self, request: Request) -> None:
+        request.samples = [Sample(request, i, make_generator(request.params.seed, i))
+                           for i in range(request.params.n)]
         with self._cv:
             if self._stopped:
                 raise BackendUnavailableError("the engine is stopped (backend closed)")
@@ -113,7 +148,6 @@ class LLMEngine:
                 self.progress_at = time.monotonic()
             self.scheduler.add(request)  # raises ArtValueError for what could never fit
             self._cv.notify_all()
-        return await future
 
     @property
     def queue_depth(self) -> int:
@@ -166,6 +200,7 @@ class LLMEngine:
             "engine/decode_steps": self.steps,
             "engine/prefix_cache_hits": self.prefix_cache.hits,
             "engine/prefix_cache_reused_tokens": self.prefix_cache.reused_tokens,
+            **_ttft_stats(list(self.recent_ttft_s)),
             **self.runner.stats(),
         }
 
@@ -261,6 +296,7 @@ class LLMEngine:
         first_token = time.monotonic()
         for r in requests:
             r.first_token_at = first_token
+            self.recent_ttft_s.append(first_token - r.arrived_at)
         done = set(map(id, finished))
         live = [k for k, s in enumerate(samples) if id(s) not in done]
         if live:
@@ -304,6 +340,7 @@ class LLMEngine:
         tokens, logprobs, top = sample_next(logits, [s.params for s in samples], [s.generator for s in samples],
                                             self._allowed(samples, logits.device))
         finished = []
+        streamed: dict[int, tuple[Request, list[SampledTokens]]] = {}  # request id -> its samples' new tokens
         for sample, token, logprob, alternatives in zip(samples, tokens.tolist(), logprobs.tolist(), top):
             if sample.matcher is not None:
                 consume(sample.matcher, token)
@@ -311,8 +348,16 @@ class LLMEngine:
             sample.logprobs.append(logprob)
             if sample.params.top_logprobs:
                 sample.top.append(alternatives)
+            request = sample.request
+            if request.on_tokens is not None:
+                streamed.setdefault(request.id, (request, []))[1].append(SampledTokens(
+                    sample.index, [token], [logprob], [alternatives] if sample.params.top_logprobs else [],
+                    request.served_step))
             if self._finish_reason(sample):
                 finished.append(sample)
+        for request, batch in streamed.values():  # one call per request and step, before its answer
+            if request.on_tokens is not None:
+                request.on_tokens(batch)
         return finished
 
     def _allowed(self, samples: list[Sample], device: torch.device) -> torch.Tensor | None:
@@ -357,6 +402,15 @@ def _fail(request: Request, exc: BaseException) -> None:
     """Answer with the error now; the completion delivered when its samples retire is dropped."""
     request.deliver(exc)
     request.deliver = lambda result: None
+    request.on_tokens = None
+
+
+def _ttft_stats(seconds: list[float]) -> dict[str, float]:
+    """Mean and median time to first token in ms of the latest requests; none before the first."""
+    if not seconds:
+        return {}
+    return {"engine/ttft_ms_mean": 1000 * statistics.fmean(seconds),
+            "engine/ttft_ms_p50": 1000 * statistics.median(seconds), "engine/ttft_requests": len(seconds)}
 
 
 def _prefill_chunks(requests: list[Request], max_tokens: int) -> list[list[Request]]:

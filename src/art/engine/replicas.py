@@ -27,11 +27,12 @@ import multiprocessing
 import os
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-from art.engine.base import AdapterRef, Completion, SamplingParams
+from art.engine.base import AdapterRef, Completion, SampledTokens, SamplingParams, all_tokens
 from art.engine.config import EngineConfig
 from art.errors import ArtValueError, BackendUnavailableError, ContextLengthError, ModelNotFoundError
 
@@ -140,6 +141,10 @@ async def _serve(engine, connection) -> None:
         try:
             if kind == "generate":
                 result = await engine.generate(*args)
+            elif kind == "stream":  # each step's tokens as they are sampled, then the completions
+                async for result in engine.stream(*args):
+                    if not isinstance(result, list):
+                        send(("tokens", request_id, result))
             else:  # "load"
                 result = await asyncio.to_thread(load_weights, engine, *args)
             send(("ok", request_id, result))
@@ -209,6 +214,17 @@ class LocalReplica(Replica):
             c.replica = 0
         return completions
 
+    async def stream(self, prompt: list[int], params: SamplingParams, adapter: AdapterRef | None):
+        """`Engine.stream` of this replica: tokens as they are sampled, then the completions."""
+        self.in_flight += 1
+        events = self.engine.stream(prompt, params, adapter)
+        try:
+            async for item in events:
+                yield _labelled(item, 0)
+        finally:
+            self.in_flight -= 1
+            await events.aclose()
+
 
 class CalledReplica(Replica):
     """A replica in another process, reached through `call(kind, *args)`: a local process
@@ -227,6 +243,13 @@ class CalledReplica(Replica):
             c.replica = self.index
         return completions
 
+    async def stream(self, prompt: list[int], params: SamplingParams, adapter: AdapterRef | None):
+        """`Engine.stream` of this replica; here every token comes at the end (a replica that
+        can send them across as they are sampled overrides it)."""
+        completions = await self.generate(prompt, params, adapter)
+        for item in [*all_tokens(completions), completions]:
+            yield item
+
     async def load(self, step: int, weights) -> None:
         await self.call("load", step, weights)
         self.step = step
@@ -242,6 +265,8 @@ class ProcessReplica(CalledReplica):
         self._process = None
         self._connection = None
         self._pending: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Future]] = {}
+        self._listeners: dict[int, Callable[[SampledTokens], None]] = {}
+        """A streamed request's callback for the tokens the replica sends before its answer."""
         self._ids = itertools.count(1)
         self._send_lock = threading.Lock()
         self._closing = False
@@ -273,6 +298,13 @@ class ProcessReplica(CalledReplica):
                 kind, request_id, detail = connection.recv()
             except (EOFError, OSError):
                 break
+            if kind == "tokens":  # a streamed request's tokens, before its answer
+                loop, _ = self._pending.get(request_id, (None, None))
+                listener = self._listeners.get(request_id)
+                if listener is not None:
+                    loop.call_soon_threadsafe(listener, detail)
+                continue
+            self._listeners.pop(request_id, None)
             loop, future = self._pending.pop(request_id, (None, None))
             if future is None:
                 continue
@@ -288,30 +320,54 @@ class ProcessReplica(CalledReplica):
         if self.down is None:
             log.error("replica %d leaves the rotation: %s", self.index, reason)
         self.down = reason
+        self._fail_pending(reason)
+
+    def _fail_pending(self, reason: str) -> None:
         pending, self._pending = self._pending, {}
+        self._listeners = {}
         for loop, future in pending.values():
             loop.call_soon_threadsafe(_settle, future, None, ReplicaUnavailableError(
                 f"replica {self.index} stopped while serving this request ({reason}); send it again: the other "
                 "replicas serve"))
 
-    async def call(self, kind: str, *args):
-        if self.down is not None:
-            raise ReplicaUnavailableError(f"replica {self.index} is out of rotation: {self.down}")
+    async def call(self, kind: str, *args, listener: Callable[[SampledTokens], None] | None = None):
+        """Send a request and await its answer; `listener` gets the tokens of a "stream" request."""
+        connection = self._connection  # None once closed (by another thread, while this request came in)
+        if self.down is not None or connection is None:
+            raise ReplicaUnavailableError(f"replica {self.index} is out of rotation: {self.down or 'closed'}")
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         request_id = next(self._ids)
         self._pending[request_id] = (loop, future)
+        if listener is not None:
+            self._listeners[request_id] = listener
         try:
             with self._send_lock:
-                self._connection.send((kind, request_id, *args))
+                connection.send((kind, request_id, *args))
         except OSError as exc:
             self._pending.pop(request_id, None)
+            self._listeners.pop(request_id, None)
             self.mark_down(f"its pipe broke ({type(exc).__name__})")
             raise ReplicaUnavailableError(f"replica {self.index} is gone; send the request again") from exc
         return await future
 
+    async def stream(self, prompt: list[int], params: SamplingParams, adapter: AdapterRef | None):
+        """`Engine.stream` across the pipe: the replica sends each step's tokens as it samples them."""
+        queue: asyncio.Queue = asyncio.Queue()
+        self.in_flight += 1
+        call = asyncio.ensure_future(self.call("stream", list(prompt), params, adapter, listener=queue.put_nowait))
+        call.add_done_callback(queue.put_nowait)  # after every token: they were queued before the answer
+        try:
+            while (item := await queue.get()) is not call:
+                yield _labelled(item, self.index)
+            yield _labelled(call.result(), self.index)
+        finally:
+            self.in_flight -= 1
+            call.cancel()
+
     def close(self) -> None:
         self._closing = True
+        self.down = self.down or "closed"  # the router sends it nothing more while it stops
         if self._connection is not None:
             try:
                 with self._send_lock:
@@ -324,8 +380,15 @@ class ProcessReplica(CalledReplica):
                 self._process.kill()
                 self._process.join()
         self._process = self._connection = None
-        self.down = self.down or "closed"
+        self._fail_pending("closed")  # what it did not answer before it stopped is answered here
         self._closing = False
+
+
+def _labelled(item: SampledTokens | list[Completion], index: int):
+    """A stream's item marked as sampled by replica `index`."""
+    for sampled in item if isinstance(item, list) else [item]:
+        sampled.replica = index
+    return item
 
 
 def _settle(future: asyncio.Future, result, error) -> None:
@@ -415,6 +478,17 @@ class ReplicaSet:
                        adapter: AdapterRef | None) -> list[Completion]:
         replica = self.router.choose(self._routable(adapter), prompt_token_ids)
         return await replica.generate(prompt_token_ids, params, adapter)
+
+    async def stream(self, prompt_token_ids: list[int], params: SamplingParams, adapter: AdapterRef | None):
+        """`Engine.stream` through one replica: replica 0 and process replicas send each token as
+        it is sampled; a Ray replica sends them when its completions are done."""
+        replica = self.router.choose(self._routable(adapter), prompt_token_ids)
+        events = replica.stream(prompt_token_ids, params, adapter)
+        try:
+            async for item in events:
+                yield item
+        finally:
+            await events.aclose()
 
     def _routable(self, adapter: AdapterRef | None) -> list[Replica]:
         """Replicas that may serve `adapter`: for the live weights, those holding the latest step

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Callable
 
-from art.engine.base import AdapterRef, Completion, SamplingParams
+from art.engine.base import AdapterRef, Completion, SampledTokens, SamplingParams
 
 _ids = itertools.count()
 
@@ -31,6 +31,9 @@ class Request:
     adapter: AdapterRef | None
     deliver: Callable[[Any], None]
     """Called once, from the engine thread, with list[Completion] or an exception."""
+    on_tokens: Callable[[list[SampledTokens]], None] | None = None
+    """A streamed request's listener: called from the engine thread after each step that sampled
+    its tokens, once with all of them."""
     id: int = field(default_factory=lambda: next(_ids))
     samples: list["Sample"] = field(default_factory=list)
     served_step: int | None = None

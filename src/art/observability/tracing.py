@@ -182,16 +182,17 @@ def enabled() -> bool:
 
 @contextlib.contextmanager
 def span(name: str, attributes: Mapping[str, Any] | None = None, *, context: Any = None,
-         kind: str = "INTERNAL") -> Iterator[Any]:
+         kind: str = "INTERNAL", end_on_exit: bool = True) -> Iterator[Any]:
     """A span around the block (None when tracing is off). An exception ends it with an error
-    status and is recorded, then raised on."""
+    status and is recorded, then raised on. With `end_on_exit=False` the caller ends it
+    (`.end()`): a streamed response's span lasts until its last chunk."""
     tracer = _active_tracer()
     if tracer is None:
         yield None
         return
     trace = _trace_module()
     with tracer.start_as_current_span(name, context=context, kind=getattr(trace.SpanKind, kind),
-                                      attributes=_clean(attributes or {})) as current:
+                                      attributes=_clean(attributes or {}), end_on_exit=end_on_exit) as current:
         yield current
 
 

@@ -6,7 +6,8 @@ sees messages) and answers in OpenAI's JSON, plus what RL training needs and Ope
 every choice carries its exact completion `token_ids`, the `prompt_token_ids` (vLLM's
 `return_token_ids` names) and per-token logprobs, whether or not the client asked for them.
 With `tools`, `art.server.tools` shapes the prompt and parses `<tool_call>` blocks into
-`message.tool_calls`; the ids and logprobs stay exactly as sampled.
+`message.tool_calls`; the ids and logprobs stay exactly as sampled. With `stream=True` each
+token leaves as a chunk once the engine samples it (`Engine.stream`, `_ChunkWriter`).
 Errors leave in OpenAI's shape `{"error": {message, type, param, code}}`, mapped once from
 `art.errors` (`error_object`); a failure in one request is answered with a 500 and never
 takes the server down.
@@ -33,7 +34,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from art.engine.base import Completion, SamplingParams
+from art.engine.base import Completion, SampledTokens, SamplingParams, all_tokens, stream_completions
 from art.errors import (ArtError, ArtValueError, BackendUnavailableError, ContextLengthError, ModelNotFoundError,
                         StepCancelledError, StepConflictError)
 from art.naming import echo
@@ -85,23 +86,30 @@ def create_app(registry: ModelRegistry, *, default_max_tokens: int = 1024,
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         # The caller's trace (a rollout's span) continues here: the completion hangs under it.
-        with tracing.span(f"chat {body.model}", kind="SERVER",
-                          context=tracing.extract_context(request.headers)) as current:
-            if current is not None:
-                tracing.set_attributes(current, _request_attributes(body))
-            try:
+        # A stream's span ends with its last chunk; every other answer ends it here.
+        response = current = None
+        try:
+            with tracing.span(f"chat {body.model}", kind="SERVER", end_on_exit=False,
+                              context=tracing.extract_context(request.headers)) as current:
+                if current is not None:
+                    tracing.set_attributes(current, _request_attributes(body))
                 try:
-                    served = registry.resolve(body.model)
-                except ModelNotFoundError:
-                    if recover is None or not await recover(body.model):
-                        raise
-                    served = registry.resolve(body.model)  # stored on disk, loaded again just now
-                return await _complete(served, body, default_max_tokens, current)
-            except (ArtError, StarletteHTTPException):
-                raise
-            except Exception as exc:  # answered here so it is logged once, without a re-raise
-                tracing.record_failure(current, exc)
-                return error_response(error_object(exc, "chat completion"))
+                    try:
+                        served = registry.resolve(body.model)
+                    except ModelNotFoundError:
+                        if recover is None or not await recover(body.model):
+                            raise
+                        served = registry.resolve(body.model)  # stored on disk, loaded again just now
+                    response = await _complete(served, body, default_max_tokens, current)
+                    return response
+                except (ArtError, StarletteHTTPException):
+                    raise
+                except Exception as exc:  # answered here so it is logged once, without a re-raise
+                    tracing.record_failure(current, exc)
+                    return error_response(error_object(exc, "chat completion"))
+        finally:
+            if current is not None and not isinstance(response, StreamingResponse):
+                current.end()
 
     return app
 
@@ -117,9 +125,10 @@ def _request_attributes(body: ChatCompletionRequest) -> dict[str, Any]:
             "input.mime_type": "application/json"}
 
 
-def _response_attributes(served: ServedModel, completions: list[Completion], prompt_tokens: int,
-                         generated: int, head: dict) -> dict[str, Any]:
+def _response_attributes(served: ServedModel, completions: list[Completion], prompt: list[int],
+                         head: dict) -> dict[str, Any]:
     first = completions[0] if completions else None
+    prompt_tokens, generated = len(prompt), sum(len(c.token_ids) for c in completions)
     return {
         "gen_ai.response.id": head["id"], "gen_ai.response.model": served.name,
         "gen_ai.response.finish_reasons": [c.finish_reason for c in completions],
@@ -151,33 +160,75 @@ async def _complete(served: ServedModel, body: ChatCompletionRequest, default_ma
         top_logprobs=(body.top_logprobs or 0) if body.logprobs else 0,
         grammar=grammar,
     )
-    completions = await engine.generate(prompt, params, served.adapter)
-    head = {
-        "id": f"chatcmpl-{uuid.uuid4().hex}",
-        "created": int(time.time()),
-        "model": body.model,
-        # The engine says which weights sampled (a training step may have landed meanwhile).
-        "step": next((c.step for c in completions if c.step is not None), served.step),
-    }
-    replica = next((c.replica for c in completions if c.replica is not None), None)
-    if replica is not None:  # several engine replicas serve this model: which one sampled
-        head["replica"] = replica
-    generated = sum(len(c.token_ids) for c in completions)
-    usage = {"prompt_tokens": len(prompt), "completion_tokens": generated,
-             "total_tokens": len(prompt) + generated}
-    if span is not None:
-        tracing.set_attributes(span, _response_attributes(served, completions, len(prompt), generated, head))
     tokens = _TokenText(tokenizer)
     parse = tools_active(body.tools, body.tool_choice)
-    if not body.stream:
-        choices = [_choice(i, c, prompt, tokens, parse) for i, c in enumerate(completions)]
-        return {**head, "object": "chat.completion", "choices": choices, "usage": usage,
-                "prompt_token_ids": prompt}
+    if body.stream:
+        return await _stream(served, body, prompt, params, tokens, parse, span)
+    completions = await engine.generate(prompt, params, served.adapter)
+    head = _head(body, served, completions)
+    usage = _usage(prompt, completions)
+    if span is not None:
+        tracing.set_attributes(span, _response_attributes(served, completions, prompt, head))
+    choices = [_choice(i, c, prompt, tokens, parse) for i, c in enumerate(completions)]
+    return {**head, "object": "chat.completion", "choices": choices, "usage": usage, "prompt_token_ids": prompt}
+
+
+async def _stream(served: ServedModel, body: ChatCompletionRequest, prompt: list[int], params: SamplingParams,
+                  tokens: _TokenText, parse_tools: bool, span) -> StreamingResponse:
+    """The SSE response, sent as the engine samples. Until the first token nothing is sent, so
+    a failure is still an ordinary error response; a later one ends the stream with an error
+    event (OpenAI's `{"error": ...}` data line, which the `openai` client raises). The span,
+    left open by the route, ends with the stream."""
+    events = stream_completions(served.engine, prompt, params, served.adapter)
+    try:
+        first = await anext(events)
+    except BaseException:
+        await events.aclose()
+        raise
+    head = _head(body, served, first if isinstance(first, list) else [first])
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    # The engine returns whole completions, so every chunk is built before the response
-    # starts: a failure is still an ordinary error response, never a broken stream.
-    chunks = list(_chunks(head, prompt, completions, tokens, usage if include_usage else None, parse))
-    return StreamingResponse(iter(chunks), media_type="text/event-stream")
+    writer = _ChunkWriter(head, prompt, params.n, tokens, params.stop, parse_tools, include_usage)
+
+    async def chunks():
+        item = first
+        try:
+            yield writer.start()
+            while not isinstance(item, list):
+                for chunk in writer.sampled(item):
+                    yield chunk
+                item = await anext(events)
+            if span is not None:
+                tracing.set_attributes(span, _response_attributes(served, item, prompt, head))
+            for chunk in writer.finish(item, _usage(prompt, item)):
+                yield chunk
+        except Exception as exc:  # the 200 has left: the stream ends with the error instead
+            tracing.record_failure(span, exc)
+            error = error_object(exc, "chat completion stream")
+            error.pop("status")
+            yield f"data: {json.dumps({'error': error})}\n\n"
+        finally:
+            await events.aclose()
+            if span is not None:
+                span.end()
+
+    return StreamingResponse(chunks(), media_type="text/event-stream")
+
+
+def _head(body: ChatCompletionRequest, served: ServedModel, sampled: list[Completion] | list[SampledTokens]) -> dict:
+    """The fields every response and chunk starts with. `sampled`: the completions, or a
+    stream's first tokens; they say which weights sampled (a training step may have landed
+    meanwhile) and, with several engine replicas, which one."""
+    head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": body.model,
+            "step": next((c.step for c in sampled if c.step is not None), served.step)}
+    replica = next((c.replica for c in sampled if c.replica is not None), None)
+    if replica is not None:
+        head["replica"] = replica
+    return head
+
+
+def _usage(prompt: list[int], completions: list[Completion]) -> dict[str, int]:
+    generated = sum(len(c.token_ids) for c in completions)
+    return {"prompt_tokens": len(prompt), "completion_tokens": generated, "total_tokens": len(prompt) + generated}
 
 
 def _choice(index: int, c: Completion, prompt: list[int], tokens: _TokenText, parse_tools: bool) -> dict[str, Any]:
@@ -267,7 +318,7 @@ class _TokenText:
                 return [_UNICODE_TO_BYTE[ch] for ch in piece]
         return list(text.encode("utf-8"))
 
-    def entry(self, c: Completion, k: int) -> dict[str, Any]:
+    def entry(self, c: Completion | SampledTokens, k: int) -> dict[str, Any]:
         top = c.top_logprobs[k] if k < len(c.top_logprobs) else []
         return {**self.item(c.token_ids[k], c.logprobs[k]),
                 "top_logprobs": [self.item(t, lp) for t, lp in top]}
@@ -289,60 +340,122 @@ def _byte_level_alphabet() -> dict[str, int]:
 _UNICODE_TO_BYTE = _byte_level_alphabet()
 
 
-def _deltas(tokenizer, ids: list[int], text: str) -> list[str]:
-    """Per-token text deltas whose concatenation is exactly `text`.
+class _IncrementalText:
+    """One choice's text, released token by token, whose deltas concatenate to the engine's text.
 
     Decoding ids one by one splits multi-byte characters; vLLM's incremental scheme decodes a
-    short window and holds text back while it ends in a partial character (U+FFFD). The
-    engine's text may be shorter than the full decode (a stop string cut, EOS skipped), so
-    deltas are clipped to it and any remainder rides on the last token.
+    short window and holds text back while it ends in a partial character (U+FFFD). The engine
+    cuts a matched stop string from its text, so with `stop` strings the text stops at a match,
+    and the last characters wait while a stop string may still complete there. With the
+    `final` text known, deltas are clipped to it (it may be shorter than the decode: a stop
+    string cut, EOS skipped).
     """
-    deltas, emitted, decoded = [], 0, 0
-    prefix_offset = read_offset = 0
-    for k in range(len(ids)):
-        prefix = tokenizer.decode(ids[prefix_offset:read_offset], skip_special_tokens=True)
-        new = tokenizer.decode(ids[prefix_offset:k + 1], skip_special_tokens=True)
+
+    def __init__(self, tokenizer, stop: tuple[str, ...] = (), final: str | None = None) -> None:
+        self.tokenizer, self.stop, self.final = tokenizer, stop, final
+        self.hold = max((len(s) for s in stop), default=1) - 1
+        self.ids: list[int] = []
+        self.decoded = ""
+        self.sent = ""
+        self.prefix_offset = self.read_offset = 0
+
+    def add(self, token_id: int) -> str:
+        """The delta this token releases (often empty while characters or stop strings wait)."""
+        ids = self.ids
+        ids.append(token_id)
+        prefix = self.tokenizer.decode(ids[self.prefix_offset:self.read_offset], skip_special_tokens=True)
+        new = self.tokenizer.decode(ids[self.prefix_offset:], skip_special_tokens=True)
         if len(new) > len(prefix) and not new.endswith("\ufffd"):
-            decoded += len(new) - len(prefix)
-            prefix_offset, read_offset = read_offset, k + 1
-        end = max(emitted, min(decoded, len(text)))
-        deltas.append(text[emitted:end])
-        emitted = end
+            self.decoded += new[len(prefix):]
+            self.prefix_offset, self.read_offset = self.read_offset, len(ids)
+        source = self.decoded if self.final is None else self.final
+        end = len(self.decoded) - self.hold
+        # A match that completes now starts after what was sent (an earlier one would have ended sooner).
+        hits = [at for at in (self.decoded.find(s, max(0, len(self.sent) - self.hold)) for s in self.stop) if at >= 0]
+        if hits:
+            end = min(hits)
+        end = max(len(self.sent), min(end, len(source)))
+        delta = source[len(self.sent):end]
+        self.sent += delta
+        return delta
+
+    def rest(self, text: str) -> str:
+        """What is left to send of the engine's final `text`."""
+        if not text.startswith(self.sent):
+            log.warning("streamed text %r is not a prefix of the completion's text %r", self.sent, text)
+        return text[len(self.sent):]
+
+
+def _deltas(tokenizer, ids: list[int], text: str) -> list[str]:
+    """Per-token text deltas of a whole completion whose concatenation is exactly `text`; the
+    remainder rides on the last token."""
+    incremental = _IncrementalText(tokenizer, final=text)
+    deltas = [incremental.add(i) for i in ids]
     if deltas:
-        deltas[-1] += text[emitted:]
+        deltas[-1] += incremental.rest(text)
     return deltas
 
 
-def _chunks(head, prompt, completions, tokens: _TokenText, usage, parse_tools: bool = False) -> Iterator[str]:
-    """The SSE stream. A choice with parsed tool calls sends its per-token ids and logprobs
-    with empty content deltas, then its content once and its calls (`tools.stream_deltas`)."""
-    def sse(choices: list[dict[str, Any]], **extra: Any) -> str:
-        chunk = {**head, "object": "chat.completion.chunk", "choices": choices, **extra}
-        if usage is not None:
+class _ChunkWriter:
+    """The SSE chunks of one streamed response, built as its tokens arrive.
+
+    Each sampled token is one chunk with its text delta, `logprobs` and `token_ids`; the first
+    chunk carries the role and `prompt_token_ids`. A choice whose tools are active sends empty
+    content deltas per token and at the end its content once, or its content and its parsed calls
+    (`tools.stream_deltas`): finding a call needs the whole text. Finish chunks, usage and
+    `[DONE]` follow the completions.
+    """
+
+    def __init__(self, head: dict, prompt: list[int], n: int, tokens: _TokenText, stop: tuple[str, ...],
+                 parse_tools: bool, include_usage: bool, finals: list[str] | None = None) -> None:
+        self.head, self.prompt, self.n, self.tokens = head, prompt, n, tokens
+        self.parse_tools, self.include_usage = parse_tools, include_usage
+        self.texts = [_IncrementalText(tokens.tokenizer, stop, finals[i] if finals else None) for i in range(n)]
+
+    def sse(self, choices: list[dict[str, Any]], **extra: Any) -> str:
+        chunk = {**self.head, "object": "chat.completion.chunk", "choices": choices, **extra}
+        if self.include_usage:
             chunk.setdefault("usage", None)
         return f"data: {json.dumps(chunk)}\n\n"
 
-    first = [
-        {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-         "finish_reason": None, "prompt_token_ids": prompt}
-        for i in range(len(completions))
-    ]
-    yield sse(first, prompt_token_ids=prompt)
-    for i, c in enumerate(completions):
-        content, calls = split_completion(c.text, parse_tools)
-        texts = [""] * len(c.token_ids) if calls else _deltas(tokens.tokenizer, c.token_ids, c.text)
-        for k, delta in enumerate(texts):
-            choice = {"index": i, "delta": {"content": delta},
-                      "logprobs": {"content": [tokens.entry(c, k)]},
-                      "finish_reason": None, "token_ids": [c.token_ids[k]]}
-            yield sse([choice])
-        for delta in stream_deltas(content, calls):
-            yield sse([{"index": i, "delta": delta, "logprobs": None, "finish_reason": None}])
-        finish = "tool_calls" if calls else c.finish_reason
-        yield sse([{"index": i, "delta": {}, "logprobs": None, "finish_reason": finish}])
-    if usage is not None:
-        yield sse([], usage=usage)
-    yield "data: [DONE]\n\n"
+    def start(self) -> str:
+        first = [{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                  "finish_reason": None, "prompt_token_ids": self.prompt} for i in range(self.n)]
+        return self.sse(first, prompt_token_ids=self.prompt)
+
+    def sampled(self, sampled: SampledTokens) -> Iterator[str]:
+        text = self.texts[sampled.index]
+        for k, token_id in enumerate(sampled.token_ids):
+            delta = "" if self.parse_tools else text.add(token_id)
+            yield self.sse([{"index": sampled.index, "delta": {"content": delta},
+                             "logprobs": {"content": [self.tokens.entry(sampled, k)]},
+                             "finish_reason": None, "token_ids": [token_id]}])
+
+    def finish(self, completions: list[Completion], usage: dict[str, int]) -> Iterator[str]:
+        for i, c in enumerate(completions):
+            content, calls = split_completion(c.text, self.parse_tools)
+            if calls:
+                deltas = stream_deltas(content, calls)
+            else:
+                rest = c.text if self.parse_tools else self.texts[i].rest(c.text)
+                deltas = [{"content": rest}] if rest else []
+            for delta in deltas:
+                yield self.sse([{"index": i, "delta": delta, "logprobs": None, "finish_reason": None}])
+            finish = "tool_calls" if calls else c.finish_reason
+            yield self.sse([{"index": i, "delta": {}, "logprobs": None, "finish_reason": finish}])
+        if self.include_usage:
+            yield self.sse([], usage=usage)
+        yield "data: [DONE]\n\n"
+
+
+def _chunks(head, prompt, completions, tokens: _TokenText, usage, parse_tools: bool = False) -> Iterator[str]:
+    """The whole SSE stream of completions already sampled (`_ChunkWriter`)."""
+    writer = _ChunkWriter(head, prompt, len(completions), tokens, (), parse_tools, usage is not None,
+                          finals=[c.text for c in completions])
+    yield writer.start()
+    for sampled in all_tokens(completions):
+        yield from writer.sampled(sampled)
+    yield from writer.finish(completions, usage)
 
 
 # -- errors ------------------------------------------------------------------------------
@@ -395,10 +508,9 @@ def error_object(exc: BaseException, what: str = "request") -> dict[str, Any]:
         extra = {"expected_step": exc.expected_step, "current_step": exc.current_step}
     elif isinstance(exc, StepCancelledError):
         status, kind, param, code = 409, "invalid_request_error", None, "step_cancelled"
-    elif isinstance(exc, BackendUnavailableError):
+    elif isinstance(exc, BackendUnavailableError):  # stopped, restarting, shutting down: worth sending again
         status, kind, param, code = 503, "server_error", None, "unavailable"
-        if getattr(exc, "retry_after", None) is not None:  # worth sending again soon (a replica stopped)
-            extra = {"retry_after": exc.retry_after}
+        extra = {"retry_after": exc.retry_after}
     elif isinstance(exc, ArtError):  # the library's own message, written for the user
         request_id = uuid.uuid4().hex[:16]
         log.error("%s failed [request_id %s]: %s", what, request_id, exc)

@@ -56,3 +56,8 @@ class SingleModelRegistry:
                 f"The model {echo(model)} does not exist; this server serves {self.served_model_names()}."
             )
         return ServedModel(name=model, engine=self.engine, adapter=None, step=0)
+
+    def stats(self) -> dict[str, dict]:
+        """The engine's load and time to first token, shown by GET /health."""
+        stats = getattr(self.engine, "stats", None)
+        return {self.name: stats()} if stats is not None else {}
