@@ -13,7 +13,7 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 def test_client_modules_do_not_import_torch():
     code = (
         "import sys\n"
-        "import art.trajectories, art.gather, art.retry, art.utils\n"
+        "import art.trajectories, art.gather, art._retry, art.utils, art.capture\n"
         "heavy = sorted(m for m in ('torch', 'transformers', 'peft') if m in sys.modules)\n"
         "assert not heavy, f'imported {heavy}'\n"
     )

@@ -11,7 +11,8 @@
     │   ├── BackendUnavailableError        stopped or shutting down: try again later
     │   └── WeightSyncError                served logprobs differ from the trainer's after an update
     ├── TooManyExceptionsError (RuntimeError)  gather saw more rollout exceptions than allowed
-    └── JudgeError (RuntimeError)          a RULER judge gave no usable answer within its retries
+    ├── JudgeError (RuntimeError)          a RULER judge gave no usable answer within its retries
+    └── CaptureError (RuntimeError)        auto_trajectory(required=True) outside a capture
 
 The HTTP server maps these once: ArtValueError -> 400, ModelNotFoundError -> 404,
 StepConflictError and StepCancelledError -> 409, BackendUnavailableError -> 503, any other ArtError -> 500.
@@ -82,6 +83,9 @@ class StepCancelledError(BackendError):
 class BackendUnavailableError(BackendError):
     """The backend cannot take the request now (stopped, shutting down); retrying later may work."""
 
+    retry_after: int = 1
+    """Seconds to wait before sending the request again (the 503's Retry-After header)."""
+
 
 class WeightSyncError(BackendError):
     """After a weight update the engine served logprobs that differ from the trainer's."""
@@ -94,3 +98,7 @@ class TooManyExceptionsError(ArtError, RuntimeError):
 class JudgeError(ArtError, RuntimeError):
     """A RULER judge gave no usable answer (malformed, ids missing or repeated, or the call
     failed) in all of its tries."""
+
+
+class CaptureError(ArtError, RuntimeError):
+    """`art.auto_trajectory(required=True)` was called where no trajectory is being captured."""
