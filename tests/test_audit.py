@@ -5,7 +5,7 @@ import json
 import pytest
 
 import art
-from art.training import audit
+from art.training.audit import audit
 from art.training.audit import main as audit_cli
 from tests.test_training_units import make_choice
 

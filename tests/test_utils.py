@@ -8,10 +8,10 @@ import importlib
 import pytest
 
 from art.errors import ArtValueError
-from art.retry import retry
+from art import retry
 from art.utils import DatasetBatch, iterate_dataset, limit_concurrency
 
-retry_module = importlib.import_module("art.retry")  # `art.retry` the attribute is the decorator
+retry_module = importlib.import_module("art._retry")
 
 
 def run(dataset, **kwargs) -> list[DatasetBatch]:

@@ -337,6 +337,7 @@ class TrajectoryGroup(BaseModel):
 
     _items: list[Any] | None = PrivateAttr(default=None)
     _state: str = PrivateAttr(default="ready")  # ready | pending | running | done
+    _size: int = PrivateAttr(default=0)  # rollouts given, while pending or running
 
     def __init__(
         self,
@@ -369,21 +370,24 @@ class TrajectoryGroup(BaseModel):
             finished = iter(self.trajectories)  # the finished ones (dicts now validated), in order
             self._items = [item if is_aw else next(finished) for item, is_aw in zip(items, awaitable)]
             self._state = "pending"
+            self._size = len(self._items)
 
     def __iter__(self) -> Iterator[Trajectory]:  # type: ignore[override]
         return iter(self.trajectories)
 
     def __len__(self) -> int:
-        """Trajectories finished so far (all of them once awaited)."""
+        """As ART counts a group: before it has run, every rollout it was given, awaitables
+        included (ART's `_num_trajectories`); once awaited, its trajectories (failed rollouts
+        went to `exceptions`)."""
+        if self._state in ("pending", "running"):
+            return self._size
         return len(self.trajectories)
 
     def __await__(self):  # type: ignore[no-untyped-def]
         return self._resolve().__await__()
 
     def _expected_size(self) -> int:
-        if self._state == "pending" and self._items is not None:
-            return len(self._items)
-        return len(self.trajectories)
+        return len(self)
 
     async def _resolve(self) -> TrajectoryGroup:
         if self._state == "ready":

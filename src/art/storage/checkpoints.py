@@ -34,22 +34,33 @@ class CheckpointStore:
     def path(self, step: int) -> Path:
         return self.directory / f"{step:04d}"
 
-    def write(self, step: int, fill: Callable[[Path], None]) -> Path:
-        """Call `fill(folder)` to write the files, then publish the folder as `step`."""
+    def write(self, step: int, fill: Callable[[Path], None], *, replace: bool = False) -> Path:
+        """Call `fill(folder)` to write the files, then publish the folder as `step`. With
+        `replace`, an existing `step` is swapped for the new folder only once it is complete
+        (a crash between the two renames leaves no folder for `step`, never a partial one)."""
         final = self.path(step)
-        if final.exists():
+        if final.exists() and not replace:
             raise FileExistsError(f"checkpoint {final} already exists")
         tmp = Path(tempfile.mkdtemp(dir=self.directory, prefix=f".tmp-{step:04d}-"))
+        old, moved = self.directory / f".tmp-replaced-{step:04d}", False
         try:
             fill(tmp)
             for file in tmp.rglob("*"):
                 if file.is_file():
                     _fsync(file)
+            if final.exists():
+                shutil.rmtree(old, ignore_errors=True)
+                os.rename(final, old)
+                moved = True
             os.rename(tmp, final)
             _fsync(self.directory)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
+            if moved and not final.exists():  # put the replaced step back
+                os.rename(old, final)
             raise
+        if moved:
+            shutil.rmtree(old, ignore_errors=True)
         return final
 
     def delete(self, step: int) -> None:

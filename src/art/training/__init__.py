@@ -1,5 +1,3 @@
 """Trajectories -> token sequences -> advantages -> loss -> optimizer step."""
 
-from art.training.audit import audit
-
-__all__ = ["audit"]
+# `art.training.audit` is the token audit's module (and CLI); its function is `art.training.audit.audit`.
