@@ -1,34 +1,40 @@
-"""`LocalBackend`: serve and train on this machine, in this process.
+"""`LocalBackend`: serve and train on this machine, in this process or in a child process.
 
-The service API over the models loaded here (`LocalService`), plus one loopback HTTP server
-(the OpenAI routes and the dashboard) shared by all registered models. It holds no training or
-sampling code itself.
+In process: the service API over the models loaded here (`LocalService`), plus one loopback
+HTTP server (the OpenAI routes and the dashboard) shared by all registered models. With
+`in_process=False`: `art serve`'s app in a child process on loopback, spoken to as a remote
+server (`art.backends.child`), so a crash in the backend cannot take the user's process down.
+It holds no training or sampling code itself.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 import sys
 from pathlib import Path
 
 from art.backends.adapter import ServiceBackend
+from art.backends.child import ChildService
 from art.backends.local_service import LocalService
-
-log = logging.getLogger(__name__)
 
 
 class LocalBackend(ServiceBackend):
-    service: LocalService
+    service: LocalService | ChildService
 
     def __init__(self, *, in_process: bool = True, path: str | None = None, host: str = "127.0.0.1",
                  port: int = 0, placement: str = "processes") -> None:
         """`path`: run storage root (default `./.art`). `port` 0 picks a free port for the
         loopback server, started when the first model registers. `placement`: where engine
-        replicas and trainer ranks beyond the first run, "processes" or "ray" (see `art.ray_cluster`)."""
-        if not in_process:
-            log.warning("LocalBackend(in_process=False) is not supported yet; running in process")
-        super().__init__(LocalService(Path(path) if path is not None else Path(".art"), placement=placement))
+        replicas and trainer ranks beyond the first run, "processes" or "ray" (see `art.ray_cluster`).
+        `in_process=False`: models load in a child process, started on the first register and
+        stopped by `close` or when this process exits; if it dies, calls raise BackendError and
+        the next register starts a new one (`art.backends.child`). Same storage layout."""
+        root = Path(path) if path is not None else Path(".art")
+        if in_process:
+            super().__init__(LocalService(root, placement=placement))
+        else:
+            super().__init__(ChildService(root, placement=placement, host=host, port=port))
+        self.in_process = in_process
         self._host, self._port = host, port
         self._server = None
 
@@ -40,6 +46,8 @@ class LocalBackend(ServiceBackend):
     @property
     def server_url(self) -> str | None:
         """The base URL of the OpenAI routes and the dashboard (None until a model registers)."""
+        if isinstance(self.service, ChildService):
+            return self.service.child.url if self.service.child is not None else None
         return self._server.base_url if self._server is not None else None
 
     async def register(self, model) -> None:
@@ -47,6 +55,9 @@ class LocalBackend(ServiceBackend):
         await super().register(model)
 
     async def _endpoint(self) -> tuple[str, str]:
+        if isinstance(self.service, ChildService):
+            child = await self.service.ensure_started()
+            return f"{child.url}/v1", child.key
         return f"{await asyncio.to_thread(self._ensure_server)}/v1", "art-local"
 
     def _ensure_server(self) -> str:
@@ -64,7 +75,8 @@ class LocalBackend(ServiceBackend):
         return self._server.base_url
 
     async def close(self) -> None:
-        """Stop the HTTP server and every model's engine; the backend cannot be reused."""
+        """Stop the HTTP server and every model's engine (or the child process); the backend
+        cannot be reused."""
         if self._server is not None:
             await asyncio.to_thread(self._server.stop)
             self._server = None
