@@ -87,7 +87,7 @@ async def test_no_input_gets_a_5xx(tiny_model_path, tmp_path):
 
     for result in schema.get_all_operations():
         operation = result.ok()
-        slow = operation.path.endswith(("/train", "/log")) or operation.label == "POST /art/models"
+        slow = operation.path.endswith(("/train", "/train_sft", "/log", "/fork")) or operation.label == "POST /art/models"
         examples = SLOW_EXAMPLES if slow else EXAMPLES
         for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
             fuzz(operation, operation.as_strategy(generation_mode=mode), examples)

@@ -8,6 +8,7 @@ from art import dev, utils
 from art.backends.local import LocalBackend
 from art.backends.remote import RemoteBackend
 from art.base_models import DEFAULT_MODEL
+from art.capture import AutoTrajectoryContext, auto_trajectory, capture_auto_trajectory
 from art.errors import (
     ArtError,
     ArtValueError,
@@ -20,9 +21,9 @@ from art.errors import (
 )
 from art.gather import gather_trajectories, gather_trajectory_groups, trajectory_group_batches
 from art.model import Model, TrainableModel
-from art.retry import retry
+from art._retry import retry
 from art.trajectories import History, Trajectory, TrajectoryGroup
-from art.types import Messages, MessagesAndChoices, Tools, TrainConfig
+from art.types import Messages, MessagesAndChoices, Tools, TrainConfig, TrainSFTConfig
 
 Backend = RemoteBackend  # ART's name for the client of its HTTP server
 
@@ -32,6 +33,7 @@ __all__ = [
     "DEFAULT_MODEL",
     "ArtError",
     "ArtValueError",
+    "AutoTrajectoryContext",
     "Backend",
     "BackendError",
     "ContextLengthError",
@@ -46,10 +48,13 @@ __all__ = [
     "TooManyExceptionsError",
     "Tools",
     "TrainConfig",
+    "TrainSFTConfig",
     "TrainableModel",
     "Trajectory",
     "TrajectoryError",
     "TrajectoryGroup",
+    "auto_trajectory",
+    "capture_auto_trajectory",
     "dev",
     "gather_trajectories",
     "gather_trajectory_groups",

@@ -20,7 +20,7 @@ from art.observability.weave_sink import init_weave
 from art.storage.layout import ModelDir, validate_name
 from art.storage.run_log import write_log
 from art.trajectories import Trajectory, TrajectoryGroup
-from art.types import TrainConfig
+from art.types import TrainConfig, TrainSFTConfig
 
 
 class Model(BaseModel):
@@ -141,6 +141,28 @@ class TrainableModel(Model):
         metrics = {f"train/{k}": v for k, v in result.metrics.items()}
         metrics.update(_rollout_spending(groups, stats, result.metrics.get("groups_trained")))
         await self.log(groups, split="train", metrics=metrics, step=step)
+
+    async def train_sft(
+        self,
+        trajectories: Iterable[Trajectory],
+        config: TrainSFTConfig | None = None,
+        _config: dict | None = None,
+        verbose: bool = False,
+        log_metrics: bool = True,
+    ) -> None:
+        """Supervised fine-tuning on chat trajectories (ART's `model.train_sft`): the backend
+        renders each conversation with the model's chat template and trains its assistant
+        messages, one optimizer step per batch. One call writes one checkpoint, so `get_step()`
+        advances by one (as in ART); `art.utils.sft` splits a dataset into calls with a learning-
+        rate schedule. The metrics are logged under `sft/` at the step it trained from, like
+        `train`'s, unless `log_metrics` is False. (`verbose` is ART's; the backend's progress bar
+        shows the batches.)"""
+        backend = self._require_backend()
+        step = await self.get_step()
+        with tracing.span("art.train_sft", {"art.model": f"{self.project}/{self.name}", "art.step_from": step}):
+            result = await backend.train_sft(self, trajectories, config=config, _config=_config)
+        if log_metrics:
+            await self.log(split="train", metrics={f"sft/{k}": v for k, v in result.metrics.items()}, step=step)
 
     async def delete_checkpoints(self, best_checkpoint_metric: str = "val/reward") -> list[int]:
         """Keep the latest checkpoint and the best by `best_checkpoint_metric`; delete the rest."""

@@ -3,7 +3,8 @@
 The engine and the trainer share one model on one device, a PeftModel or, with
 `full_finetune`, the plain model: the base weights exist once (bf16 on CUDA), a weight update is
 visible to the next request with no reload or transfer, and one lock keeps sampling and a
-training step from overlapping.
+training step from overlapping. Sharded full fine-tuning (`fsdp`, `art.training.sharded`) is the
+exception: rank processes hold the trained weights, and the engine's copy loads each checkpoint.
 """
 
 from __future__ import annotations
@@ -74,12 +75,16 @@ class ModelService:
         self.full_finetune = settings.full_finetune
         self.device, dtype = engine_config.device, engine_config.torch_dtype
         lora = settings.lora  # None under full fine-tuning
+        on_ray = (settings.placement or placement) == "ray"
+        if settings.fsdp and on_ray:
+            raise ArtValueError("fsdp runs its ranks as local processes; placement 'ray' is not supported with it yet",
+                                field="fsdp")
         torch.manual_seed(settings.seed)  # reproducible adapter init at step 0
-        self.model, self.tokenizer = base_models.load_policy(base_model, lora, dtype=dtype, device=self.device)
+        self.model, self.tokenizer = base_models.load_policy(base_model, lora, dtype=dtype, device=self.device,
+                                                             trainable=not settings.fsdp)
         self.lock = threading.RLock()
         self.adapters = AdapterSet(self.model)
         self.engine = LLMEngine(self.model, self.tokenizer, engine_config, lock=self.lock, adapters=self.adapters)
-        on_ray = (settings.placement or placement) == "ray"
         self.replicas = None
         if settings.engine_replicas > 1:  # replicas 1..N-1 build the same model in processes of their own
             from art.engine.replicas import ReplicaSet, ReplicaSpec, replica_threads
@@ -90,16 +95,22 @@ class ModelService:
             spec = ReplicaSpec(base_model, lora, self.engine.config, replica_threads())
             self.replicas = ReplicaSet(self.engine, spec, settings.engine_replicas, replica_class)
         peers = None
-        if settings.trainer_ranks > 1:  # data parallel: ranks 1..N-1 build the same model in processes of their own
+        if settings.trainer_ranks > 1 or settings.fsdp:  # ranks 1..N-1 (sharded: all N) are processes of their own
             from art.training.data_parallel import RankPeers, RankSpec
 
             if on_ray:
                 from art.ray_cluster import RayRankPeers as RankPeers
             peers = RankPeers(settings.trainer_ranks, RankSpec(base_model, lora, str(self.device),
-                                                               str(dtype).removeprefix("torch.")))
-        self.trainer = Trainer(self.model, self.tokenizer, lock=self.lock, device=self.device, dtype=dtype, peers=peers,
-                               load_reference=base_models.reference_loader(base_model, lora, dtype=dtype,
-                                                                           device=self.device))
+                                                               str(dtype).removeprefix("torch."), settings.fsdp))
+        if settings.fsdp:
+            from art.training.sharded import ShardedTrainer
+
+            self.trainer = ShardedTrainer(self.model, peers, lock=self.lock, device=self.device, dtype=dtype)
+        else:
+            self.trainer = Trainer(self.model, self.tokenizer, lock=self.lock, device=self.device, dtype=dtype,
+                                   peers=peers, load_reference=base_models.reference_loader(base_model, lora,
+                                                                                            dtype=dtype,
+                                                                                            device=self.device))
         self.store = CheckpointStore(self.dir.checkpoints)
         latest = self.store.latest_step()
         if latest is None:
@@ -116,6 +127,9 @@ class ModelService:
             "name": name, "project": project, "base_model": base_model, "config": user_config,
             "internal_config": internal, "lora": lora, "updated_at": time.time(),
         }
+        forked_from = (self.dir.read_model_json() or {}).get("forked_from")  # a fork made before registering
+        if forked_from is not None:
+            self._model_json["forked_from"] = forked_from
         self.dir.write_model_json(self._model_json)
         self._shown_options: TrainOptions | None = None
         self._train_lock = asyncio.Lock()
@@ -190,7 +204,30 @@ class ModelService:
             if not self._train_calls:
                 self._cancel.clear()
 
-    async def _train_locked(self, groups, options: TrainOptions, progress, expected_step: int | None) -> TrainResult:
+    async def train_sft(self, trajectories, options, progress=None, expected_step: int | None = None) -> TrainResult:
+        """Supervised fine-tuning (`art.training.sft`) in the same transaction as `train`: one
+        call, one optimizer step per batch, one checkpoint (the step counter advances by one,
+        as in ART), then the weight-sync probe. The trajectories are rendered first, so bad
+        input is refused before anything moves."""
+        from art.training import sft
+
+        plan = await asyncio.to_thread(
+            sft.prepare, list(trajectories), options, self.tokenizer, stop_ids=self.engine.stopping.eos_ids,
+            max_tokens=getattr(self.model.config, "max_position_embeddings", None) or self.engine.max_model_len)
+
+        def update(work, options, **kwargs):
+            return sft.fit(self.trainer, work, options, **kwargs)
+
+        self._train_calls += 1
+        try:
+            return await self._train_locked(plan, options, progress, expected_step, update=update)
+        finally:
+            self._train_calls -= 1
+            if not self._train_calls:
+                self._cancel.clear()
+
+    async def _train_locked(self, groups, options: TrainOptions, progress, expected_step: int | None,
+                            update=None) -> TrainResult:
         async with self._train_lock:  # one update at a time per model
             if expected_step is not None and expected_step != self.step:
                 raise StepConflictError.between(f"{self.project}/{self.name}", expected_step, self.step)
@@ -198,7 +235,8 @@ class ModelService:
                 self._show_options(options)
             with tracing.span("art.train_step", {"art.model": f"{self.project}/{self.name}",
                                                  "art.step_from": self.step}) as current:
-                result = await asyncio.to_thread(self._train_watched, groups, options, progress)  # context copied
+                result = await asyncio.to_thread(self._train_watched, groups, options, progress,  # context copied
+                                                 update)
                 probed: dict = {}  # the trainer's probe logprobs, shared by the replicas' checks
                 try:
                     with tracing.span("art.train.weight_sync_probe"):
@@ -233,10 +271,10 @@ class ModelService:
         self._cancel.set()
         return True
 
-    def _train_watched(self, groups, options: TrainOptions, progress=None) -> TrainResult:
+    def _train_watched(self, groups, options: TrainOptions, progress=None, update=None) -> TrainResult:
         self.training_since, self.training_thread = time.monotonic(), threading.get_ident()
         try:
-            return self._train(groups, options, progress)
+            return self._train(groups, options, progress, update)
         finally:
             self.training_since = self.training_thread = None
 
@@ -252,13 +290,20 @@ class ModelService:
     def _show_options(self, options: TrainOptions) -> None:
         """Print the resolved training config (every default filled in) when it changes, and
         keep it in model.json, so a run's settings are never a guess."""
-        resolved = {**options.as_dict(), "epsilon, epsilon_high": options.clip_range()}
-        tqdm.write(f"[art] {self.project}/{self.name} training config: " + json.dumps(resolved, default=str))
-        self._model_json.update(train_options=resolved, updated_at=time.time())
+        if isinstance(options, TrainOptions):
+            what, key, resolved = "training", "train_options", {**options.as_dict(),
+                                                                "epsilon, epsilon_high": options.clip_range()}
+        else:  # SFTOptions: the per-call learning rate is reported per step instead
+            what, key, resolved = "SFT", "sft_options", options.described()
+        tqdm.write(f"[art] {self.project}/{self.name} {what} config: " + json.dumps(resolved, default=str))
+        self._model_json.update({key: resolved, "updated_at": time.time()})
         self.dir.write_model_json(self._model_json)
         self._shown_options = options
 
-    def _train(self, groups, options: TrainOptions, progress=None) -> TrainResult:
+    def _train(self, groups, options: TrainOptions, progress=None, update=None) -> TrainResult:
+        """`update(work, options, desc=, on_optimizer_step=, should_stop=)` changes the weights
+        and returns the metrics: the GRPO step (`Trainer.step`) unless given (SFT)."""
+
         def on_optimizer_step(done: int, total: int, metrics: dict) -> None:
             progress({"type": "gradient_step", "step": self.step + 1, "done": done, "total": total, "metrics": metrics})
 
@@ -266,9 +311,9 @@ class ModelService:
         with self.engine.paused():
             out_of_memory = False
             try:
-                metrics = self.trainer.step(groups, options, desc=f"train step {self.step + 1}",
-                                            on_optimizer_step=on_optimizer_step if progress else None,
-                                            should_stop=self._cancel.is_set)
+                metrics = (update or self.trainer.step)(groups, options, desc=f"train step {self.step + 1}",
+                                                        on_optimizer_step=on_optimizer_step if progress else None,
+                                                        should_stop=self._cancel.is_set)
                 with tracing.span("art.train.checkpoint", {"art.step": self.step + 1}):
                     self.store.write(self.step + 1, self.trainer.save)
                     if self.trainer.last_trainer_logprobs:  # beside the trajectories of the step they trained on
@@ -304,6 +349,54 @@ class ModelService:
             self.replicas.close()
         if self.trainer.peers is not None:
             self.trainer.peers.close()
+
+    # -- checkpoint forks ---------------------------------------------------------------------
+    async def load_fork(self, plan) -> int:
+        """Serve a forked checkpoint (an `art.storage.fork.ForkPlan`) as this model's step
+        `plan.step`, between training steps. The weights are loaded from the source first (one
+        that does not fit is refused before anything is written), copied in atomically, and
+        probed like a training step's; only then is the fork recorded and this model's untrained
+        step 0 dropped. On failure the model keeps its step, weights and checkpoints."""
+        from art.storage.fork import drop_other_steps
+
+        async with self._train_lock:
+            if plan.done_already:
+                return self.step
+            previous = self.step
+            await asyncio.to_thread(self._load_forked, plan)
+            try:
+                await weight_sync.check(self)
+            except WeightSyncError:
+                await asyncio.to_thread(self._roll_back, previous)
+                raise
+            if self.replicas is not None:
+                weights = await asyncio.to_thread(self.live_weights)
+                await self.replicas.publish(self.step, weights, lambda replica: weight_sync.check(self, via=replica))
+            self._model_json.update(forked_from=plan.record, updated_at=time.time())
+            await asyncio.to_thread(self.dir.write_model_json, self._model_json)
+            await asyncio.to_thread(drop_other_steps, self.store, self.step)
+            log.info("%s/%s now serves %s/%s's step %d", self.project, self.name, plan.record["project"],
+                     plan.record["name"], self.step)
+            return self.step
+
+    def _load_forked(self, plan) -> None:
+        from art.storage.fork import copy_checkpoint
+
+        source = plan.source.checkpoints / f"{plan.step:04d}"
+        with self.engine.paused():
+            try:
+                self.trainer.restore(source)
+            except Exception as exc:  # another adapter shape or model: the weights in memory may be half loaded
+                self._restore_current()
+                raise ArtValueError(f"the checkpoint {source} does not load into {self.project}/{self.name} "
+                                    f"({type(exc).__name__}: {exc})", field="from_model") from exc
+            try:
+                copy_checkpoint(plan, self.store)
+            except BaseException:
+                self._restore_current()
+                raise
+            self.step = plan.step
+            self.engine.weights_updated(self.step)
 
     def delete_checkpoints(self, keep: set[int]) -> list[int]:
         deleted = []

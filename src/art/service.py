@@ -20,6 +20,7 @@ from typing_extensions import TypedDict  # pydantic reads its schema (the train 
 
 from art.errors import ArtValueError
 from art.training.options import TrainOptions
+from art.training.sft_options import SFTOptions
 
 ModelKey = tuple[str, str]
 """(project, name) of a registered model."""
@@ -124,6 +125,13 @@ class Service(Protocol):
         and trains nothing."""
         ...
 
+    async def train_sft(self, key: ModelKey, trajectories: list, options: SFTOptions, *,
+                        expected_step: int | None = None, progress: Progress | None = None) -> TrainResult:
+        """Supervised fine-tuning on chat trajectories (`art.training.sft`): one optimizer step
+        per batch, one checkpoint per call (the step advances by one). `progress` and
+        `expected_step` as for `train`."""
+        ...
+
     async def check_training_input(self, key: ModelKey, groups: list) -> None:
         """Raise TrajectoryError (naming the trajectory and field) for what `train` would refuse."""
         ...
@@ -150,6 +158,12 @@ class Service(Protocol):
     async def restart_replicas(self, key: ModelKey) -> list[int]:
         """Start the model's engine replicas that left the rotation again, on the current
         weights; returns their indices (empty without replicas)."""
+        ...
+
+    async def fork_checkpoint(self, spec: ModelSpec, source: ModelKey, *, not_after_step: int | None = None) -> int:
+        """Start `spec`'s model from `source`'s checkpoint (its latest, or its last at or before
+        `not_after_step`), copied under the same step number (`art.storage.fork`); returns the
+        model's step afterwards. A registered model serves the forked weights at once."""
         ...
 
     async def close(self) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Union
+from typing import Literal, Union
 
 from openai.types.chat.chat_completion import Choice
 from openai.types.chat.chat_completion_message_param import ChatCompletionMessageParam
@@ -23,3 +23,17 @@ class TrainConfig(BaseModel):
 
     learning_rate: float = Field(5e-6, gt=0, description="AdamW learning rate (constant).")
     beta: float = Field(0.0, ge=0, description="KL penalty coefficient against the base model; 0 disables it.")
+
+
+class TrainSFTConfig(BaseModel):
+    """Options of one `model.train_sft` call (ART's names). Advanced ones live in
+    `art.dev.TrainSFTConfig`; `art.training.sft_options` holds every default."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    learning_rate: Union[float, list[float]] = Field(
+        5e-5, description="AdamW learning rate: one value, or one per batch (a schedule; see art.utils.sft).")
+    batch_size: Union[int, Literal["auto"]] = Field(
+        "auto", description="Trajectories per optimizer step; 'auto' is 2 (ART's LocalBackend).")
+    assistant_turns: Literal["all", "last"] = Field(
+        "all", description="Train every assistant message, or only the last one of each conversation.")

@@ -8,15 +8,37 @@ sees them.
 
 from __future__ import annotations
 
+import sys
 from typing import Any, Iterable
 
+from art.errors import ArtValueError, TrajectoryError
 from art.service import ModelKey, ModelSpec, Progress, Service, TrainResult, resolve_train_options
 from art.storage.layout import validate_name
-from art.types import TrainConfig
+from art.training.sft_options import resolve_sft_options
+from art.trajectories import Trajectory
+from art.types import TrainConfig, TrainSFTConfig
 
 
 def model_key(model) -> ModelKey:
     return validate_name(model.project, "project"), validate_name(model.name, "name")
+
+
+def sft_trajectories(items: Iterable) -> list[Trajectory]:
+    """`art.Trajectory`s as given; rows of the SFT file format (`{"messages": [...], "tools": [...]}`)
+    become trajectories. Anything else is a TrajectoryError naming its index."""
+    out = []
+    for i, item in enumerate(items):
+        if isinstance(item, Trajectory):
+            out.append(item)
+        elif isinstance(item, dict) and isinstance(item.get("messages"), list):
+            try:
+                out.append(Trajectory(messages_and_choices=item["messages"], tools=item.get("tools")))
+            except ValueError as exc:
+                raise TrajectoryError(f"trajectories[{i}]: {exc}", field=f"trajectories[{i}]") from None
+        else:
+            raise TrajectoryError(f"trajectories[{i}] is a {type(item).__name__}: train_sft takes art.Trajectory "
+                                  'objects or {"messages": [...], "tools": [...]} rows', field=f"trajectories[{i}]")
+    return out
 
 
 class ServiceBackend:
@@ -55,6 +77,17 @@ class ServiceBackend:
         return await self.service.train(model_key(model), list(trajectory_groups), resolved,
                                         expected_step=expected_step, progress=progress)
 
+    async def train_sft(self, model, trajectories: Iterable, *, config: TrainSFTConfig | None = None,
+                        _config: dict | None = None, progress: Progress | None = None,
+                        expected_step: int | None = None, **options: Any) -> TrainResult:
+        """Supervised fine-tuning on chat trajectories (message dicts, tools): one optimizer step
+        per batch of `batch_size`, one checkpoint per call, so the step advances by one (as in
+        ART). Keyword options override `_config` (`art.dev.TrainSFTConfig`), which overrides
+        `config` (`art.TrainSFTConfig`). `progress` and `expected_step` as for `train`."""
+        resolved = resolve_sft_options(config, _config, options)
+        return await self.service.train_sft(model_key(model), sft_trajectories(trajectories), resolved,
+                                            expected_step=expected_step, progress=progress)
+
     async def get_step(self, model) -> int:
         return await self.service.step(model_key(model))
 
@@ -86,6 +119,30 @@ class ServiceBackend:
         """Start the model's engine replicas that left the rotation again (a replica that died or
         failed the weight-sync probe); returns their indices."""
         return await self.service.restart_replicas(model_key(model))
+
+    async def fork_checkpoint(self, model, from_model: str, from_project: str | None = None, *,
+                              not_after_step: int | None = None) -> int:
+        """Start `model` from `from_model`'s checkpoint (in `from_project`, by default the
+        model's own): its latest, or its last at or before `not_after_step`, copied with its
+        optimizer state under the same step number, and recorded in the model's model.json
+        (`forked_from`). Before or after `model.register`: a registered model serves the forked
+        weights at once. The model may not have trained steps of its own; forking the same step
+        into it again does nothing. Returns the model's step afterwards."""
+        source = (from_project or model.project, from_model)
+        return await self.service.fork_checkpoint(ModelSpec.of(model), source, not_after_step=not_after_step)
+
+    async def _experimental_fork_checkpoint(self, model, from_model: str, from_project: str | None = None,
+                                            from_s3_bucket: str | None = None, not_after_step: int | None = None,
+                                            verbose: bool = False, prefix: str | None = None) -> None:
+        """ART's name for `fork_checkpoint`. Its S3 source is not supported: the source run must
+        be stored under this backend's root (for `art serve`, the server's)."""
+        if from_s3_bucket is not None or prefix is not None:
+            raise ArtValueError("forking from S3 is not supported: copy the run into the backend's storage root "
+                                "and fork from there", field="from_s3_bucket" if from_s3_bucket else "prefix")
+        step = await self.fork_checkpoint(model, from_model, from_project, not_after_step=not_after_step)
+        if verbose:
+            print(f"[art] forked {from_project or model.project}/{from_model} into {model.project}/{model.name}, "
+                  f"now at step {step}", file=sys.stderr, flush=True)
 
     async def close(self) -> None:
         await self.service.close()

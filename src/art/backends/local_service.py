@@ -26,6 +26,7 @@ from art.storage.history import read_history
 from art.storage.layout import ModelDir, stored_runs, validate_name
 from art.storage.run_log import write_log
 from art.training.options import TrainOptions
+from art.training.sft_options import SFTOptions
 
 log = logging.getLogger(__name__)
 
@@ -138,6 +139,11 @@ class LocalService:
         service = await self._trainable(key)
         return await service.train(list(groups), options, progress=progress, expected_step=expected_step)
 
+    async def train_sft(self, key: ModelKey, trajectories: list, options: SFTOptions, *,
+                        expected_step: int | None = None, progress: Progress | None = None) -> TrainResult:
+        service = await self._trainable(key)
+        return await service.train_sft(list(trajectories), options, progress=progress, expected_step=expected_step)
+
     async def check_training_input(self, key: ModelKey, groups: list) -> None:
         service = await self._trainable(key)
         await asyncio.to_thread(service.check_groups, list(groups))
@@ -166,6 +172,36 @@ class LocalService:
 
     async def restart_replicas(self, key: ModelKey) -> list[int]:
         return await (await self._trainable(key)).restart_replicas()
+
+    async def fork_checkpoint(self, spec: ModelSpec, source: ModelKey, *, not_after_step: int | None = None) -> int:
+        """The source run must be stored under this service's root. A registered model loads
+        and serves the forked step at once (`ModelService.load_fork`); one not loaded here gets
+        the checkpoint on disk and loads it when it registers."""
+        from art.internal_config import parse_internal_config
+        from art.storage.fork import plan_fork
+
+        if not spec.trainable or not spec.base_model:
+            raise ArtValueError(f"{spec.project}/{spec.name}: only a trainable model (with a base_model) can start "
+                                "from a checkpoint", field="model")
+        source = validate_name(source[0], "from_project"), validate_name(source[1], "from_model")
+        async with self._locks.setdefault(spec.key, asyncio.Lock()):  # not while it registers
+            loaded = self._loaded.get(spec.key)
+            if loaded is not None:
+                base_model, lora = loaded.base_model, (loaded.dir.read_model_json() or {}).get("lora", "unknown")
+            else:
+                base_model = spec.base_model
+                try:
+                    lora = parse_internal_config(spec.internal_config).lora
+                except ArtValueError:
+                    raise
+                except (TypeError, ValueError) as exc:  # a mis-shaped value the parser did not name
+                    raise ArtValueError(f"check internal_config {echo(spec.internal_config)}: {echo(str(exc))}",
+                                        field="internal_config") from exc
+            plan = await asyncio.to_thread(plan_fork, self.root, source, spec.key, base_model=base_model, lora=lora,
+                                           not_after_step=not_after_step)
+            if loaded is not None:
+                return await loaded.load_fork(plan)
+            return await asyncio.to_thread(_fork_on_disk, ModelDir(self.root, *spec.key), spec, plan)
 
     async def close(self) -> None:
         """Stop every model's engine; the service cannot be reused."""
@@ -224,3 +260,25 @@ def best_step(history: list[dict], metric: str) -> int | None:
     if not values:
         return None
     return max(values, key=lambda s: sum(values[s]) / len(values[s]))
+
+
+def _fork_on_disk(dest: ModelDir, spec: ModelSpec, plan) -> int:
+    """A fork into a model not loaded here: the checkpoint and a model.json that registers it
+    (`LocalService.spec` after a restart, or `register`); B's untrained step 0 goes last."""
+    from art.storage.checkpoints import CheckpointStore
+    from art.storage.fork import copy_checkpoint, drop_other_steps
+
+    store = CheckpointStore(dest.checkpoints)
+    if plan.done_already:
+        return store.latest_step()
+    copy_checkpoint(plan, store)
+    stored = dest.read_model_json() or {"name": spec.name, "project": spec.project, "base_model": spec.base_model,
+                                        "config": spec.config, "internal_config": spec.internal_config or {}}
+    try:
+        dest.write_model_json({**stored, "forked_from": plan.record, "updated_at": time.time()})
+    except BaseException:
+        if plan.step != 0:
+            store.delete(plan.step)  # leave B as it was
+        raise
+    drop_other_steps(store, plan.step)
+    return plan.step

@@ -4,7 +4,8 @@
 the same adapter over it as `LocalBackend` is over its local service, so a training script
 switches machines by changing one line. It holds no model state and imports no torch:
 trajectories leave as JSON (`for_logging()` dumps, Choices whole with their token ids and
-logprobs), rollouts go straight to the server's OpenAI routes, and server errors come back as
+logprobs) once per step (the log call after a train call names the groups it uploaded), rollouts
+go straight to the server's OpenAI routes, and server errors come back as
 `art.errors` exceptions carrying the server's message.
 
 No batch is trained twice. Every train call carries `expected_step`, the step this client last
@@ -35,6 +36,7 @@ from art.observability import tracing
 from art.service import ModelKey, ModelSpec, Progress, TrainResult
 from art.storage.layout import validate_name
 from art.training.options import TrainOptions
+from art.training.sft_options import SFTOptions
 
 API_KEY_ENV = "ART_API_KEY"
 
@@ -58,6 +60,7 @@ class RemoteService:
                                          timeout=self.timeout, event_hooks={"request": [tracing.inject_headers]})
         self._steps: dict[ModelKey, int] = {}  # the step last seen per model
         self._in_doubt: dict[ModelKey, tuple[str, int | None]] = {}  # body digest, step sent
+        self._uploaded: dict[ModelKey, str] = {}  # digest of the groups the last train call sent
 
     def __repr__(self) -> str:  # never shows the key
         return f"RemoteService({self.base_url!r})"
@@ -81,15 +84,32 @@ class RemoteService:
                     progress: Progress | None = None) -> TrainResult:
         """One update on the server, with a progress bar fed by its NDJSON stream. Without
         `expected_step`, the step this client last saw is sent (see the module docstring)."""
-        body = {"trajectory_groups": [group.for_logging() for group in groups], "options": options.as_dict()}
-        digest = hashlib.sha256(json.dumps(body, default=str, sort_keys=True).encode()).hexdigest()
+        payload = [group.for_logging() for group in groups]
+        upload_id = _digest(payload)
+        body = {"trajectory_groups": payload, "options": options.as_dict(), "upload_id": upload_id}
+        result = await self._stream_update(key, "train", body, expected_step, progress)
+        self._uploaded[key] = upload_id  # the server holds them for the log call that follows
+        return result
+
+    async def train_sft(self, key: ModelKey, trajectories: list, options: SFTOptions, *,
+                        expected_step: int | None = None, progress: Progress | None = None) -> TrainResult:
+        """SFT on the server, which renders the chats with the model's own template; streamed and
+        guarded against double application like `train`."""
+        body = {"trajectories": [trajectory.for_logging() for trajectory in trajectories],
+                "options": options.as_dict()}
+        return await self._stream_update(key, "train_sft", body, expected_step, progress)
+
+    async def _stream_update(self, key: ModelKey, action: str, body: dict, expected_step: int | None,
+                             progress: Progress | None) -> TrainResult:
+        """POST `body` to the model's `action` route and follow its NDJSON stream to the result."""
+        digest = hashlib.sha256(json.dumps([action, body], default=str, sort_keys=True).encode()).hexdigest()
         doubt = self._in_doubt.get(key)
         if expected_step is None:
             expected_step = doubt[1] if doubt is not None and doubt[0] == digest else self._steps.get(key)
         body["expected_step"] = expected_step
-        bar = tqdm(total=None, desc=f"train {key[1]}", unit="step", leave=False)
+        bar = tqdm(total=None, desc=f"{action} {key[1]}", unit="step", leave=False)
         try:
-            async with self._client.stream("POST", _path(key, "train"), **_json_body(body)) as response:
+            async with self._client.stream("POST", _path(key, action), **_json_body(body)) as response:
                 if response.status_code >= 400:
                     await response.aread()
                     self._in_doubt.pop(key, None)  # refused before anything started
@@ -126,9 +146,21 @@ class RemoteService:
         return (await self._request("DELETE", _path(key, "train")))["cancelled"]
 
     async def log(self, key: ModelKey, *, split: str, step: int, metrics: dict, groups: list) -> None:
-        body = {"split": split, "step": step, "metrics": to_jsonable_python(metrics, serialize_unknown=True),
-                "trajectory_groups": [group.for_logging() for group in groups]}
-        await self._request("POST", _path(key, "log"), body)
+        """Groups the last train call uploaded (`model.train` logs what it trained on) are
+        named by their digest instead of sent again; a server that no longer holds them gets
+        them in full."""
+        body = {"split": split, "step": step, "metrics": to_jsonable_python(metrics, serialize_unknown=True)}
+        payload = [group.for_logging() for group in groups]
+        digest = _digest(payload) if payload else None
+        if digest is not None and self._uploaded.get(key) == digest:
+            del self._uploaded[key]
+            try:
+                await self._request("POST", _path(key, "log"), {**body, "trajectory_groups_from": digest})
+                return
+            except ArtValueError as exc:
+                if exc.field != "trajectory_groups_from":
+                    raise
+        await self._request("POST", _path(key, "log"), {**body, "trajectory_groups": payload})
 
     async def checkpoints(self, key: ModelKey) -> list[int]:
         return (await self._request("GET", _path(key, "checkpoints")))["steps"]
@@ -143,6 +175,17 @@ class RemoteService:
 
     async def restart_replicas(self, key: ModelKey) -> list[int]:
         return (await self._request("POST", _path(key, "replicas/restart")))["restarted"]
+
+    async def fork_checkpoint(self, spec: ModelSpec, source: ModelKey, *, not_after_step: int | None = None) -> int:
+        """The source run must be stored on the server. The model's step changes, so the step
+        the next train call expects does too."""
+        body = {"from_project": source[0], "from_model": source[1], "not_after_step": not_after_step,
+                "base_model": spec.base_model, "config": to_jsonable_python(spec.config, serialize_unknown=True),
+                "internal_config": spec.internal_config}
+        step = (await self._request("POST", _path(spec.key, "fork"), body))["step"]
+        self._steps[spec.key] = step
+        self._in_doubt.pop(spec.key, None)
+        return step
 
     async def close(self) -> None:
         """Close the HTTP connections. The server and its models keep running."""
@@ -199,6 +242,11 @@ class RemoteBackend(ServiceBackend):
 def _path(key: ModelKey, action: str) -> str:
     project, name = validate_name(key[0], "project"), validate_name(key[1], "name")
     return f"/art/models/{project}/{name}/{action}"
+
+
+def _digest(payload: Any) -> str:
+    """A name for a JSON payload: equal digests, equal content."""
+    return hashlib.sha256(json.dumps(payload, default=str, sort_keys=True).encode()).hexdigest()
 
 
 def _json_body(body: Any) -> dict[str, Any]:

@@ -58,6 +58,24 @@ class TrainConfig(TypedDict, total=False):
     """Passes over the batch (PPO epochs, TRL's num_iterations). Default 1."""
 
 
+class TrainSFTConfig(TypedDict, total=False):
+    """Options of one `train_sft` call beyond `art.TrainSFTConfig`. Defaults in
+    `art.training.sft_options`."""
+
+    max_grad_norm: float
+    """Gradient-norm clip before each optimizer step. Default 1.0."""
+    weight_decay: float
+    """AdamW weight decay during SFT. Default 0.01."""
+    micro_batch_tokens: int
+    """Tokens per forward pass (memory bound; the update is the same). Default 4096."""
+    packing: Literal["shared_prefix", "packed", "padded"]
+    """Forward-pass layout; "shared_prefix" computes a batch's common prefix once. Default "shared_prefix"."""
+    packed_row_tokens: int
+    """Longest packed row. Default 512."""
+    gradient_checkpointing: bool
+    """Recompute decoder-layer activations in the backward. Default False."""
+
+
 class PeftArgs(TypedDict, total=False):
     r: int
     lora_alpha: int
@@ -128,4 +146,4 @@ class InternalModelConfig(TypedDict, total=False):
     Default False."""
 
 
-__all__ = ["EngineArgs", "InternalModelConfig", "LoRAConfig", "PeftArgs", "TrainConfig"]
+__all__ = ["EngineArgs", "InternalModelConfig", "LoRAConfig", "PeftArgs", "TrainConfig", "TrainSFTConfig"]

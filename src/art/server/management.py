@@ -11,16 +11,21 @@ and back.
     GET    /art/models/{project}/{name}/step              the latest step
     POST   /art/models/{project}/{name}/train             one update; NDJSON progress stream
     DELETE /art/models/{project}/{name}/train             cancel the running update (it rolls back)
+    POST   /art/models/{project}/{name}/train_sft         supervised fine-tuning; the same NDJSON stream
     POST   /art/models/{project}/{name}/log               a history row and its trajectories
     GET    /art/models/{project}/{name}/checkpoints       the saved steps
     DELETE /art/models/{project}/{name}/checkpoints       keep the latest and the best step
     GET    /art/models/{project}/{name}/metrics           the history.jsonl rows
     POST   /art/models/{project}/{name}/replicas/restart  start engine replicas out of rotation again
+    POST   /art/models/{project}/{name}/fork              start the model from another model's checkpoint
 
 Trajectories travel as `Trajectory.for_logging()` dicts: a message is a dict with a `role`,
 a model `Choice` is its full dump (`message`, `logprobs`, `token_ids`, `prompt_token_ids`),
 revived into the same `Choice` class (`Trajectory.from_logging`), so training sees exactly
-the ids the engine sampled.
+the ids the engine sampled. They travel once per step: a train body's `upload_id` (the
+client's digest of its groups) lets the log call that follows (`model.train` logs what it
+trained on) name them with `trajectory_groups_from`; the server holds each model's last train
+groups for that.
 
 The train stream (`application/x-ndjson`) is one `art.service.TrainEvent` per line:
 `accepted` (the request is valid; `step`: the step it will write unless another update of the
@@ -63,15 +68,16 @@ from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationInfo, field_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from art.errors import ArtError, BackendUnavailableError, StepConflictError
-from art.naming import MAX_METRIC_NAME, MAX_STEP
+from art.errors import ArtError, ArtValueError, BackendUnavailableError, StepConflictError
+from art.naming import MAX_METRIC_NAME, MAX_STEP, echo
 from art.observability import tracing
 from art.server.app import error_object, error_response
 from art.server.security import check_base_model
 from art.service import ModelKey, ModelSpec, TrainEvent, resolve_train_options
+from art.training.sft_options import resolve_sft_options
 from art.storage.layout import validate_name
 from art.trajectories import ExceptionRecord, Trajectory, TrajectoryGroup
-from art.types import TrainConfig
+from art.types import TrainConfig, TrainSFTConfig
 
 if TYPE_CHECKING:
     from art.backends.local_service import LocalService
@@ -183,6 +189,23 @@ class TrainRequest(_Strict):
                                 "(`step_conflict`) and trains nothing. None skips the check.")
     cancel_on_disconnect: bool = Field(
         False, description="Cancel (and roll back) the step when the client disconnects; by default it completes.")
+    upload_id: str | None = Field(
+        None, min_length=1, max_length=128, description="A name for these groups (the client's digest of them): the "
+        "next log call may send it as `trajectory_groups_from` instead of the groups.")
+
+
+class TrainSFTRequest(_Strict):
+    """`backend.train_sft(model, trajectories, config=..., _config=..., **options)` as JSON; the
+    server renders the chats with the model's chat template (`art.training.chat_tokens`)."""
+
+    trajectories: list[TrajectoryPayload] = Field(
+        description="`Trajectory.for_logging()` dicts: messages with `role` (assistant turns are trained) and tools.")
+    config: TrainSFTConfig | None = Field(None, description="`art.TrainSFTConfig` (learning_rate, batch_size, "
+                                                              "assistant_turns).")
+    dev_config: dict[str, Any] = Field({}, description="`art.dev.TrainSFTConfig` options (the `_config` argument).")
+    options: dict[str, Any] = Field({}, description="Keyword options of `backend.train_sft`; they override both.")
+    expected_step: int | None = Field(None, ge=0, le=MAX_STEP, description="As for `train`.")
+    cancel_on_disconnect: bool = Field(False, description="As for `train`.")
 
 
 class LogRequest(_Strict):
@@ -192,6 +215,10 @@ class LogRequest(_Strict):
     step: int = Field(ge=0, le=MAX_STEP)
     metrics: dict[str, Union[float, int, bool, str, None]] = {}
     trajectory_groups: list[TrajectoryGroupPayload] = []
+    trajectory_groups_from: str | None = Field(
+        None, min_length=1, max_length=128, description="The `upload_id` of this model's last train call: log the "
+        "groups it uploaded without sending them again. A 400 naming this field when the server no longer holds "
+        "them (send `trajectory_groups` then).")
 
     @field_validator("split")
     @classmethod
@@ -217,6 +244,29 @@ class Checkpoints(BaseModel):
 class Cancelled(BaseModel):
     cancelled: bool = Field(description="True when a running step was told to stop; it rolls back and its "
                                         "train stream ends with a 409 `step_cancelled` error line.")
+
+
+class ForkRequest(_Strict):
+    """`backend.fork_checkpoint(model, from_model, from_project, not_after_step)` as JSON; the
+    model's own fields say what it is when it is not registered yet."""
+
+    from_model: str = Field(description="The model whose checkpoint is copied; its run is stored on this server.")
+    from_project: str = Field(description="Its project.")
+    not_after_step: int | None = Field(None, ge=0, le=MAX_STEP,
+                                       description="Copy the last checkpoint at or before this step (None: the latest).")
+    base_model: str = Field(description="The forked model's base model; it must be the source's.")
+    config: Any = Field(None, description="The forked model's config object, stored with its run.")
+    internal_config: dict[str, Any] | None = Field(None, description="Its `TrainableModel(_internal_config=...)`.")
+
+    @field_validator("from_model", "from_project")
+    @classmethod
+    def _valid_name(cls, value: str, info: ValidationInfo) -> str:
+        return validate_name(value, info.field_name)
+
+
+class Forked(BaseModel):
+    step: int = Field(description="The forked model's step now: the source step copied (or, for a fork made "
+                                  "before, the step it has trained to since).")
 
 
 class RestartedReplicas(BaseModel):
@@ -273,6 +323,7 @@ def management_router(service: LocalService, *, heartbeat_s: float = 10.0,
     `base_model` path may point into (None: any)."""
     router = APIRouter(prefix="/art", tags=["management"])
     running: set[asyncio.Task] = set()  # train tasks outlive their requests; keep them referenced
+    uploads: dict[ModelKey, tuple[str, list[TrajectoryGroup]]] = {}  # each model's last train groups, for its log
 
     async def info(spec: ModelSpec) -> ModelInfo:
         return ModelInfo(project=spec.project, name=spec.name, trainable=spec.trainable,
@@ -309,6 +360,37 @@ def management_router(service: LocalService, *, heartbeat_s: float = 10.0,
         options = resolve_train_options(body.config, body.dev_config, body.options)  # a 400 naming where
         groups = await asyncio.to_thread(_groups, body.trajectory_groups)  # CPU work off the event loop
         await service.check_training_input(key, groups)  # malformed trajectories: a 400, not a stream error
+        uploads.pop(key, None)
+        if body.upload_id is not None:  # `model.train` logs these next: they need not travel twice
+            uploads[key] = (body.upload_id, groups)
+        accepted = {"groups": len(groups), "trajectories": sum(len(g.trajectories) for g in groups)}
+
+        def run(progress):
+            return service.train(key, groups, options, expected_step=body.expected_step, progress=progress)
+
+        return await stream_update(key, body, request, accepted, run)
+
+    @router.post(
+        "/models/{project}/{name}/train_sft",
+        summary="Supervised fine-tuning, one checkpoint (streams NDJSON progress)",
+        response_class=StreamingResponse,
+        responses={200: {"description": "One JSON object per line; see `TrainEvent` (one `gradient_step` per batch).",
+                         "content": {"application/x-ndjson": {"schema": TRAIN_EVENT_SCHEMA}}}},
+    )
+    @_answer_errors
+    async def train_sft(body: TrainSFTRequest, request: Request,
+                        key: ModelKey = Depends(model_key)) -> StreamingResponse:
+        options = resolve_sft_options(body.config, body.dev_config, body.options)  # a 400 naming where
+        trajectories = await asyncio.to_thread(
+            lambda: [t.to_trajectory(f"trajectories[{i}]") for i, t in enumerate(body.trajectories)])
+
+        def run(progress):
+            return service.train_sft(key, trajectories, options, expected_step=body.expected_step, progress=progress)
+
+        return await stream_update(key, body, request, {"trajectories": len(trajectories)}, run)
+
+    async def stream_update(key: ModelKey, body, request: Request, accepted: dict, run) -> StreamingResponse:
+        """Start `run(progress)` (a service update) as its own task and stream its TrainEvents."""
         current = await service.step(key)
         if body.expected_step is not None and body.expected_step != current:
             raise StepConflictError.between(f"{key[0]}/{key[1]}", body.expected_step, current)
@@ -323,7 +405,7 @@ def management_router(service: LocalService, *, heartbeat_s: float = 10.0,
         async def train_step():
             with tracing.span("art.train_request", {"art.model": f"{key[0]}/{key[1]}"}, kind="SERVER",
                               context=caller):
-                return await service.train(key, groups, options, expected_step=body.expected_step, progress=progress)
+                return await run(progress)
 
         task = asyncio.ensure_future(train_step())
         running.add(task)
@@ -346,8 +428,7 @@ def management_router(service: LocalService, *, heartbeat_s: float = 10.0,
                     await service.cancel_training(key)
 
         async def events():
-            yield _line({"type": "accepted", "step": current + 1, "groups": len(groups),
-                         "trajectories": sum(len(g.trajectories) for g in groups)})
+            yield _line({"type": "accepted", "step": current + 1, **accepted})
             while True:
                 try:
                     event = await asyncio.wait_for(queue.get(), heartbeat_s)
@@ -377,7 +458,18 @@ def management_router(service: LocalService, *, heartbeat_s: float = 10.0,
     @router.post("/models/{project}/{name}/log", response_model=Logged, summary="Log metrics and trajectories")
     @_answer_errors
     async def log_route(body: LogRequest, key: ModelKey = Depends(model_key)) -> Logged:
-        groups = await asyncio.to_thread(_groups, body.trajectory_groups)
+        if body.trajectory_groups_from is None:
+            groups = await asyncio.to_thread(_groups, body.trajectory_groups)
+        elif body.trajectory_groups:
+            raise ArtValueError("send trajectory_groups or trajectory_groups_from, not both",
+                                field="trajectory_groups_from")
+        else:
+            upload_id, groups = uploads.get(key, (None, []))
+            if upload_id != body.trajectory_groups_from:
+                raise ArtValueError(f"no train upload {echo(body.trajectory_groups_from)} of {key[0]}/{key[1]} is held "
+                                    "here (another train call replaced it, or the server restarted): send "
+                                    "trajectory_groups", field="trajectory_groups_from")
+            del uploads[key]
         await service.log(key, split=body.split, step=body.step, metrics=body.metrics, groups=groups)
         return Logged(split=body.split, step=body.step, trajectories=sum(len(g.trajectories) for g in groups))
 
@@ -402,6 +494,17 @@ def management_router(service: LocalService, *, heartbeat_s: float = 10.0,
     @_answer_errors
     async def restart_replicas(key: ModelKey = Depends(model_key)) -> RestartedReplicas:
         return RestartedReplicas(restarted=await service.restart_replicas(key))
+
+    @router.post("/models/{project}/{name}/fork", response_model=Forked,
+                 summary="Start the model from another model's checkpoint")
+    @_answer_errors
+    async def fork(body: ForkRequest, key: ModelKey = Depends(model_key)) -> Forked:
+        check_base_model(body.base_model, model_roots)
+        spec = ModelSpec(project=key[0], name=key[1], trainable=True, base_model=body.base_model, config=body.config,
+                         internal_config=body.internal_config)
+        step = await service.fork_checkpoint(spec, (body.from_project, body.from_model),
+                                             not_after_step=body.not_after_step)
+        return Forked(step=step)
 
     @router.get("/models/{project}/{name}/metrics", summary="History rows (history.jsonl)",
                 responses={200: {"description": "`{\"rows\": [...]}`, oldest first"}})

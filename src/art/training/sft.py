@@ -1,0 +1,202 @@
+"""Supervised fine-tuning through the GRPO trainer's parts: one call, several optimizer steps.
+
+`prepare` renders trajectories into token sequences (`art.training.chat_tokens`, the one place
+training tokenises text) and cuts them into batches of `batch_size` trajectories. `fit` runs one
+AdamW step per batch, at that batch's learning rate, on the same packed micro-batches
+(`art.training.packing`) and chunked logprobs (`art.training.logprobs`) as a GRPO step, with
+the token-normalised negative log-likelihood of the trained tokens:
+
+    L = -(1 / sum_i |y_i|) * sum_i sum_{t in y_i} log p(x_{i,t} | x_{i,<t})
+
+over the batch's sequences i and their assistant tokens y_i. The update transaction around it
+(pause the engine, checkpoint, publish, weight-sync probe, roll back) is `ModelService`'s, the
+same as for GRPO: one `train_sft` call writes one checkpoint, whatever its number of batches,
+as in ART.
+
+The optimizer is shared with GRPO, but its moments are not: switching between SFT and GRPO
+resets AdamW's state (as ART does), since NLL gradients clipped at 1.0 and policy gradients
+clipped at 0.1 live on different scales. The mode rides in the optimizer's param groups, so it
+is saved with the checkpoint and a resumed run switches exactly as an uninterrupted one.
+Data-parallel ranks (`trainer_ranks` > 1) are not supported here yet.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+
+import torch
+from tqdm.auto import tqdm
+
+from art.errors import ArtValueError, StepCancelledError, TrajectoryError
+from art.training import packing
+from art.training.chat_tokens import render_chat
+from art.training.options import ADAMW_WEIGHT_DECAY
+from art.training.sequences import Sequence
+from art.training.sft_options import SFTOptions
+
+log = logging.getLogger(__name__)
+
+TOO_LONG = "sft_sequence_longer_than_context"
+MODE_KEY = "art_mode"
+
+
+@dataclass
+class Batch:
+    sequences: list[Sequence]
+    learning_rate: float
+
+
+@dataclass
+class Plan:
+    """What `prepare` made of a call's trajectories."""
+
+    batches: list[Batch]
+    trajectories: int
+    skipped: Counter = field(default_factory=Counter)
+
+
+def prepare(trajectories: list, options: SFTOptions, tokenizer, *, stop_ids: set[int] | None = None,
+            max_tokens: int | None = None) -> Plan:
+    """Sequences in batches. Bad input raises TrajectoryError naming `trajectories[i]...`;
+    sequences longer than `max_tokens` are dropped and counted (all of them: an error)."""
+    if not trajectories:
+        raise ArtValueError("train_sft got no trajectories", field="trajectories")
+    count = math.ceil(len(trajectories) / options.batch_size)
+    if isinstance(options.learning_rate, tuple) and len(options.learning_rate) != count:
+        raise ArtValueError(f"learning_rate has {len(options.learning_rate)} values but {len(trajectories)} "
+                            f"trajectories make {count} batches of {options.batch_size}: give one value per batch",
+                            field="learning_rate")
+    skipped: Counter = Counter()
+    batches = []
+    for b in range(count):
+        sequences = []
+        for i in range(b * options.batch_size, min((b + 1) * options.batch_size, len(trajectories))):
+            for sequence in _sequences(trajectories[i], f"trajectories[{i}]", options, tokenizer, stop_ids):
+                if max_tokens is not None and len(sequence.token_ids) > max_tokens:
+                    skipped[TOO_LONG] += 1
+                    continue
+                sequence.group = 0  # one group per batch: a shared system prompt is computed once
+                sequence.member = i
+                sequences.append(sequence)
+        if sequences:
+            batches.append(Batch(sequences, options.rate(b)))
+    if not batches:
+        raise ArtValueError(f"every conversation is longer than the model's context ({max_tokens} tokens)",
+                            field="trajectories")
+    if skipped:
+        log.warning("SFT: %d conversations longer than the context (%s tokens) are left out", skipped[TOO_LONG],
+                    max_tokens)
+    return Plan(batches, len(trajectories), skipped)
+
+
+def _sequences(trajectory, where: str, options: SFTOptions, tokenizer, stop_ids) -> list[Sequence]:
+    """The main conversation and each of `additional_histories`, rendered."""
+    if not hasattr(trajectory, "messages_and_choices"):
+        raise TrajectoryError(f"{where} is a {type(trajectory).__name__}, not an art.Trajectory", field=where)
+    histories = [(trajectory, f"{where}.messages_and_choices")]
+    histories += [(h, f"{where}.additional_histories[{j}].messages_and_choices")
+                  for j, h in enumerate(getattr(trajectory, "additional_histories", None) or [])]
+    out = []
+    for ordinal, (history, at) in enumerate(histories):
+        chat = render_chat(tokenizer, history.messages(), history.tools, assistant_turns=options.assistant_turns,
+                           stop_ids=stop_ids, where=at)
+        out.append(Sequence(token_ids=chat.token_ids, trained=chat.trained,
+                            sampler_logprobs=[math.nan] * len(chat.token_ids), ordinal=ordinal))
+    return out
+
+
+def switch_optimizer_mode(optimizer: torch.optim.Optimizer, mode: str, weight_decay: float) -> None:
+    """Enter "sft" or "rl": moments reset when the mode changes (a fresh optimizer counts as "rl")."""
+    if optimizer.param_groups[0].get(MODE_KEY, "rl") != mode:
+        optimizer.state.clear()
+    for group in optimizer.param_groups:
+        group[MODE_KEY] = mode
+        group["weight_decay"] = weight_decay
+
+
+def enter_rl_mode(optimizer: torch.optim.Optimizer) -> None:
+    switch_optimizer_mode(optimizer, "rl", ADAMW_WEIGHT_DECAY)
+
+
+def fit(trainer, plan: Plan, options: SFTOptions, *, desc: str = "sft", on_optimizer_step=None,
+        should_stop=None, quiet: bool = False) -> dict[str, float]:
+    """One optimizer step per batch of `plan` on `trainer`'s model; the step's metrics.
+    `on_optimizer_step(done, total, metrics)` follows each step (the HTTP stream's events)."""
+    if trainer.peers is not None:
+        raise ArtValueError("SFT does not support data-parallel or sharded (fsdp) trainer ranks yet; register the "
+                            "model with trainer_ranks=1 and without fsdp for SFT", field="trainer_ranks")
+    if any(getattr(module, "merged", False) for module in trainer.model.modules()):
+        raise RuntimeError("the adapter is merged into the base weights for serving; unmerge it before training")
+    trainer.last_trainer_logprobs = []  # no sampler to audit against
+    optimizer = trainer.optimizer
+    switch_optimizer_mode(optimizer, "sft", options.weight_decay)
+    plans = [packing.plan([batch.sequences], mode=options.packing, row_tokens=options.packed_row_tokens,
+                          batch_tokens=options.micro_batch_tokens) for batch in plan.batches]
+    losses, norms, rates = [], [], []
+    computed = 0
+    bar = tqdm(total=sum(map(len, plans)), desc=desc, unit="batch", leave=False, disable=quiet)
+    if trainer.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(trainer.device)
+    with trainer.lock:
+        trainer._set_gradient_checkpointing(options.gradient_checkpointing)
+        trainer.model.train()
+        try:
+            for index, (batch, micro) in enumerate(zip(plan.batches, plans)):
+                for group in optimizer.param_groups:
+                    group["lr"] = batch.learning_rate
+                optimizer.zero_grad(set_to_none=True)
+                tokens = sum(s.num_trained for s in batch.sequences)
+                loss = 0.0
+                for part in micro:
+                    if should_stop is not None and should_stop():
+                        raise StepCancelledError("the SFT step was cancelled before it finished; it is rolled back")
+                    inputs = trainer._inputs(part)
+                    logprobs = trainer._logprobs(inputs)  # [sequences, tokens-1], 0 where not trained
+                    share = -(logprobs * inputs["mask"]).sum() / tokens  # this micro-batch's part of the mean
+                    share.backward()
+                    loss += float(share.detach())
+                    computed += part.tokens_computed
+                    bar.update(1)
+                norm = float(torch.nn.utils.clip_grad_norm_(trainer.params, options.max_grad_norm))
+                if not (math.isfinite(loss) and math.isfinite(norm)):
+                    raise _diverged(batch, f"the loss ({loss}) or its gradient norm ({norm}) is not finite")
+                optimizer.step()
+                if not all(bool(torch.isfinite(p).all()) for p in trainer.params):
+                    raise _diverged(batch, "a trained weight became NaN or Inf after the optimizer step")
+                losses.append(loss)
+                norms.append(norm)
+                rates.append(batch.learning_rate)
+                if on_optimizer_step is not None:
+                    on_optimizer_step(index + 1, len(plan.batches),
+                                      {"loss": loss, "grad_norm": norm, "learning_rate": batch.learning_rate})
+                bar.set_postfix(loss=f"{loss:.4f}")
+        finally:
+            optimizer.zero_grad(set_to_none=True)
+            trainer.model.eval()
+            bar.close()
+    sequences = [s for batch in plan.batches for s in batch.sequences]
+    metrics = {f"skipped/{k}": float(v) for k, v in sorted(plan.skipped.items())}
+    metrics.update({
+        "loss": sum(losses) / len(losses),
+        "loss_first": losses[0],
+        "loss_last": losses[-1],
+        "grad_norm": sum(norms) / len(norms),
+        "learning_rate": sum(rates) / len(rates),
+        "optimizer_steps": float(len(losses)),
+        "trajectories": float(plan.trajectories),
+        "sequences": float(len(sequences)),
+        "trained_tokens": float(sum(s.num_trained for s in sequences)),
+        "tokens_in_batch": float(sum(len(s.token_ids) for s in sequences)),
+        "tokens_computed": float(computed),
+    })
+    if trainer.device.type == "cuda":
+        metrics["peak_gpu_memory_gb"] = torch.cuda.max_memory_allocated(trainer.device) / 2**30
+    return metrics
+
+
+def _diverged(batch: Batch, what: str) -> ArtValueError:
+    return ArtValueError(f"SFT diverged: {what}. The step is rolled back. Likely cause: learning_rate "
+                         f"{batch.learning_rate:g} is too high for this model; lower it", field="learning_rate")

@@ -1,0 +1,132 @@
+"""The resolved options of one SFT call (`model.train_sft`), every default in one place.
+
+Torch-free: the client resolves them (`resolve_sft_options`) before any service sees them,
+exactly as it does for GRPO's `TrainOptions`. The SFT step itself is `art.training.sft`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Mapping
+
+from art.errors import ArtValueError
+from art.training.options import BOUNDS, PACKING_MODES
+
+AUTO_BATCH_SIZE = 2
+"""What `batch_size="auto"` means: ART's LocalBackend uses 2 trajectories per batch."""
+SFT_SOURCES = ("config", "dev_config", "options")
+"""Where SFT options come from, later ones winning: `art.TrainSFTConfig`, the
+`art.dev.TrainSFTConfig` dict (`_config=`), and keyword options of `backend.train_sft`."""
+
+
+@dataclass(frozen=True)
+class SFTOptions:
+    learning_rate: float | tuple[float, ...] = field(default=5e-5, compare=False)
+    """AdamW learning rate: one value for every batch, or one per batch (a schedule, as
+    `art.utils.sft` builds). Left out of equality: it is reported per step, not as config."""
+    batch_size: int = AUTO_BATCH_SIZE
+    """Trajectories per optimizer step; the last batch may be smaller."""
+    assistant_turns: str = "all"
+    """"all": every assistant message is trained; "last": only the last one (earlier ones are context)."""
+    max_grad_norm: float = 1.0
+    """Gradient-norm clip before each optimizer step (ART's SFT uses 1.0)."""
+    weight_decay: float = 0.01
+    """AdamW weight decay during SFT (ART's SFT uses 0.01; GRPO steps use 0.1)."""
+    micro_batch_tokens: int = 4096
+    """Tokens per forward pass (rows x widest row); bounds memory, not the update."""
+    packing: str = "shared_prefix"
+    """Forward-pass layout (`art.training.packing`): a batch's common prefix (a shared system
+    prompt) is computed once under "shared_prefix"."""
+    packed_row_tokens: int = 512
+    """Longest packed row."""
+    gradient_checkpointing: bool = False
+    """Recompute decoder-layer activations in the backward: less memory, ~1/3 more compute."""
+
+    @classmethod
+    def build(cls, values: Mapping[str, Any]) -> SFTOptions:
+        """Check every field at once; the error names the first bad one."""
+        known = {f.name for f in fields(cls)}
+        unknown = [key for key in values if key not in known]
+        merged = {k: v for k, v in values.items() if k in known}
+        if merged.get("batch_size") == "auto":
+            merged["batch_size"] = AUTO_BATCH_SIZE
+        if isinstance(merged.get("learning_rate"), (list, tuple)):
+            merged["learning_rate"] = tuple(merged["learning_rate"])
+        options = cls(**merged)
+        problems = [(key, f"unknown option {key!r}") for key in unknown] + options._problems()
+        if problems:
+            raise ArtValueError("invalid SFT config: " + "; ".join(text for _, text in problems),
+                                field=problems[0][0])
+        return options
+
+    def _problems(self) -> list[tuple[str, str]]:
+        out = []
+        rates = self.learning_rate if isinstance(self.learning_rate, tuple) else (self.learning_rate,)
+        if not rates:
+            out.append(("learning_rate", "learning_rate must not be an empty list"))
+        # A schedule may reach 0 (ART's decays to min_lr=0 at its last batch); a single rate may not.
+        low = 0 if isinstance(self.learning_rate, tuple) else math.ulp(0)
+        bad = [r for r in rates if not _number(r) or not low <= r <= BOUNDS["learning_rate"]]
+        if bad:
+            out.append(("learning_rate", f"learning_rate must be in (0, {BOUNDS['learning_rate']:g}] (a per-batch "
+                                         f"list may also hold 0), got {bad[0]!r}"))
+        if not _int(self.batch_size) or self.batch_size < 1:
+            out.append(("batch_size", f"batch_size must be a positive int or 'auto', got {self.batch_size!r}"))
+        if self.assistant_turns not in ("all", "last"):
+            out.append(("assistant_turns", f"assistant_turns must be 'all' or 'last', got {self.assistant_turns!r}"))
+        if not _number(self.max_grad_norm) or not 0 < self.max_grad_norm <= BOUNDS["max_grad_norm"]:
+            out.append(("max_grad_norm", f"max_grad_norm must be a positive number, got {self.max_grad_norm!r}"))
+        if not _number(self.weight_decay) or not 0 <= self.weight_decay <= 1:
+            out.append(("weight_decay", f"weight_decay must be in [0, 1], got {self.weight_decay!r}"))
+        for name in ("micro_batch_tokens", "packed_row_tokens"):
+            value = getattr(self, name)
+            if not _int(value) or not 1 <= value <= BOUNDS[name]:
+                out.append((name, f"{name} must be an int in [1, {BOUNDS[name]}], got {value!r}"))
+        if self.packing not in PACKING_MODES:
+            out.append(("packing", f"packing must be one of {', '.join(map(repr, PACKING_MODES))}, "
+                                   f"got {self.packing!r}"))
+        if not isinstance(self.gradient_checkpointing, bool):
+            out.append(("gradient_checkpointing", "gradient_checkpointing must be True or False, "
+                                                  f"got {self.gradient_checkpointing!r}"))
+        return out
+
+    def rate(self, batch: int) -> float:
+        """The learning rate of batch `batch` (0-based)."""
+        return self.learning_rate[batch] if isinstance(self.learning_rate, tuple) else self.learning_rate
+
+    def as_dict(self) -> dict:
+        out = asdict(self)
+        if isinstance(self.learning_rate, tuple):
+            out["learning_rate"] = list(self.learning_rate)
+        return out
+
+    def described(self) -> dict:
+        """The config as printed and kept in model.json: everything but the per-call learning rate."""
+        return {k: v for k, v in self.as_dict().items() if k != "learning_rate"}
+
+
+def resolve_sft_options(config=None, dev_config: Mapping[str, Any] | None = None,
+                        options: Mapping[str, Any] | None = None) -> SFTOptions:
+    """The one place SFT options are merged and checked. A bad option raises ArtValueError whose
+    `field` says where it came from (`config.batch_size`, `dev_config.max_grad_norm`, ...)."""
+    given = {
+        "config": config.model_dump(exclude_unset=True) if hasattr(config, "model_dump") else dict(config or {}),
+        "dev_config": dict(dev_config or {}),
+        "options": dict(options or {}),
+    }
+    base = config.model_dump() if hasattr(config, "model_dump") else dict(config or {})
+    try:
+        return SFTOptions.build({**base, **given["dev_config"], **given["options"]})
+    except ArtValueError as exc:
+        name = exc.field
+        source = next((where for where in reversed(SFT_SOURCES) if name in given[where]), None)
+        raise ArtValueError(str(exc), field=f"{source}.{name}" if source else name) from None
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
