@@ -90,7 +90,7 @@ def main(args: argparse.Namespace) -> None:
     layouts = {"padded": TrainOptions(packing="padded")}
     for row_tokens in args.row_tokens:
         layouts[f"shared_prefix/{row_tokens}"] = TrainOptions(packing="shared_prefix", packed_row_tokens=row_tokens)
-    trainer._set_gradient_checkpointing(args.gradient_checkpointing)
+    trainer.set_gradient_checkpointing(args.gradient_checkpointing)
     results = time_updates(trainer, sequences, layouts, args.repeats)
     rows = [[name, r["seconds"], r["tokens_computed"], r["rows"]] for name, r in results.items()]
     print(table(["layout", "s / update", "tokens computed", "rows"], rows))

@@ -73,36 +73,44 @@ def test_two_ranks_make_the_single_process_update(tiny_model_path, tmp_path):
     assert len(parallel.last_trainer_logprobs) == len(single.last_trainer_logprobs)  # rank 1's rows gathered
 
 
+async def rank_groups(model, step: int):
+    """Two groups of four rollouts, seeded by `step`."""
+    return await art.gather_trajectory_groups(
+        [art.TrajectoryGroup(rollout(model, seed=100 * step + 10 * g + i) for i in range(4)) for g in range(2)],
+        pbar_desc=None)
+
+
+async def kill_a_rank_mid_step_then_train(backend, model, peers, victim: int) -> None:
+    """Kill peer process `victim` after the first of two optimizer steps of step 2: the step
+    is rolled back (step, checkpoints and served logprobs as before), the peers are started
+    again, and the next call trains. The model is at step 1."""
+    before = await greedy_logprobs(model, model.name)
+    first_pid = peers._processes[victim].pid
+
+    def kill_after_first_optimizer_step(event):
+        if event["type"] == "gradient_step" and event["done"] == 1:
+            peers._processes[victim].kill()
+
+    with pytest.raises(art.BackendError, match="rolled back"):
+        await backend.train(model, await rank_groups(model, 1), learning_rate=1e-2, mini_batches=2,
+                            progress=kill_after_first_optimizer_step)
+    assert await model.get_step() == 1
+    assert await backend.list_checkpoints(model) == [0, 1]  # no half-written step 2
+    assert await greedy_logprobs(model, model.name) == pytest.approx(before, abs=1e-6)  # rolled back
+    assert peers.healthy and peers._processes[victim].pid != first_pid  # started again at the roll back
+
+    result = await backend.train(model, await rank_groups(model, 1), learning_rate=1e-2, mini_batches=2)
+    assert result.step == 2 and result.metrics["optimizer_steps"] == 2
+    await backend.close()
+    assert not peers._processes
+
+
 async def test_a_rank_killed_mid_step_costs_that_step_only(tiny_model_path, tmp_path):
     backend = art.LocalBackend(path=str(tmp_path))
     model = art.TrainableModel(name="dp", project="p", base_model=str(tiny_model_path),
                                _internal_config={"trainer_ranks": 2})
     await model.register(backend)
     peers = backend.service.loaded(("p", "dp")).trainer.peers
-    first_peer = peers._processes[0].pid
-
-    async def groups(step):
-        return await art.gather_trajectory_groups(
-            [art.TrajectoryGroup(rollout(model, seed=100 * step + 10 * g + i) for i in range(4)) for g in range(2)],
-            pbar_desc=None)
-
-    result = await backend.train(model, await groups(0), learning_rate=1e-2)
+    result = await backend.train(model, await rank_groups(model, 0), learning_rate=1e-2)
     assert result.step == 1
-    before = await greedy_logprobs(model, "dp")
-
-    def kill_after_first_optimizer_step(event):
-        if event["type"] == "gradient_step" and event["done"] == 1:
-            peers._processes[0].kill()
-
-    with pytest.raises(art.BackendError, match="rolled back"):
-        await backend.train(model, await groups(1), learning_rate=1e-2, mini_batches=2,
-                            progress=kill_after_first_optimizer_step)
-    assert await model.get_step() == 1
-    assert await backend.list_checkpoints(model) == [0, 1]  # no half-written step 2
-    assert await greedy_logprobs(model, "dp") == pytest.approx(before, abs=1e-6)  # rank 0 rolled back
-    assert peers.healthy and peers._processes[0].pid != first_peer  # started again at the roll back
-
-    result = await backend.train(model, await groups(1), learning_rate=1e-2, mini_batches=2)
-    assert result.step == 2 and result.metrics["optimizer_steps"] == 2
-    await backend.close()
-    assert not peers._processes
+    await kill_a_rank_mid_step_then_train(backend, model, peers, victim=0)

@@ -16,7 +16,8 @@ from art.training.options import TrainOptions
 from art.training.sharded import OPTIMIZER_FILE, ShardedTrainer
 from art.training.trainer import Trainer, plan_micro_batches, prepare_batch, split_mini_batches
 from tests.test_trainer_options import groups_of_choices
-from tests.test_training_loop import greedy_logprobs, rollout
+from tests.test_data_parallel import kill_a_rank_mid_step_then_train, rank_groups
+from tests.test_training_loop import greedy_logprobs
 
 OPTIONS = TrainOptions(learning_rate=1e-3, mini_batches=2, micro_batch_tokens=32, packed_row_tokens=24)
 
@@ -88,37 +89,15 @@ async def test_the_backend_serves_what_the_sharded_ranks_train_and_survives_a_de
     assert [p.is_alive() for p in peers._processes] == [True, True]  # rank 0 too: a process of its own
     assert not any(p.requires_grad for p in service.model.parameters())  # the backend keeps a served copy only
 
-    async def groups(step):
-        return await art.gather_trajectory_groups(
-            [art.TrajectoryGroup(rollout(model, seed=100 * step + 10 * g + i) for i in range(4)) for g in range(2)],
-            pbar_desc=None)
-
     before = await greedy_logprobs(model, "fsdp")
-    result = await backend.train(model, await groups(0), learning_rate=1e-2)
+    result = await backend.train(model, await rank_groups(model, 0), learning_rate=1e-2)
     assert result.step == 1 and result.metrics["weight_sync_max_abs_diff"] <= 1e-4
     trained = await greedy_logprobs(model, "fsdp")
     assert max(abs(a - b) for a, b in zip(trained, before)) > 1e-3  # the served copy took the new weights
     files = set(p.name for p in (tmp_path / "p" / "models" / "fsdp" / "checkpoints" / "0001").iterdir())
     assert {"model.safetensors", "config.json", OPTIMIZER_FILE} <= files
 
-    first_pid = peers._processes[1].pid
-
-    def kill_after_first_optimizer_step(event):
-        if event["type"] == "gradient_step" and event["done"] == 1:
-            peers._processes[1].kill()
-
-    with pytest.raises(art.BackendError, match="rolled back"):
-        await backend.train(model, await groups(1), learning_rate=1e-2, mini_batches=2,
-                            progress=kill_after_first_optimizer_step)
-    assert await model.get_step() == 1
-    assert await backend.list_checkpoints(model) == [0, 1]  # no half-written step 2
-    assert await greedy_logprobs(model, "fsdp") == pytest.approx(trained, abs=1e-6)
-    assert peers.healthy and peers._processes[1].pid != first_pid  # started again at the roll back
-
-    result = await backend.train(model, await groups(1), learning_rate=1e-2, mini_batches=2)
-    assert result.step == 2 and result.metrics["optimizer_steps"] == 2
-    await backend.close()
-    assert not peers._processes
+    await kill_a_rank_mid_step_then_train(backend, model, peers, victim=1)
 
 
 def test_fsdp_needs_full_fine_tuning():

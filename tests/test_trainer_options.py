@@ -48,10 +48,10 @@ def test_gradient_checkpointing_gives_the_same_loss_and_gradients(tiny_model_pat
     sequences = make_groups(turns=2)
     loss, grads, _ = trainer_loss_and_grads(model, sequences, TrainOptions())
     trainer = Trainer(model, SimpleNamespace(pad_token_id=0))
-    trainer._set_gradient_checkpointing(True)
+    trainer.set_gradient_checkpointing(True)
     assert model.get_base_model().is_activation_checkpointing
     checkpointed, checkpointed_grads, _ = trainer_loss_and_grads(model, sequences, TrainOptions())
-    trainer._set_gradient_checkpointing(False)
+    trainer.set_gradient_checkpointing(False)
     assert not model.get_base_model().is_activation_checkpointing
     assert checkpointed == pytest.approx(loss, rel=1e-6)
     for name, grad in grads.items():

@@ -18,8 +18,7 @@ from typing import Any, Callable, Literal, Mapping, Protocol
 
 from typing_extensions import TypedDict  # pydantic reads its schema (the train stream's) on Python < 3.12
 
-from art.errors import ArtValueError
-from art.training.options import TrainOptions
+from art.training.options import TrainOptions, merge_option_sources
 from art.training.sft_options import SFTOptions
 
 ModelKey = tuple[str, str]
@@ -84,28 +83,10 @@ class TrainEvent(TypedDict, total=False):
 
 Progress = Callable[[TrainEvent], None]
 
-OPTION_SOURCES = ("config", "dev_config", "options")
-"""Where training options come from, later ones winning: `art.TrainConfig`, the
-`art.dev.TrainConfig` dict (`_config=`), and keyword options of `backend.train`."""
-
-
 def resolve_train_options(config=None, dev_config: Mapping[str, Any] | None = None,
                           options: Mapping[str, Any] | None = None) -> TrainOptions:
-    """The one place training options are merged and checked. A bad option raises
-    ArtValueError whose `field` says where it came from (`options.beta`, `dev_config.epsilon`,
-    `config.learning_rate`)."""
-    given = {
-        "config": config.model_dump(exclude_unset=True) if hasattr(config, "model_dump") else dict(config or {}),
-        "dev_config": dict(dev_config or {}),
-        "options": dict(options or {}),
-    }
-    base = config.model_dump() if hasattr(config, "model_dump") else dict(config or {})
-    try:
-        return TrainOptions.build(None, {**base, **given["dev_config"], **given["options"]})
-    except ArtValueError as exc:
-        name = exc.field
-        source = next((where for where in reversed(OPTION_SOURCES) if name in given[where]), None)
-        raise ArtValueError(str(exc), field=f"{source}.{name}" if source else name) from None
+    """The one place training options are merged and checked (`merge_option_sources`)."""
+    return merge_option_sources(lambda merged: TrainOptions.build(None, merged), config, dev_config, options)
 
 
 class Service(Protocol):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, fields
+from typing import Any, Callable, Mapping
 
 from art.errors import ArtValueError
 
@@ -173,3 +174,26 @@ def _number(value) -> bool:
 
 def _int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+OPTION_SOURCES = ("config", "dev_config", "options")
+"""Where options come from, later ones winning: the user's config object (`art.TrainConfig`,
+`art.TrainSFTConfig`), the `art.dev` dict (`_config=`), and keyword options."""
+
+
+def merge_option_sources(build: Callable[[dict], Any], config=None, dev_config: Mapping[str, Any] | None = None,
+                         options: Mapping[str, Any] | None = None):
+    """`build` the merged options. A bad option's ArtValueError names the source it came from
+    in its `field` (`options.beta`, `dev_config.epsilon`, `config.learning_rate`)."""
+    given = {
+        "config": config.model_dump(exclude_unset=True) if hasattr(config, "model_dump") else dict(config or {}),
+        "dev_config": dict(dev_config or {}),
+        "options": dict(options or {}),
+    }
+    base = config.model_dump() if hasattr(config, "model_dump") else dict(config or {})
+    try:
+        return build({**base, **given["dev_config"], **given["options"]})
+    except ArtValueError as exc:
+        name = exc.field
+        source = next((where for where in reversed(OPTION_SOURCES) if name in given[where]), None)
+        raise ArtValueError(str(exc), field=f"{source}.{name}" if source else name) from None

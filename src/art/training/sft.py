@@ -141,7 +141,7 @@ def fit(trainer, plan: Plan, options: SFTOptions, *, desc: str = "sft", on_optim
     if trainer.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(trainer.device)
     with trainer.lock:
-        trainer._set_gradient_checkpointing(options.gradient_checkpointing)
+        trainer.set_gradient_checkpointing(options.gradient_checkpointing)
         trainer.model.train()
         try:
             for index, (batch, micro) in enumerate(zip(plan.batches, plans)):
@@ -153,8 +153,8 @@ def fit(trainer, plan: Plan, options: SFTOptions, *, desc: str = "sft", on_optim
                 for part in micro:
                     if should_stop is not None and should_stop():
                         raise StepCancelledError("the SFT step was cancelled before it finished; it is rolled back")
-                    inputs = trainer._inputs(part)
-                    logprobs = trainer._logprobs(inputs)  # [sequences, tokens-1], 0 where not trained
+                    inputs = trainer.batch_inputs(part)
+                    logprobs = trainer.token_logprobs(inputs)  # [sequences, tokens-1], 0 where not trained
                     share = -(logprobs * inputs["mask"]).sum() / tokens  # this micro-batch's part of the mean
                     share.backward()
                     loss += float(share.detach())

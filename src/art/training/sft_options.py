@@ -11,13 +11,10 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Mapping
 
 from art.errors import ArtValueError
-from art.training.options import BOUNDS, PACKING_MODES
+from art.training.options import BOUNDS, PACKING_MODES, merge_option_sources
 
 AUTO_BATCH_SIZE = 2
 """What `batch_size="auto"` means: ART's LocalBackend uses 2 trajectories per batch."""
-SFT_SOURCES = ("config", "dev_config", "options")
-"""Where SFT options come from, later ones winning: `art.TrainSFTConfig`, the
-`art.dev.TrainSFTConfig` dict (`_config=`), and keyword options of `backend.train_sft`."""
 
 
 @dataclass(frozen=True)
@@ -108,20 +105,8 @@ class SFTOptions:
 
 def resolve_sft_options(config=None, dev_config: Mapping[str, Any] | None = None,
                         options: Mapping[str, Any] | None = None) -> SFTOptions:
-    """The one place SFT options are merged and checked. A bad option raises ArtValueError whose
-    `field` says where it came from (`config.batch_size`, `dev_config.max_grad_norm`, ...)."""
-    given = {
-        "config": config.model_dump(exclude_unset=True) if hasattr(config, "model_dump") else dict(config or {}),
-        "dev_config": dict(dev_config or {}),
-        "options": dict(options or {}),
-    }
-    base = config.model_dump() if hasattr(config, "model_dump") else dict(config or {})
-    try:
-        return SFTOptions.build({**base, **given["dev_config"], **given["options"]})
-    except ArtValueError as exc:
-        name = exc.field
-        source = next((where for where in reversed(SFT_SOURCES) if name in given[where]), None)
-        raise ArtValueError(str(exc), field=f"{source}.{name}" if source else name) from None
+    """The one place SFT options are merged and checked (`merge_option_sources`)."""
+    return merge_option_sources(SFTOptions.build, config, dev_config, options)
 
 
 def _number(value) -> bool:

@@ -133,7 +133,7 @@ class Trainer:
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         with self.lock:
-            self._set_gradient_checkpointing(options.gradient_checkpointing)
+            self.set_gradient_checkpointing(options.gradient_checkpointing)
             self.model.train()
             try:
                 before = [self._pre_update_logprobs(p) for p in plans] if options.precalculate_logprobs else None
@@ -224,7 +224,7 @@ class Trainer:
         terms = self._forward(sharded.filler_batch(self.pad_id), options, normalizer)
         (terms["loss"] * 0.0).backward()
 
-    def _set_gradient_checkpointing(self, enabled: bool) -> None:
+    def set_gradient_checkpointing(self, enabled: bool) -> None:
         """transformers >= 5 names it activation checkpointing; older ones gradient checkpointing."""
         base = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
         new_names = hasattr(type(base), "is_activation_checkpointing")
@@ -237,7 +237,7 @@ class Trainer:
         else:
             (base.activation_checkpointing_disable if new_names else base.gradient_checkpointing_disable)()
 
-    def _inputs(self, batch: MicroBatch) -> dict[str, torch.Tensor]:
+    def batch_inputs(self, batch: MicroBatch) -> dict[str, torch.Tensor]:
         """Packed rows for the trunk, and per-sequence tensors [sequences, tokens-1] for the loss
         (position t holds token t+1, the way `policy_loss_terms` reads them), on the device.
         Assembled on the host from Python lists, then copied once."""
@@ -276,7 +276,7 @@ class Trainer:
             return torch.autocast(self.device.type, dtype=self.dtype)
         return contextlib.nullcontext()
 
-    def _logprobs(self, inputs: dict[str, torch.Tensor], with_entropy: bool = False):
+    def token_logprobs(self, inputs: dict[str, torch.Tensor], with_entropy: bool = False):
         """Trainer logprobs of the trained tokens, laid out like inputs["mask"]; 0 elsewhere.
         With `with_entropy`, also the entropy of each trained token's distribution, laid out alike."""
         with self.compute_precision():
@@ -293,7 +293,8 @@ class Trainer:
         batch's pass is run and dropped)."""
         out = []
         for batch in batches:
-            values = self._logprobs(self._inputs(batch if batch is not None else sharded.filler_batch(self.pad_id)))
+            filled = batch if batch is not None else sharded.filler_batch(self.pad_id)
+            values = self.token_logprobs(self.batch_inputs(filled))
             out.append(values if batch is not None else None)
         return out
 
@@ -308,8 +309,8 @@ class Trainer:
 
     def _forward(self, batch: MicroBatch, options: TrainOptions, normalizer: Normalizer,
                  before: torch.Tensor | None = None, record: bool = False) -> dict[str, torch.Tensor]:
-        inputs = self._inputs(batch)
-        new, entropy = self._logprobs(inputs, with_entropy=True)  # [sequences, tokens-1] each
+        inputs = self.batch_inputs(batch)
+        new, entropy = self.token_logprobs(inputs, with_entropy=True)  # [sequences, tokens-1] each
         if record:
             keep_trainer_logprobs(batch.sequences, new if before is None else before)
         ref = None
@@ -330,7 +331,7 @@ class Trainer:
     def _reference_logprobs(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
         if not self.full_finetune:
             with self.model.disable_adapter():
-                return self._logprobs(inputs)
+                return self.token_logprobs(inputs)
         if self._reference is None:
             if self._load_reference is None:
                 raise ArtValueError("beta > 0 under full fine-tuning needs the base model as reference; "
@@ -338,7 +339,7 @@ class Trainer:
             self._reference = self._load_reference().eval().requires_grad_(False)
         trained, self.model = self.model, self._reference
         try:
-            return self._logprobs(inputs)
+            return self.token_logprobs(inputs)
         finally:
             self.model = trained
 
@@ -445,7 +446,7 @@ def prepare_batch(groups, options: TrainOptions) -> tuple[list[Sequence], Counte
 
 
 def keep_trainer_logprobs(batch: list[Sequence], logprobs: torch.Tensor) -> None:
-    """Each sequence's trainer logprobs (laid out like `Trainer._logprobs`: position t-1 holds
+    """Each sequence's trainer logprobs (laid out like `Trainer.token_logprobs`: position t-1 holds
     token t) on the sequence, for the token audit to set beside the sampler's: the pre-update
     ones with precalculate_logprobs, otherwise the first forward pass's (before this step's
     first optimizer step for the first mini-batch, after the earlier ones for the others)."""
