@@ -12,6 +12,7 @@ import art
 from art.engine.base import AdapterRef, SamplingParams
 from art.engine.replicas import ReplicaUnavailableError
 from art.ray_cluster import RayRankPeers, RayReplica
+from tests.test_data_parallel import rank_groups
 from tests.test_training_loop import greedy_logprobs, rollout
 
 ray = pytest.importorskip("ray")
@@ -76,3 +77,33 @@ async def test_replicas_and_ranks_as_ray_actors(local_ray, tiny_model_path, tmp_
     assert again.step == 2 and again.replica == 1
     await backend.close()
     assert not peers._actors and replica.actor is None
+
+
+async def test_sharded_ranks_as_ray_actors(local_ray, tiny_model_path, tmp_path):
+    """fsdp with placement "ray": both ranks are actors (the backend holds the served copy);
+    the step trains, the probe passes on the ranks' shards, and a rank actor killed between
+    steps costs the next call only."""
+    backend = art.LocalBackend(path=str(tmp_path), placement="ray")
+    model = art.TrainableModel(name="fsdp", project="p", base_model=str(tiny_model_path),
+                               _internal_config={"full_finetune": True, "trainer_ranks": 2, "fsdp": True})
+    await model.register(backend)
+    peers = backend.service.loaded(("p", "fsdp")).trainer.peers
+    assert isinstance(peers, RayRankPeers) and len(peers.pids) == 2
+
+    before = await greedy_logprobs(model, "fsdp")
+    events: list = []
+    result = await backend.train(model, await rank_groups(model, 0), learning_rate=1e-2, mini_batches=2,
+                                 progress=events.append)
+    assert result.step == 1 and result.metrics["weight_sync_max_abs_diff"] <= 1e-4
+    assert [e["done"] for e in events if e["type"] == "gradient_step"] == [1, 2]  # rank 0's progress came back
+    trained = await greedy_logprobs(model, "fsdp")
+    assert max(abs(a - b) for a, b in zip(trained, before)) > 1e-3
+
+    ray.kill(peers._actors[1])
+    with pytest.raises(art.BackendError, match="rolled back"):
+        await backend.train(model, await rank_groups(model, 1), learning_rate=1e-2)
+    assert await model.get_step() == 1 and await backend.list_checkpoints(model) == [0, 1]
+    assert await greedy_logprobs(model, "fsdp") == pytest.approx(trained, abs=1e-6)
+    assert (await backend.train(model, await rank_groups(model, 1), learning_rate=1e-2)).step == 2
+    await backend.close()
+    assert not peers._actors

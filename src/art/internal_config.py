@@ -97,9 +97,6 @@ def parse_internal_config(internal: dict | None) -> ModelSettings:
     if fsdp and not full:
         raise ArtValueError("fsdp shards a fully fine-tuned model; set full_finetune=True too (a LoRA adapter is "
                             "small enough to train whole on each rank: use trainer_ranks alone)", field="fsdp")
-    if fsdp and placement == "ray":
-        raise ArtValueError("fsdp runs its ranks as local processes; placement 'ray' is not supported with it yet",
-                            field="fsdp")
     return ModelSettings(engine=engine, full_finetune=bool(full), fsdp=bool(fsdp),
                          lora=None if full else {**LORA_DEFAULTS, **lora_given}, seed=seed, placement=placement,
                          **counts)

@@ -76,9 +76,6 @@ class ModelService:
         self.device, dtype = engine_config.device, engine_config.torch_dtype
         lora = settings.lora  # None under full fine-tuning
         on_ray = (settings.placement or placement) == "ray"
-        if settings.fsdp and on_ray:
-            raise ArtValueError("fsdp runs its ranks as local processes; placement 'ray' is not supported with it yet",
-                                field="fsdp")
         torch.manual_seed(settings.seed)  # reproducible adapter init at step 0
         self.model, self.tokenizer = base_models.load_policy(base_model, lora, dtype=dtype, device=self.device,
                                                              trainable=not settings.fsdp)

@@ -7,7 +7,8 @@ That is one machine after a local `ray.init()`, or many after `ray start --head`
 `--address`.
 
 Ray places processes; torch.distributed still carries the gradients (the split verl uses).
-Rank 0's TCPStore listens on this node's address, and the rank actors join it.
+Rank 0's TCPStore listens on this node's address, and the rank actors join it. Sharded
+(`fsdp`, `art.training.sharded`), every rank is an actor, and the backend holds the store.
 The actors build their models with the same functions as the local processes (`build_engine`,
 `build_trainer`) and answer in the same shape, so `ReplicaSet` and the trainer cannot tell
 them apart. Peers read checkpoints from the backend's path (a rank's restore, a fully
@@ -19,13 +20,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 
 import torch
 
 from art.engine.replicas import CalledReplica, ReplicaSpec, ReplicaUnavailableError, error_payload, revive_error
 from art.errors import ArtValueError, BackendError
-from art.training.data_parallel import (STEP_TIMEOUT, RankPeers, RankSpec, host_store, obey, peer_error,
-                                        rank_device, rank_threads, start_group)
+from art.training.data_parallel import (STEP_TIMEOUT, STOP_KEY, RankPeers, RankSpec, host_store,
+                                        join_default_group, obey, peer_error, rank_device, rank_threads, start_group)
 
 log = logging.getLogger(__name__)
 
@@ -136,7 +138,7 @@ class RayReplica(CalledReplica):
 
 
 class RankActor:
-    """Runs in a Ray worker: one trainer rank (rank >= 1) and its model."""
+    """Runs in a Ray worker: one trainer rank (rank >= 1, or sharded any rank) and its model."""
 
     def __init__(self, rank: int, world: int, spec: RankSpec) -> None:
         torch.set_num_threads(rank_threads())
@@ -144,26 +146,27 @@ class RankActor:
         self.trainer = None
 
     def join(self, host: str, port: int):
-        """Join rank 0's group, then build the model (returns once both are done)."""
+        """Join the group, then build the model (returns once both are done)."""
         from art.training.data_parallel import build_trainer
 
         try:
-            collective = start_group(self.rank, self.world, rank_device(self.spec.device, self.rank), port=port,
-                                     host=host)
+            join = join_default_group if self.spec.sharded else start_group
+            collective = join(self.rank, self.world, rank_device(self.spec.device, self.rank), port=port, host=host)
             self.trainer = build_trainer(self.spec, collective)
             return "ok", os.getpid()
         except Exception as exc:
             return "error", f"rank {self.rank} could not start: {type(exc).__name__}: {exc}"
 
-    def command(self, name: str, *args):
-        """Restore a folder or train a step, as a local peer obeys (`data_parallel.obey`)."""
+    def command(self, name: str, *args) -> list:
+        """Run one command as a local peer obeys it (`data_parallel.obey`); every answer it gave,
+        progress events first (they reach the backend when the command is done)."""
         answers: list = []
         obey(self.trainer, self.rank, name, args, answers.append)
-        return answers[0]
+        return answers
 
 
 class RayRankPeers(RankPeers):
-    """Ranks 1..N-1 as Ray actors: `RankPeers` with Ray as the transport."""
+    """Ranks 1..N-1 (sharded: all N) as Ray actors: `RankPeers` with Ray as the transport."""
 
     def __init__(self, world: int, spec: RankSpec) -> None:
         super().__init__(world, spec)
@@ -175,13 +178,14 @@ class RayRankPeers(RankPeers):
         ray = ensure_ray()
         self.close()
         host = ray.util.get_node_ip_address()
-        store = host_store(self.world, host)
+        self._store = store = host_store(self.world + (self.first == 0), host)
         actor_class = ray.remote(RankActor)
         self._actors = [actor_class.options(num_cpus=1, num_gpus=_gpus(self.spec.device)).remote(rank, self.world,
                                                                                                self.spec)
-                        for rank in range(1, self.world)]
+                        for rank in range(self.first, self.world)]
         joins = [actor.join.remote(host, store.port) for actor in self._actors]
-        self.collective = start_group(0, self.world, torch.device(self.spec.device), store=store)
+        if self.first:
+            self.collective = start_group(0, self.world, torch.device(self.spec.device), store=store)
         answers = ray.get(joins, timeout=START_TIMEOUT_S)
         failed = [detail for kind, detail in answers if kind != "ok"]
         if failed:
@@ -189,7 +193,7 @@ class RayRankPeers(RankPeers):
             raise BackendError(f"trainer ranks could not start in Ray: {failed[0]}")
         self.pids = [pid for _, pid in answers]
         self.healthy = True
-        log.info("trainer ranks 1-%d started as Ray actors", self.world - 1)
+        log.info("trainer ranks %d-%d started as Ray actors", self.first, self.world - 1)
         return self.collective
 
     def _all_alive(self) -> bool:
@@ -198,21 +202,39 @@ class RayRankPeers(RankPeers):
     def _send(self, *message) -> None:
         self._refs = [actor.command.remote(*message) for actor in self._actors]
 
-    def _answers(self, expected: str, *, what: str, timeout: float | None = None, **_) -> list:
+    def _answers(self, expected: str, *, what: str, timeout: float | None = None, on_progress=None,
+                 should_stop=None) -> list:
+        """Each actor's answer, in rank order (raises the first error once all answered). An actor
+        that died ends the wait for the others: they may wait for it in a collective for ever."""
         import ray
 
+        deadline = time.monotonic() + (timeout if timeout is not None else STEP_TIMEOUT.total_seconds())
+        pending, died = list(self._refs), None
+        while pending and died is None and time.monotonic() < deadline:
+            done, pending = ray.wait(pending, num_returns=1, timeout=0.2)
+            if should_stop is not None and should_stop():
+                self._store.set(STOP_KEY, "1")
+            for ref in done:
+                try:
+                    ray.get(ref)
+                except ray.exceptions.RayActorError:
+                    died = self._refs.index(ref) + self.first
         first, results = None, []
-        for rank, ref in enumerate(self._refs, start=1):
-            try:
-                kind, detail = ray.get(ref, timeout=timeout if timeout is not None else STEP_TIMEOUT.total_seconds())
-            except ray.exceptions.GetTimeoutError:
+        for rank, ref in enumerate(self._refs, start=self.first):
+            if ref in pending:
                 self.healthy = False
-                first = first or BackendError(f"trainer rank {rank} did not answer {what} in time")
+                first = first or BackendError(f"trainer rank {died} died during {what}" if died is not None
+                                              else f"trainer rank {rank} did not answer {what} in time")
                 continue
+            try:
+                *progress, (kind, detail) = ray.get(ref)
             except ray.exceptions.RayActorError:
                 self.healthy = False
                 first = first or BackendError(f"trainer rank {rank} died during {what}")
                 continue
+            for _, event in progress:
+                if on_progress is not None:
+                    on_progress(*event)
             if kind != "ok":
                 first = first or peer_error(detail, rank, what)
             results.append(detail)
@@ -227,6 +249,6 @@ class RayRankPeers(RankPeers):
 
             for actor in self._actors:
                 ray.kill(actor)
-        self._actors, self._refs = [], []
+        self._actors, self._refs, self._store = [], [], None
         self.collective = self.collective.__class__()
         self.healthy = False

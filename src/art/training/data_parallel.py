@@ -39,6 +39,9 @@ log = logging.getLogger(__name__)
 
 STEP_TIMEOUT = datetime.timedelta(minutes=30)
 """How long a collective waits for a slow rank before the step fails (and rolls back)."""
+STOP_KEY = "art/stop"
+"""Set in the group's store to cancel the running step (sharded ranks have no rank 0 in the
+backend to decide it); deleted when a step begins."""
 
 
 class Collective:
@@ -72,6 +75,10 @@ class Collective:
             if rank == self.rank:
                 mine += unit
         return sorted(mine, key=lambda s: s.group)
+
+    def stop_requested(self) -> bool:
+        """Whether the backend asked, through the store, to cancel the running step."""
+        return self.store is not None and self.store.check([STOP_KEY])
 
     def any(self, flag: bool) -> bool:
         """True on every rank when it is True on any (a cancel seen by one rank stops all)."""
@@ -188,9 +195,8 @@ def rank_threads() -> int:
     return max(1, int(os.environ.get("ART_RANK_THREADS", "1")))
 
 
-def peer_main(rank: int, world: int, port: int, spec: RankSpec, connection, stop=None) -> None:
-    """A peer process: join the group, build the model, then `obey` the backend's commands.
-    `stop`: an event the backend sets to cancel the running step."""
+def peer_main(rank: int, world: int, port: int, spec: RankSpec, connection) -> None:
+    """A peer process: join the group, build the model, then `obey` the backend's commands."""
     torch.set_num_threads(rank_threads())
     device = rank_device(spec.device, rank)
     collective = (join_default_group if spec.sharded else start_group)(rank, world, device, port=port)
@@ -204,10 +210,10 @@ def peer_main(rank: int, world: int, port: int, spec: RankSpec, connection, stop
         command, *args = connection.recv()
         if command == "close":
             return
-        obey(trainer, rank, command, args, connection.send, stop.is_set if stop is not None else None)
+        obey(trainer, rank, command, args, connection.send)
 
 
-def obey(trainer, rank: int, command: str, args, answer, should_stop=None) -> None:
+def obey(trainer, rank: int, command: str, args, answer) -> None:
     """Run one of the backend's commands on a peer's trainer: "restore" or "save" a folder,
     "step", or "logprobs" of the probe; `answer` ("ok", result) or ("error", message). Rank 0
     (a peer only when sharded) answers the step's (metrics, trainer logprob rows) and sends
@@ -225,7 +231,7 @@ def obey(trainer, rank: int, command: str, args, answer, should_stop=None) -> No
         else:
             progress = None if rank else (lambda *event: answer(("progress", event)))
             metrics = trainer.step(*args, desc=f"rank {rank}", quiet=True, on_optimizer_step=progress,
-                                   should_stop=should_stop)
+                                   should_stop=trainer.collective.stop_requested)
             result = None if rank else (metrics, trainer.last_trainer_logprobs)
         answer(("ok", result))
     except (StepCancelledError, ArtValueError) as exc:  # raised on every rank alike
@@ -249,8 +255,7 @@ class RankPeers:
         self.collective = Collective()
         self._processes: list = []
         self._connections: list = []
-        self._stop = None  # set to cancel the running step (sharded: no rank 0 here to decide it)
-        self._store = None
+        self._store = None  # the group's store (rank 0's, or sharded the backend's)
         self.healthy = False
 
     def start(self) -> Collective:
@@ -261,12 +266,10 @@ class RankPeers:
                                 field="trainer_ranks")
         self.close()
         context = multiprocessing.get_context("spawn")  # a fresh interpreter: no forked threads or CUDA state
-        self._stop = context.Event()
         self._store = store = host_store(self.world + (self.first == 0))  # sharded: the backend holds it, no rank
         for rank in range(self.first, self.world):
             ours, theirs = context.Pipe()
-            process = context.Process(target=peer_main, args=(rank, self.world, store.port, self.spec, theirs,
-                                                              self._stop),
+            process = context.Process(target=peer_main, args=(rank, self.world, store.port, self.spec, theirs),
                                       name=f"art-trainer-rank-{rank}", daemon=True)
             process.start()
             self._processes.append(process)
@@ -290,8 +293,7 @@ class RankPeers:
     def begin_step(self, groups, options) -> None:
         if not self.healthy:
             raise BackendError("the trainer ranks are not running (a failed step?); restore a checkpoint first")
-        if self._stop is not None:
-            self._stop.clear()
+        self._store.delete_key(STOP_KEY)
         self._send("step", list(groups), options)
 
     def end_step(self, failed: bool, on_progress=None, should_stop=None) -> list:
@@ -353,6 +355,11 @@ class RankPeers:
                 self.healthy = False
                 first = first or BackendError(f"trainer rank {rank} did not answer {what} in time")
                 continue
+            except PeerDied as died:  # this rank may wait for the dead one in a collective for ever
+                self.healthy = False
+                first = first or BackendError(f"trainer rank {died.args[0]} died during {what} (exit code "
+                                              f"{died.args[1]})")
+                continue
             except (EOFError, OSError):
                 self.healthy = False
                 first = first or BackendError(f"trainer rank {rank} died during {what} (exit code {process.exitcode})")
@@ -367,13 +374,19 @@ class RankPeers:
         return results
 
     def _receive(self, connection, deadline: float, on_progress, should_stop) -> tuple[str, object]:
-        """The next answer on `connection`, passing progress events on and polling `should_stop`."""
+        """The next answer on `connection`, passing progress events on and polling `should_stop`.
+        Raises PeerDied when another peer's process ended meanwhile: this one may be waiting for
+        it in a collective (the store's waits do not notice a dead rank), so it is not waited for."""
         while True:
             if should_stop is not None and should_stop():
-                self._stop.set()
+                self._store.set(STOP_KEY, "1")
             if not connection.poll(max(0.0, min(0.2, deadline - time.monotonic()))):
                 if time.monotonic() >= deadline:
                     raise TimeoutError
+                dead = next(((rank, p.exitcode) for rank, p in enumerate(self._processes, start=self.first)
+                             if p.exitcode is not None), None)
+                if dead is not None and not connection.poll(1.0):  # a last chance to answer its own error
+                    raise PeerDied(*dead)
                 continue
             kind, detail = connection.recv()
             if kind != "progress":
@@ -395,6 +408,10 @@ class RankPeers:
         self._processes, self._connections, self._store = [], [], None
         self.collective = Collective()
         self.healthy = False
+
+
+class PeerDied(Exception):
+    """(rank, exit code) of a peer process that ended while the others were being waited for."""
 
 
 def peer_error(detail: str, rank: int, what: str) -> Exception:
