@@ -13,7 +13,8 @@ import math
 from collections import Counter
 from dataclasses import dataclass, field
 
-# Reasons a part of the input is not trained; reported in metrics under `skipped/<reason>`.
+# Reasons a part of the input is not trained; reported in metrics under `skipped/<reason>`
+# (SEQUENCE_BREAK is trained, as a new sequence: counted as `sequence_breaks`).
 NO_TOKEN_IDS = "choice_without_token_ids"
 NO_LOGPROBS = "choice_without_logprobs"
 ASSISTANT_DICT = "assistant_message_dict_not_trained"

@@ -34,7 +34,7 @@ from art.training.loss import Normalizer, policy_loss_terms
 from art.training.options import ADAMW_BETAS, ADAMW_WEIGHT_DECAY, TrainOptions
 from art.training import sequences
 from art.training.packing import HOST, MicroBatch, attention_mask, row_tensors
-from art.training.sequences import Sequence, sequences_of_trajectory
+from art.training.sequences import SEQUENCE_BREAK, Sequence, sequences_of_trajectory
 from art.training.sft import enter_rl_mode
 
 log = logging.getLogger(__name__)
@@ -114,8 +114,12 @@ class Trainer:
                 most = [max(counts) for counts in zip(*self.collective.gather([len(p) for p in plans]))]
                 plans = [plan + [None] * (n - len(plan)) for plan, n in zip(plans, most)]
             tracing.set_attributes(pack, {"art.sequences": len(sequences)})
+        breaks = issues.pop(SEQUENCE_BREAK, 0)  # trained all the same, each as a new sequence
         metrics: dict[str, float] = {f"skipped/{k}": float(v) for k, v in sorted(issues.items())}
         metrics.update(stats)
+        if breaks:
+            metrics["sequence_breaks"] = float(breaks)
+            log.info("%s", describe(Counter({SEQUENCE_BREAK: breaks})))
         if issues:
             log.warning("training input not used as given: %s", describe(issues))
         if not sequences:
