@@ -32,6 +32,14 @@ def state(trainer: Trainer) -> tuple[dict, dict]:
     return weights, moments
 
 
+def assert_same_updates(expected: list[dict], got: list[dict]) -> None:
+    """Each update's metrics as the single process's, within 1e-5; two optimizer steps each."""
+    for want, have in zip(expected, got, strict=True):
+        for key in ("loss", "policy_loss", "grad_norm", "entropy", "trained_tokens", "tokens_computed"):
+            assert have[key] == pytest.approx(want[key], rel=1e-5, abs=1e-7), key
+        assert have["optimizer_steps"] == 2
+
+
 def test_shards_cover_the_batch_once_and_balance_tokens():
     groups = groups_of_choices(seed=3, groups=5, samples=4)
     sequences, _, _ = prepare_batch(groups, TrainOptions())
@@ -61,10 +69,7 @@ def test_two_ranks_make_the_single_process_update(tiny_model_path, tmp_path):
         got = [parallel.step(batch, options, quiet=True) for batch in groups]
     finally:
         peers.close()
-    for want, have in zip(expected, got):
-        for key in ("loss", "policy_loss", "grad_norm", "entropy", "trained_tokens", "tokens_computed"):
-            assert have[key] == pytest.approx(want[key], rel=1e-5, abs=1e-7), key
-        assert have["optimizer_steps"] == 2
+    assert_same_updates(expected, got)
     (weights, moments), (want_weights, want_moments) = state(parallel), state(single)
     for name, value in want_weights.items():
         torch.testing.assert_close(weights[name], value, rtol=1e-5, atol=1e-6, msg=name)

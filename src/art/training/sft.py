@@ -28,7 +28,6 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 import torch
-from tqdm.auto import tqdm
 
 from art.errors import ArtValueError, StepCancelledError, TrajectoryError
 from art.training import packing
@@ -137,46 +136,36 @@ def fit(trainer, plan: Plan, options: SFTOptions, *, desc: str = "sft", on_optim
                           batch_tokens=options.micro_batch_tokens) for batch in plan.batches]
     losses, norms, rates = [], [], []
     computed = 0
-    bar = tqdm(total=sum(map(len, plans)), desc=desc, unit="batch", leave=False, disable=quiet)
-    if trainer.device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(trainer.device)
-    with trainer.lock:
-        trainer.set_gradient_checkpointing(options.gradient_checkpointing)
-        trainer.model.train()
-        try:
-            for index, (batch, micro) in enumerate(zip(plan.batches, plans)):
-                for group in optimizer.param_groups:
-                    group["lr"] = batch.learning_rate
-                optimizer.zero_grad(set_to_none=True)
-                tokens = sum(s.num_trained for s in batch.sequences)
-                loss = 0.0
-                for part in micro:
-                    if should_stop is not None and should_stop():
-                        raise StepCancelledError("the SFT step was cancelled before it finished; it is rolled back")
-                    inputs = trainer.batch_inputs(part)
-                    logprobs = trainer.token_logprobs(inputs)  # [sequences, tokens-1], 0 where not trained
-                    share = -(logprobs * inputs["mask"]).sum() / tokens  # this micro-batch's part of the mean
-                    share.backward()
-                    loss += float(share.detach())
-                    computed += part.tokens_computed
-                    bar.update(1)
-                norm = float(torch.nn.utils.clip_grad_norm_(trainer.params, options.max_grad_norm))
-                if not (math.isfinite(loss) and math.isfinite(norm)):
-                    raise _diverged(batch, f"the loss ({loss}) or its gradient norm ({norm}) is not finite")
-                optimizer.step()
-                if not all(bool(torch.isfinite(p).all()) for p in trainer.params):
-                    raise _diverged(batch, "a trained weight became NaN or Inf after the optimizer step")
-                losses.append(loss)
-                norms.append(norm)
-                rates.append(batch.learning_rate)
-                if on_optimizer_step is not None:
-                    on_optimizer_step(index + 1, len(plan.batches),
-                                      {"loss": loss, "grad_norm": norm, "learning_rate": batch.learning_rate})
-                bar.set_postfix(loss=f"{loss:.4f}")
-        finally:
+    with trainer.training(options.gradient_checkpointing, sum(map(len, plans)), desc, quiet) as bar:
+        for index, (batch, micro) in enumerate(zip(plan.batches, plans)):
+            for group in optimizer.param_groups:
+                group["lr"] = batch.learning_rate
             optimizer.zero_grad(set_to_none=True)
-            trainer.model.eval()
-            bar.close()
+            tokens = sum(s.num_trained for s in batch.sequences)
+            loss = 0.0
+            for part in micro:
+                if should_stop is not None and should_stop():
+                    raise StepCancelledError("the SFT step was cancelled before it finished; it is rolled back")
+                inputs = trainer.batch_inputs(part)
+                logprobs = trainer.token_logprobs(inputs)  # [sequences, tokens-1], 0 where not trained
+                share = -(logprobs * inputs["mask"]).sum() / tokens  # this micro-batch's part of the mean
+                share.backward()
+                loss += float(share.detach())
+                computed += part.tokens_computed
+                bar.update(1)
+            norm = float(torch.nn.utils.clip_grad_norm_(trainer.params, options.max_grad_norm))
+            if not (math.isfinite(loss) and math.isfinite(norm)):
+                raise _diverged(batch, f"the loss ({loss}) or its gradient norm ({norm}) is not finite")
+            optimizer.step()
+            if not all(bool(torch.isfinite(p).all()) for p in trainer.params):
+                raise _diverged(batch, "a trained weight became NaN or Inf after the optimizer step")
+            losses.append(loss)
+            norms.append(norm)
+            rates.append(batch.learning_rate)
+            if on_optimizer_step is not None:
+                on_optimizer_step(index + 1, len(plan.batches),
+                                  {"loss": loss, "grad_norm": norm, "learning_rate": batch.learning_rate})
+            bar.set_postfix(loss=f"{loss:.4f}")
     sequences = [s for batch in plan.batches for s in batch.sequences]
     metrics = {f"skipped/{k}": float(v) for k, v in sorted(plan.skipped.items())}
     metrics.update({

@@ -133,26 +133,16 @@ class Trainer:
         sums: Counter = Counter()
         norms: list[float] = []
         total_steps = len(parts) * options.epochs
-        bar = tqdm(total=total_steps * sum(map(len, plans)), desc=desc, unit="batch", leave=False, disable=quiet)
-        if self.device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(self.device)
-        with self.lock:
-            self.set_gradient_checkpointing(options.gradient_checkpointing)
-            self.model.train()
-            try:
-                before = [self._pre_update_logprobs(p) for p in plans] if options.precalculate_logprobs else None
-                for epoch in range(options.epochs):
-                    for index, (part, micro) in enumerate(zip(parts, plans)):
-                        done = self._optimizer_step(part, micro, options, before[index] if before else None, bar,
-                                                    should_stop, record=epoch == 0)
-                        sums.update(done)
-                        norms.append(done["grad_norm"])
-                        if on_optimizer_step is not None:
-                            on_optimizer_step(len(norms), total_steps, {"loss": done["loss"], "grad_norm": norms[-1]})
-            finally:
-                self.optimizer.zero_grad(set_to_none=True)
-                self.model.eval()
-                bar.close()
+        with self.training(options.gradient_checkpointing, total_steps * sum(map(len, plans)), desc, quiet) as bar:
+            before = [self._pre_update_logprobs(p) for p in plans] if options.precalculate_logprobs else None
+            for epoch in range(options.epochs):
+                for index, (part, micro) in enumerate(zip(parts, plans)):
+                    done = self._optimizer_step(part, micro, options, before[index] if before else None, bar,
+                                                should_stop, record=epoch == 0)
+                    sums.update(done)
+                    norms.append(done["grad_norm"])
+                    if on_optimizer_step is not None:
+                        on_optimizer_step(len(norms), total_steps, {"loss": done["loss"], "grad_norm": norms[-1]})
         total_trained = sum(s.num_trained for s in sequences) * options.epochs  # token terms seen
         computed = self.collective.sum_values(Counter(
             tokens_computed=sum(m.tokens_computed for micro in plans for m in micro if m is not None)))["tokens_computed"]
@@ -227,6 +217,24 @@ class Trainer:
         meet those of a rank with more micro-batches (`art.training.sharded`)."""
         terms = self._forward(sharded.filler_batch(self.pad_id), options, normalizer)
         (terms["loss"] * 0.0).backward()
+
+    @contextlib.contextmanager
+    def training(self, gradient_checkpointing: bool, micro_batches: int, desc: str, quiet: bool):
+        """The model in training mode under the lock, with a progress bar over `micro_batches`
+        (yielded); on the way out, gradients dropped, eval mode back, the bar closed. GRPO and
+        SFT steps (`art.training.sft`) run inside it."""
+        bar = tqdm(total=micro_batches, desc=desc, unit="batch", leave=False, disable=quiet)
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        with self.lock:
+            self.set_gradient_checkpointing(gradient_checkpointing)
+            self.model.train()
+            try:
+                yield bar
+            finally:
+                self.optimizer.zero_grad(set_to_none=True)
+                self.model.eval()
+                bar.close()
 
     def set_gradient_checkpointing(self, enabled: bool) -> None:
         """transformers >= 5 names it activation checkpointing; older ones gradient checkpointing."""
