@@ -3,6 +3,7 @@ process makes, and a rank that dies mid-step costs that step only."""
 
 from __future__ import annotations
 
+import time
 
 import pytest
 import torch
@@ -76,6 +77,20 @@ def test_two_ranks_make_the_single_process_update(tiny_model_path, tmp_path):
     for key, value in want_moments.items():  # Adam's first moment: a running mean of the gradients
         torch.testing.assert_close(moments[key], value, rtol=1e-5, atol=1e-8, msg=str(key))
     assert len(parallel.last_trainer_logprobs) == len(single.last_trainer_logprobs)  # rank 1's rows gathered
+
+
+def test_a_peer_that_dies_before_joining_fails_the_start_at_once(tiny_model_path, monkeypatch):
+    """A peer that cannot even start (here a malformed ART_RANK_THREADS) would leave rank 0 in
+    the group's rendezvous until STEP_TIMEOUT (30 minutes); the start fails as soon as it ends."""
+    monkeypatch.setenv("ART_RANK_THREADS", "not-a-number")  # read by the peer only, before it joins
+    peers = RankPeers(2, RankSpec(str(tiny_model_path), LORA, "cpu", "float32"))
+    started = time.monotonic()
+    try:
+        with pytest.raises(art.BackendError, match="rank 1 ended .* before joining"):
+            peers.start()
+    finally:
+        peers.close()
+    assert time.monotonic() - started < 60 and not peers.healthy
 
 
 async def rank_groups(model, step: int):

@@ -23,6 +23,7 @@ import logging
 import multiprocessing
 import os
 import pickle
+import threading
 import time
 import traceback
 from collections import Counter
@@ -275,11 +276,36 @@ class RankPeers:
             self._processes.append(process)
             self._connections.append(ours)
         if self.first:
-            self.collective = start_group(0, self.world, torch.device(self.spec.device), store=store)
+            self.collective = self._join_watching(store)
         self._answers("ready", what="start")
         self.healthy = True
         log.info("trainer ranks %d-%d started%s", self.first, self.world - 1, " (sharded)" if self.spec.sharded else "")
         return self.collective
+
+    def _join_watching(self, store: dist.TCPStore) -> Collective:
+        """Rank 0 joins the group while its peers are watched: a peer that ends before joining
+        would leave the rendezvous waiting for it until STEP_TIMEOUT. (The join, which cannot be
+        interrupted, is then left to time out on its thread.)"""
+        joined: dict = {}
+
+        def join() -> None:
+            try:
+                joined["collective"] = start_group(0, self.world, torch.device(self.spec.device), store=store)
+            except BaseException as exc:  # raised on the caller's thread below
+                joined["error"] = exc
+
+        thread = threading.Thread(target=join, name="art-trainer-rank-0-join", daemon=True)
+        thread.start()
+        while thread.is_alive():
+            thread.join(0.2)
+            dead = next(((rank, p.exitcode) for rank, p in enumerate(self._processes, start=self.first)
+                         if p.exitcode is not None), None)
+            if dead is not None and thread.is_alive():
+                raise BackendError(f"trainer rank {dead[0]} ended (exit code {dead[1]}) before joining the group; "
+                                   "its error is in the output above")
+        if "error" in joined:
+            raise joined["error"]
+        return joined["collective"]
 
     def restore(self, folder: Path) -> Collective:
         """Every peer loads the checkpoint rank 0 restored; peers that died (or a broken group)
