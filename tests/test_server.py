@@ -13,7 +13,7 @@ import openai
 import pytest
 
 from art.engine.base import Completion
-from art.server.app import _deltas, create_app
+from art.server.app import _IncrementalText, create_app
 from art.server.registry import SingleModelRegistry
 from art.server.thread import ServerThread
 
@@ -160,6 +160,14 @@ async def test_stream_matches_non_stream(server):
         assert ids[choice.index] == choice.model_extra["token_ids"]
         assert finish[choice.index] == choice.finish_reason
     assert usage.completion_tokens == whole.usage.completion_tokens
+
+
+def _deltas(tokenizer, ids: list[int], text: str) -> list[str]:
+    """Per-token deltas of a whole completion, as the stream sends them; the rest rides on the last."""
+    incremental = _IncrementalText(tokenizer, final=text)
+    deltas = [incremental.add(i) for i in ids]
+    deltas[-1] += incremental.rest(text)
+    return deltas
 
 
 def test_deltas_keep_multibyte_characters(tokenizer):

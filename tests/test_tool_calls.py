@@ -15,7 +15,8 @@ from openai.lib.streaming.chat import ChatCompletionStreamState
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from art.engine.base import Completion
-from art.server.app import _chunks, _choice, _TokenText, create_app
+from art.engine.base import all_tokens
+from art.server.app import _ChunkWriter, _choice, _TokenText, create_app
 from art.server.registry import SingleModelRegistry
 from art.server.schemas import ChatCompletionRequest
 from art.server.thread import ServerThread
@@ -264,10 +265,18 @@ def test_choice_without_parsing_or_with_malformed_calls(tokenizer):
     assert bad["message"] == {"role": "assistant", "content": broken} and bad["finish_reason"] == "stop"
 
 
+def sse_of(head, prompt, completions, tokens: _TokenText, parse_tools: bool) -> list[str]:
+    """The whole SSE stream of completions already sampled, as the server writes it."""
+    writer = _ChunkWriter(head, prompt, len(completions), tokens, (), parse_tools, False,
+                          finals=[c.text for c in completions])
+    return [writer.start(), *(chunk for sampled in all_tokens(completions) for chunk in writer.sampled(sampled)),
+            *writer.finish(completions, {})]
+
+
 def test_stream_chunks_with_a_tool_call(tokenizer):
     c = completion(tokenizer, CALL_TEXT)
     head = {"id": "chatcmpl-x", "created": 0, "model": MODEL}
-    sse = list(_chunks(head, [1, 2], [c], _TokenText(tokenizer), None, True))
+    sse = sse_of(head, [1, 2], [c], _TokenText(tokenizer), True)
     assert sse[-1] == "data: [DONE]\n\n"
     chunks = [ChatCompletionChunk.model_validate(json.loads(s[len("data: "):])) for s in sse[:-1]]
     ids = [i for ch in chunks for x in ch.choices for i in (x.model_extra or {}).get("token_ids") or []]

@@ -34,7 +34,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from art.engine.base import Completion, SampledTokens, SamplingParams, all_tokens, stream_completions
+from art.engine.base import Completion, SampledTokens, SamplingParams, stream_completions
 from art.errors import (ArtError, ArtValueError, BackendUnavailableError, ContextLengthError, ModelNotFoundError,
                         StepCancelledError, StepConflictError)
 from art.naming import echo
@@ -386,16 +386,6 @@ class _IncrementalText:
         return text[len(self.sent):]
 
 
-def _deltas(tokenizer, ids: list[int], text: str) -> list[str]:
-    """Per-token text deltas of a whole completion whose concatenation is exactly `text`; the
-    remainder rides on the last token."""
-    incremental = _IncrementalText(tokenizer, final=text)
-    deltas = [incremental.add(i) for i in ids]
-    if deltas:
-        deltas[-1] += incremental.rest(text)
-    return deltas
-
-
 class _ChunkWriter:
     """The SSE chunks of one streamed response, built as its tokens arrive.
 
@@ -446,16 +436,6 @@ class _ChunkWriter:
         if self.include_usage:
             yield self.sse([], usage=usage)
         yield "data: [DONE]\n\n"
-
-
-def _chunks(head, prompt, completions, tokens: _TokenText, usage, parse_tools: bool = False) -> Iterator[str]:
-    """The whole SSE stream of completions already sampled (`_ChunkWriter`)."""
-    writer = _ChunkWriter(head, prompt, len(completions), tokens, (), parse_tools, usage is not None,
-                          finals=[c.text for c in completions])
-    yield writer.start()
-    for sampled in all_tokens(completions):
-        yield from writer.sampled(sampled)
-    yield from writer.finish(completions, usage)
 
 
 # -- errors ------------------------------------------------------------------------------
