@@ -52,12 +52,17 @@ def expected_logits(model, ids: list[int], adapter: str) -> torch.Tensor:
         return model(input_ids=torch.tensor([ids]), adapter_names=[adapter]).logits[0].log_softmax(-1)
 
 
-@pytest.mark.parametrize("pad", [False, True], ids=["exact", "bucketed"])
+@pytest.mark.parametrize("pad,prefill_tokens", [(False, 4096), (True, 4096), (False, 7)],
+                         ids=["exact", "bucketed", "prefill-in-blocks"])
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "mistral"])
-def test_decoder_matches_transformers(arch, pad):
+def test_decoder_matches_transformers(arch, pad, prefill_tokens):
+    """`prefill_tokens=7` prefills three prompts in blocks of two tokens (one at a time after a
+    cached prefix): every block attends over what earlier blocks wrote, and each row's logits
+    come from the block holding its last token."""
     model = tiny_model(arch)
     assert unsupported_reason(model) is None
-    runner = StaticRunner(model, AdapterSet(model), EngineConfig(pad_batches=pad).resolve(), max_model_len=128)
+    config = EngineConfig(pad_batches=pad, prefill_tokens=prefill_tokens).resolve()
+    runner = StaticRunner(model, AdapterSet(model), config, max_model_len=128)
     prompts = [[5, 9, 13, 200, 7, 3, 44, 61, 2], [17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29],
                [5, 9, 13, 200, 7, 3, 100]]
     with torch.inference_mode():

@@ -183,3 +183,69 @@ async def test_architectures_the_decoder_does_not_cover_run_through_transformers
                 assert g.logprobs == pytest.approx(w.logprobs, abs=1e-4)
     finally:
         engine.stop()
+
+
+async def test_rows_finishing_in_every_position_move_at_most_one_row_each(setup):
+    """Eight rows that finish one per step, at every position of the batch (first, last, middle):
+    each freed slot takes the last running row (one copy per finished row), and every token and
+    logprob is still the reference's."""
+    engine, reference, _ = setup
+    lengths = [3, 8, 1, 6, 2, 7, 4, 5]  # request i finishes after lengths[i] tokens; rows join in this order
+    prompts = [[11 + i, 40, 41, 42 + i] for i in range(len(lengths))]
+    work = [(p, SamplingParams(temperature=1.0, max_tokens=n, seed=100 + i, ignore_eos=True))
+            for i, (p, n) in enumerate(zip(prompts, lengths))]
+    moved = engine.runner.stats()["engine/kv_rows_moved"]
+    results = await asyncio.gather(*[engine.generate(p, params, ADAPTERS["live"]) for p, params in work])
+    moved = engine.runner.stats()["engine/kv_rows_moved"] - moved
+    with engine.lock:
+        expected = [reference.generate(p, params, ADAPTERS["live"]) for p, params in work]
+    for (got,), (want,), n in zip(results, expected, lengths):
+        assert len(got.token_ids) == n and got.token_ids == want.token_ids
+        assert got.logprobs == pytest.approx(want.logprobs, abs=1e-4)
+    # The 1-token request ends at its prefill; moving every later row down at each of the other
+    # finishes would copy 10 rows. Swap-remove copies one when the finished row is not the last.
+    assert 0 < moved <= len(lengths) - 2
+
+
+async def test_a_long_prompt_is_prefilled_in_blocks_beside_running_rows(setup):
+    """With prefill_tokens=32 a 150-token prompt is prefilled in five blocks while another request
+    decodes; both match the reference. A prefill that fails (here an injected out-of-memory)
+    fails its own request only: the running one finishes."""
+    _, reference, _ = setup
+    model, tokenizer = reference.model, reference.stopping.tokenizer
+    engine = LLMEngine(model, tokenizer, adapters=reference.adapters, max_num_seqs=8, prefill_tokens=32)
+    try:
+        running_params = SamplingParams(temperature=1.0, max_tokens=40, seed=5, ignore_eos=True)
+        long_prompt = [(7 * i) % 250 + 3 for i in range(150)]
+        params = SamplingParams(temperature=1.0, max_tokens=6, seed=6, ignore_eos=True)
+        running = asyncio.ensure_future(engine.generate([1, 2, 3], running_params, ADAPTERS["live"]))
+        while engine.steps < 3:
+            await asyncio.sleep(0.01)
+        (got,) = await engine.generate(long_prompt, params, ADAPTERS["live"])
+        assert not running.done()  # it was decoding meanwhile
+        (got_running,) = await running
+        with engine.lock:
+            (want,) = reference.generate(long_prompt, params, ADAPTERS["live"])
+            (want_running,) = reference.generate([1, 2, 3], running_params, ADAPTERS["live"])
+        assert got.token_ids == want.token_ids and got.logprobs == pytest.approx(want.logprobs, abs=1e-4)
+        assert got_running.token_ids == want_running.token_ids
+
+        real_prefill = engine.runner.prefill
+
+        def out_of_memory_for_long_prompts(prompts, prefixes, adapter_names):
+            if max(map(len, prompts)) > 100:
+                raise MemoryError("injected: the long prompt does not fit")
+            return real_prefill(prompts, prefixes, adapter_names)
+
+        engine.runner.prefill = out_of_memory_for_long_prompts
+        running = asyncio.ensure_future(engine.generate([1, 2, 3], running_params, ADAPTERS["live"]))
+        start = engine.steps
+        while engine.steps < start + 3:
+            await asyncio.sleep(0.01)
+        with pytest.raises(MemoryError, match="injected"):
+            await engine.generate(long_prompt + [9], params, ADAPTERS["live"])
+        assert not running.done()
+        (again,) = await running
+        assert again.token_ids == want_running.token_ids  # untouched by the other request's failure
+    finally:
+        engine.stop()

@@ -68,3 +68,26 @@ def test_paused_scheduler_admits_nothing():
     assert s.admit() == [] and s.queue_depth == 1
     s.paused = False
     assert len(s.admit()) == 1
+
+
+def test_a_cache_with_one_stride_counts_every_row_at_the_width_of_the_longest():
+    """On CUDA every slot has the stride of the widest row, so a long request limits how many
+    short ones fit beside it, and a request whose rows could never fit is refused."""
+    widths = lambda length: 256 * -(-length // 256)  # noqa: E731  (the runner's rounding, simplified)
+    s = Scheduler(max_num_seqs=64, max_kv_tokens=4 * 256, row_width=widths, max_model_len=2048)
+    short = [request(prompt_len=40, max_tokens=60) for _ in range(5)]
+    for r in short:
+        s.add(r)
+    assert s.admit() == short[:4]  # 4 rows x 256 fill the cache; the sum of lengths (400) would admit all
+    s.finish(short[0].samples)
+    assert s.admit() == [short[4]]
+    long = request(prompt_len=300, max_tokens=100)  # width 512: with it only 2 rows fit
+    s.add(long)
+    assert s.admit() == []
+    s.finish(short[1].samples + short[2].samples + short[3].samples)
+    assert s.admit() == [long] and len(s.running) == 2
+    with pytest.raises(ArtValueError) as info:
+        s.add(request(prompt_len=40, n=5, max_tokens=60))  # 5 rows x 256 > 1024
+    assert info.value.field == "max_tokens" and "width of the longest" in str(info.value)
+    wide = Scheduler(max_num_seqs=64, max_kv_tokens=2048, row_width=widths, max_model_len=2048)
+    wide.check(request(prompt_len=100, max_tokens=10_000))  # its rows end at max_model_len: one fits

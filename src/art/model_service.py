@@ -23,6 +23,7 @@ from tqdm.auto import tqdm
 
 from art import base_models, weight_sync
 from art.observability import tracing
+from art.engine import cuda_graphs
 from art.engine.adapters import AdapterSet
 from art.engine.base import AdapterRef
 from art.engine.llm_engine import LLMEngine
@@ -324,7 +325,7 @@ class ModelService:
             if out_of_memory:
                 self._restore_current()
                 if torch.cuda.is_available():
-                    torch.cuda.empty_cache()
+                    cuda_graphs.empty_cache()  # never during another model's graph capture
                 raise ArtValueError(
                     f"the training step ran out of GPU memory and was rolled back (the model stays at step "
                     f"{self.step} and keeps serving). Lower micro_batch_tokens (now {options.micro_batch_tokens}) "

@@ -3,18 +3,36 @@
 Without graphs a small model's decode step is bound by Python and kernel launches, not by the
 GPU (the 135M and 1.5B models decoded at the same rate in the H200 measurements). A graph
 records the whole step once and replays it with one launch. It reads fixed addresses: the
-input buffers here, the KV cache (allocated once on CUDA), the model's weights and LoRA
-parameters (updated in place by the optimizer and by checkpoint restores) and the prepared
-weights of `ServedWeights` (refreshed in place). Graphs are captured lazily, the first time a
-shape is needed, and share one memory pool (they never run at the same time).
+input buffers here, the KV cache (allocated once on CUDA; for a given width its layout is
+always the same, `kv_cache.py`), the model's weights and LoRA parameters (updated in place by
+the optimizer and by checkpoint restores) and the prepared weights of `ServedWeights`
+(refreshed in place). Every graph writes its logits into one shared buffer, so graphs pin no
+output memory of their own; they share one memory pool (they never run at the same time).
 
-Batches that mix adapters, or use a checkpoint adapter whose tensors may be evicted, run
-eagerly (`Route.key` is None for them).
+How a capture is kept honest:
+- It records on a stream of the engine's own device, under `torch.cuda.device(...)`: a
+  stream of another device would record nothing (an "empty" graph whose replays return the
+  capture step's logits forever).
+- One capture at a time in the process (`CAPTURE_LOCK`; torch allows one), in "thread_local"
+  mode, so another model's engine or trainer thread that allocates or syncs meanwhile does
+  not invalidate it. What of ours would still break a capture (`torch.cuda.empty_cache`)
+  takes the lock: `empty_cache()` here.
+- After recording, the output is poisoned with NaN and the graph replayed: it must give the
+  eager step's logits, or it is not used. A warning that the graph is empty fails it too.
+- A shape that fails decodes eagerly, is counted (`failures`, in /health) and is tried again
+  after `RETRY_AFTER_STEPS` replays; the other shapes keep their graphs.
+
+The shapes live serving needs first (every bucket at the narrowest width, the live weights)
+are captured when the engine starts (`capture`); wider ones when first needed. Batches that
+mix adapters, or use a checkpoint adapter whose tensors may be evicted, run eagerly
+(`Route.key` is None for them).
 """
 
 from __future__ import annotations
 
 import logging
+import threading
+import warnings
 
 import torch
 
@@ -24,54 +42,127 @@ from art.engine.served_weights import Route
 
 log = logging.getLogger(__name__)
 
+CAPTURE_LOCK = threading.Lock()
+"""Held while any engine of this process records a graph (and by `empty_cache`)."""
+RETRY_AFTER_STEPS = 1000
+"""Replays after which a shape whose capture failed is tried again."""
+REPLAY_TOLERANCE = 1e-2
+"""Replay vs eager logits (rtol and atol): the same kernels on the same inputs agree far closer;
+a graph that recorded nothing gives NaN (the poisoned output)."""
+
 
 class GraphCaptureError(RuntimeError):
-    """Recording a decode step failed (the step itself may still run eagerly)."""
+    """Recording a decode step failed, or its replay did not compute the step."""
+
+
+def empty_cache() -> None:
+    """`torch.cuda.empty_cache()`, never during another thread's capture (it frees memory a
+    capture may be recording into)."""
+    with CAPTURE_LOCK:
+        torch.cuda.empty_cache()
 
 
 class DecodeGraphs:
-    def __init__(self, decoder: Decoder, cache: KVCache) -> None:
+    def __init__(self, decoder: Decoder, cache: KVCache, max_rows: int) -> None:
         self.decoder, self.cache = decoder, cache
-        device = cache.device
-        self.ids = torch.zeros(cache.max_rows, 1, dtype=torch.long, device=device)  # [slots, 1]
-        self.positions = torch.zeros(cache.max_rows, 1, dtype=torch.long, device=device)
-        self.graphs: dict[tuple[int, int, str], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
-        self.pool = None
+        self.device = cache.device
+        with torch.cuda.device(self.device):
+            self.ids = torch.zeros(max_rows, 1, dtype=torch.long, device=self.device)  # [slots, 1]
+            self.positions = torch.zeros(max_rows, 1, dtype=torch.long, device=self.device)
+            self.out = torch.empty(max_rows, decoder.config.vocab_size, dtype=torch.float32, device=self.device)
+            self.stream = torch.cuda.Stream(device=self.device)
+            self.pool = torch.cuda.graph_pool_handle()
+        self.graphs: dict[tuple[int, int, str], torch.cuda.CUDAGraph] = {}
+        self.retry_at: dict[tuple[int, int, str], int] = {}
+        """Shapes whose capture failed -> the replay count at which to try again."""
         self.replays = 0
         """Decode steps served by a graph (the engine's stats report it)."""
+        self.failures = 0
+        self.last_failure = ""
 
-    def run(self, ids: torch.Tensor, positions: torch.Tensor, width: int, route: Route) -> torch.Tensor:
-        """Logits [rows, vocab] of one decode step; ids, positions [rows, 1] (rows: a bucket size)."""
+    def run(self, ids: torch.Tensor, positions: torch.Tensor, width: int, route: Route) -> torch.Tensor | None:
+        """Logits [rows, vocab] of one decode step (a view of the shared output, valid until the
+        next step), or None when this shape has no working graph (decode it eagerly)."""
         rows = ids.shape[0]
-        self.ids[:rows].copy_(ids)
-        self.positions[:rows].copy_(positions)
         key = (rows, width, route.key)
-        entry = self.graphs.get(key)
-        if entry is None:
-            try:
-                entry = self.graphs[key] = self._capture(rows, width, route)
-            except RuntimeError as exc:
-                raise GraphCaptureError(f"capturing the decode step for {rows} rows, width {width} "
-                                        f"({route.key} weights) as a CUDA graph failed: {exc}") from exc
-        graph, logits = entry
-        graph.replay()
+        with torch.cuda.device(self.device):
+            self.ids[:rows].copy_(ids)
+            self.positions[:rows].copy_(positions)
+            graph = self.graphs.get(key)
+            if graph is None:
+                if self.retry_at.get(key, 0) > self.replays or not self._record(key, route):
+                    return None
+                graph = self.graphs[key]
+            graph.replay()
         self.replays += 1
-        return logits
+        return self.out[:rows]
 
-    def _capture(self, rows: int, width: int, route: Route) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
-        """Warm up on a side stream (allocations, lazily prepared weights), then record. The inputs
-        hold this step's real values, so the warm-up's key/value writes are the ones the step
-        makes anyway (a decode step rewrites the same positions with the same values)."""
-        ids, positions = self.ids[:rows], self.positions[:rows]
-        stream = torch.cuda.Stream(device=self.cache.device)
-        stream.wait_stream(torch.cuda.current_stream(self.cache.device))
-        with torch.cuda.stream(stream):
-            for _ in range(2):
-                self.decoder.forward(ids, positions, self.cache, width, route)
-        torch.cuda.current_stream(self.cache.device).wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
-            logits = self.decoder.forward(ids, positions, self.cache, width, route)
-        self.pool = graph.pool()
+    def capture(self, rows: int, width: int, route: Route) -> bool:
+        """Record a shape ahead of serving (inputs: token 0 at position 0); False if it failed."""
+        with torch.cuda.device(self.device):
+            self.ids[:rows].zero_()
+            self.positions[:rows].zero_()
+            return self._record((rows, width, route.key), route)
+
+    def _record(self, key: tuple[int, int, str], route: Route) -> bool:
+        rows, width, _ = key
+        try:
+            self.graphs[key] = self._capture(rows, width, route)
+        except Exception as exc:  # a CUDA error, an out-of-memory, or the replay check
+            self.failures += 1
+            self.last_failure = f"{rows} rows, width {width}, {route.key} weights: {exc}"
+            self.retry_at[key] = self.replays + RETRY_AFTER_STEPS
+            log.error("the CUDA graph for %s failed; that shape decodes eagerly (slower, correct) and is tried again "
+                      "after %d graph steps", self.last_failure, RETRY_AFTER_STEPS)
+            return False
+        self.retry_at.pop(key, None)
         log.debug("captured a decode graph: %d rows, width %d, %s weights", rows, width, route.key)
-        return graph, logits
+        return True
+
+    def _capture(self, rows: int, width: int, route: Route) -> torch.cuda.CUDAGraph:
+        """Warm up on the side stream (allocations, lazily prepared weights, library handles), record,
+        then check a replay against the warm-up's eager logits. The inputs hold this step's real
+        values, so the key/value writes of warm-up and replays are the ones the step makes anyway
+        (a decode step rewrites the same positions with the same values)."""
+        ids, positions, out = self.ids[:rows], self.positions[:rows], self.out[:rows]
+        current = torch.cuda.current_stream(self.device)
+        with CAPTURE_LOCK:
+            self.stream.wait_stream(current)
+            with torch.cuda.stream(self.stream):
+                for _ in range(2):
+                    eager = self.decoder.forward(ids, positions, self.cache, width, route)
+            current.wait_stream(self.stream)
+            graph = torch.cuda.CUDAGraph()
+            try:
+                with warnings.catch_warnings(record=True) as caught:
+                    warnings.simplefilter("always")
+                    with torch.cuda.graph(graph, pool=self.pool, stream=self.stream, capture_error_mode="thread_local"):
+                        self.decoder.forward(ids, positions, self.cache, width, route, out=out)
+            except BaseException:
+                _stop_recording_into(self.device, self.pool)
+                raise
+            empty = [str(w.message) for w in caught if "empty" in str(w.message).lower()]
+            if empty:
+                raise GraphCaptureError(f"the recorded graph is empty: {empty[0]}")
+            out.fill_(float("nan"))
+            graph.replay()
+            if not torch.allclose(out, eager, rtol=REPLAY_TOLERANCE, atol=REPLAY_TOLERANCE):
+                diff = float((out - eager).abs().max())
+                raise GraphCaptureError(f"its replay does not compute the step (max |replay - eager| = {diff:.3g}; "
+                                        "nan means it wrote nothing)")
+        return graph
+
+    def stats(self) -> dict[str, float]:
+        return {"engine/cuda_graphs": float(len(self.graphs)), "engine/graph_replays": float(self.replays),
+                "engine/graph_failures": float(self.failures)}
+
+
+def _stop_recording_into(device: torch.device, pool) -> None:
+    """A capture that failed inside `capture_end` can leave the caching allocator recording into
+    the graph pool (it then defers every free); end that, if it is so."""
+    end = getattr(torch._C, "_cuda_endAllocateToPool", None)
+    if end is not None:
+        try:
+            end(device.index, pool)
+        except RuntimeError:  # "not currently recording": capture_end already ended it
+            pass

@@ -79,58 +79,68 @@ class Decoder:
         self.qk_norm = hasattr(attention, "q_norm")
         self.windows = [_sliding_window(layer.self_attn, config) for layer in self.layers]
         self.device, self.dtype = device, dtype
+        # The residual stream stays in float32 over float32 master weights (full fine-tuning on
+        # CUDA, served in bf16), as the trainer's autocast keeps it; only matmul inputs are cast.
+        embedding = trunk.embed_tokens.weight.dtype
+        self.residual_dtype = torch.float32 if embedding == torch.float32 else dtype
         # Rotary tables for every position, from the model's own rotary module (any static rope
         # scaling): row p is what the model computes at position p.
         positions = torch.arange(max_positions, device=device)[None]  # [1, positions]
         cos, sin = trunk.rotary_emb(torch.zeros(1, device=device, dtype=dtype), positions)
         self.cos, self.sin = cos[0], sin[0]  # [positions, head_dim]
 
-    def kv_cache(self, *, max_rows: int, max_tokens: int, growable: bool) -> KVCache:
+    def projections(self) -> list:
+        """Every module `weights.linear` multiplies by."""
+        parts = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                 "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+        return [layer.get_submodule(part) for layer in self.layers for part in parts] + [self.lm_head]
+
+    def kv_cache(self, *, max_rows: int, max_tokens: int, growable: bool, capacity: int | None = None) -> KVCache:
         return KVCache(layers=len(self.layers), heads=self.kv_heads, head_dim=self.head_dim, dtype=self.dtype,
-                       device=self.device, max_rows=max_rows, max_tokens=max_tokens, growable=growable)
+                       device=self.device, max_rows=max_rows, max_tokens=max_tokens, growable=growable,
+                       capacity=capacity)
 
     def forward(self, ids: torch.Tensor, positions: torch.Tensor, cache: KVCache, width: int, route: Route,
-                last: torch.Tensor | None = None) -> torch.Tensor:
+                last: torch.Tensor | None = None, causal: bool = False, out: torch.Tensor | None = None) -> torch.Tensor:
         """Logits [rows, vocab] (float32) after tokens `ids` [rows, tokens] at `positions` [rows, tokens].
 
         Row r is slot r of `cache`: its keys and values are written at its positions, and each
         token attends to the slot's positions up to its own within the first `width` (which must
-        cover every position). `last` [rows] picks the token whose logits are returned (default:
-        the last). Padding tokens may follow a row's real ones: they write past its end, where
-        nothing reads before a later step overwrites them.
+        cover every position). `causal`: every row's positions are 0..tokens-1 and `width` is
+        `tokens` (a prompt with no cached prefix), so attention needs no mask and SDPA takes its
+        causal kernels. `last` [rows] picks the token whose logits are returned (default: the
+        last). Padding tokens may follow a row's real ones: they write past its end, where
+        nothing reads before a later step overwrites them. `out`: the logits are written there.
         """
         rows, tokens = ids.shape
-        # In the serving dtype: float32 master weights (full fine-tuning on CUDA) are served in bf16,
-        # and their embedding and norms would otherwise hand float32 activations on.
-        x = self.trunk.embed_tokens(ids).to(self.dtype)  # [rows, tokens, hidden]
+        x = self.trunk.embed_tokens(ids).to(self.residual_dtype)  # [rows, tokens, hidden]
         cos = self.cos[positions].unsqueeze(1)  # [rows, 1, tokens, head_dim]
         sin = self.sin[positions].unsqueeze(1)
-        columns = torch.arange(width, device=ids.device)  # [width]
-        visible = columns <= positions[:, :, None]  # [rows, tokens, width]
-        masks = {}
+        masks: dict[int | None, torch.Tensor | None] = {}  # one additive mask per window, per forward
         slot = torch.arange(rows, device=ids.device)[:, None].expand(rows, tokens)  # [rows, tokens]
         for index, layer in enumerate(self.layers):
             window = self.windows[index]
+            window = window if window is not None and window < width else None  # a window as wide is none
             if window not in masks:
-                mask = visible if window is None else visible & (columns > positions[:, :, None] - window)
-                masks[window] = self._group_mask(mask)
+                masks[window] = None if causal and window is None else self._mask(positions, width, window)
             x = self._layer(layer, index, x, cos, sin, cache, slot, positions, width, masks[window], route)
         if last is not None:
             x = x[torch.arange(rows, device=ids.device), last]  # [rows, hidden]
         else:
             x = x[:, -1]
-        hidden = self.trunk.norm(x)
-        return self.weights.linear(hidden, self.lm_head, route).float()  # [rows, vocab]
+        hidden = _norm(self.trunk.norm, x)
+        logits = self.weights.linear(hidden, self.lm_head, route)
+        return logits.float() if out is None else out.copy_(logits)  # [rows, vocab]
 
     def _layer(self, layer, index, x, cos, sin, cache, slot, positions, width, mask, route):
         rows, tokens, _ = x.shape
         attention, mlp, linear = layer.self_attn, layer.mlp, self.weights.linear
-        h = layer.input_layernorm(x)
+        h = _norm(layer.input_layernorm, x)
         q = linear(h, attention.q_proj, route).view(rows, tokens, self.q_heads, self.head_dim)
         k = linear(h, attention.k_proj, route).view(rows, tokens, self.kv_heads, self.head_dim)
         v = linear(h, attention.v_proj, route).view(rows, tokens, self.kv_heads, self.head_dim)
         if self.qk_norm:
-            q, k = attention.q_norm(q).to(self.dtype), attention.k_norm(k).to(self.dtype)
+            q, k = _norm(attention.q_norm, q).to(self.dtype), _norm(attention.k_norm, k).to(self.dtype)
         q, k = q.transpose(1, 2), k.transpose(1, 2)  # [rows, heads, tokens, head_dim]
         q = q * cos + _rotate_half(q) * sin
         k = k * cos + _rotate_half(k) * sin
@@ -139,24 +149,56 @@ class Decoder:
         values[slot, :, positions] = v.to(values.dtype)
         out = self._attend(q, keys[:rows, :, :width], values[:rows, :, :width], mask)
         x = x + linear(out.transpose(1, 2).reshape(rows, tokens, -1), attention.o_proj, route)
-        h = layer.post_attention_layernorm(x)
+        h = _norm(layer.post_attention_layernorm, x)
         gate = mlp.act_fn(linear(h, mlp.gate_proj, route)) * linear(h, mlp.up_proj, route)
         return x + linear(gate, mlp.down_proj, route)
 
-    def _group_mask(self, mask: torch.Tensor) -> torch.Tensor:
-        """[rows, tokens, width] -> [rows, 1, groups * tokens, width], the layout of `_attend`."""
-        rows, tokens, width = mask.shape
-        groups = self.q_heads // self.kv_heads
-        return mask[:, None, None].expand(rows, 1, groups, tokens, width).reshape(rows, 1, groups * tokens, width)
+    def _mask(self, positions: torch.Tensor, width: int, window: int | None) -> torch.Tensor:
+        """The additive mask [rows, 1, tokens, width] in the compute dtype: 0 where a token sees a
+        position (its own and earlier ones, within the window), -inf elsewhere."""
+        columns = torch.arange(width, device=positions.device)  # [width]
+        visible = columns <= positions[:, :, None]  # [rows, tokens, width]
+        if window is not None:
+            visible &= columns > positions[:, :, None] - window
+        zero = torch.zeros((), dtype=self.dtype, device=positions.device)
+        return torch.where(visible, zero, float("-inf")).unsqueeze(1)
 
     def _attend(self, q, keys, values, mask):
-        """Grouped-query attention as plain attention: the query heads that share a KV head are laid
-        out as extra query positions of that head, so SDPA's fused kernels (which take a mask
-        but not always GQA) read each key once. q [rows, q_heads, tokens, dim] -> same shape."""
-        rows, _, tokens, dim = q.shape
-        grouped = q.reshape(rows, self.kv_heads, -1, dim)  # [rows, kv_heads, groups * tokens, dim]
-        out = F.scaled_dot_product_attention(grouped, keys, values, attn_mask=mask, scale=self.scale)
-        return out.reshape(rows, self.q_heads, tokens, dim)
+        """q [rows, q_heads, tokens, dim] over keys/values [rows, kv_heads, width, dim] -> like q.
+
+        - Causal (mask None): SDPA's causal kernels, which skip the masked half.
+        - A decode step (one token): the query heads that share a KV head are laid out as extra
+          query positions of that head, so every fused kernel reads each key once, and the
+          mask [rows, 1, 1, width] broadcasts over them with no copy.
+        - A masked prefill (a cached prefix, a window, a later block of a long prompt): the CPU's
+          flash kernel takes grouped heads and the mask directly; on CUDA the keys are repeated
+          per query head (one layer's worth), so the masked kernel is the memory-efficient one
+          rather than SDPA's math fallback, whose memory grows with tokens x width.
+        """
+        rows, heads, tokens, dim = q.shape
+        grouped = self.kv_heads != heads
+        if mask is not None and tokens == 1:
+            out = F.scaled_dot_product_attention(q.reshape(rows, self.kv_heads, -1, dim), keys, values,
+                                                 attn_mask=mask, scale=self.scale)
+            return out.reshape(rows, heads, tokens, dim)
+        if grouped and q.device.type == "cuda":
+            keys = keys.repeat_interleave(heads // self.kv_heads, dim=1)
+            values = values.repeat_interleave(heads // self.kv_heads, dim=1)
+            grouped = False
+        return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, is_causal=mask is None,
+                                              scale=self.scale, enable_gqa=grouped)
+
+
+_RMS_NORMS = ("LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm")
+
+
+def _norm(module, x: torch.Tensor) -> torch.Tensor:
+    """The model's RMSNorm as one fused op where its class is one whose math is known (an upcast
+    to float32, x / rms, back to the input dtype, times the weight); other norms are called."""
+    if type(module).__name__ not in _RMS_NORMS:
+        return module(x)
+    normed = F.rms_norm(x.float(), (x.shape[-1],), eps=module.variance_epsilon)
+    return module.weight * normed.to(x.dtype)
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:

@@ -5,6 +5,12 @@ with the matching attention mask; rows join (padded to the width) and leave betw
 Positions are per row, so padding never shifts a token's position. Adapters are applied by
 peft (`AdapterSet.activate`: merged weights for live-only batches, `adapter_names` otherwise).
 Same interface as `static_runner.StaticRunner`; no CUDA graphs and no static shapes here.
+
+On CUDA the batch is bounded by memory as the static runner's is (`memory.py`): every row is as
+wide as the widest (left padding), and a growing layer may hold up to twice that, so the
+scheduler admits rows while rows x 2 x longest fits in the positions the engine's share leaves
+after the weights, the merged-adapter copy and a reserve for prefill (whose attention mask
+transformers builds in full).
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from transformers.cache_utils import DynamicLayer
 from art.engine.adapters import AdapterSet
 from art.engine.config import EngineConfig
 from art.engine.kv_cache import PrefixKV
+from art.engine.memory import kv_budget, memory_error
 
 
 @dataclass
@@ -38,12 +45,38 @@ class HFRunner:
         self.model_config = model.config
         self.device = torch.device(config.device)
         self.max_rows = config.max_num_seqs
+        self.max_model_len = max_model_len
+        self.kv_positions = self._cuda_positions(model, config) if config.on_cuda else 0
+        """CUDA: the KV positions the engine's share of the GPU holds (the scheduler's budget)."""
         self.batch = RunningBatch(model.config, self.device)
         self.prefill_computed_tokens = 0
         """Prompt tokens actually run through the model (the rest came from cached prefixes)."""
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
         # transformers 5.x renamed `past_key_values` to `cache`; accept both.
         self.cache_kw = "cache" if "cache" in inspect.signature(type(base).forward).parameters else "past_key_values"
+
+    @property
+    def row_width(self):
+        """CUDA: a row of final length n holds up to 2n positions (see the module docstring)."""
+        return (lambda length: 2 * length) if self.kv_positions else None
+
+    def _cuda_positions(self, model, config: EngineConfig) -> int:
+        heads, dim = kv_heads_and_dim(model.config)
+        element = config.torch_dtype.itemsize
+        per_position = 2 * model.config.num_hidden_layers * heads * dim * element
+        hidden, vocab = model.config.hidden_size, model.config.vocab_size
+        inner = getattr(model.config, "intermediate_size", 4 * hidden)
+        block = max(config.prefill_tokens, self.max_model_len)  # a long prompt is prefilled whole here
+        reserve = (block * (12 * hidden + 4 * inner) * element + block * self.max_model_len * element
+                   + block * per_position + config.prefix_cache_tokens * per_position
+                   + 6 * config.max_num_seqs * vocab * 4)
+        adapted = sum(m.get_base_layer().weight.numel() for m in model.modules() if hasattr(m, "lora_A"))
+        budget = kv_budget(config, model, bytes_per_position=per_position, reserve=reserve,
+                           copies=adapted * element)  # AdapterSet's merged copy
+        if budget.positions < 2 * self.max_model_len:
+            raise memory_error(f"the KV cache does not fit: {budget.describe()}, which leaves {budget.positions} "
+                               f"positions, fewer than one sequence of max_model_len={self.max_model_len} needs")
+        return budget.positions
 
     def _forward(self, ids, mask, positions, cache, adapter_names: list[str]) -> torch.Tensor:
         """Logits at the last position of each row: [rows, vocab] float32."""
@@ -99,7 +132,7 @@ class HFRunner:
         return (torch.stack([k[index][:, columns] for k, _ in staged.kv]),
                 torch.stack([v[index][:, columns] for _, v in staged.kv]))
 
-    def add(self, staged: Staged, sources: list[int]) -> None:
+    def add(self, staged: Staged, sources: list[int], ends: list[int] | None = None) -> None:
         index = torch.tensor(sources, device=self.device)
         self.batch.add(len(sources), [(k[index], v[index]) for k, v in staged.kv], staged.mask[index])
 

@@ -35,7 +35,7 @@ from art.engine.sampling import make_generator, sample_next
 from art.engine.scheduler import Scheduler
 from art.engine.sequence import Request, Sample
 from art.engine.static_runner import StaticRunner
-from art.engine.stopping import StopChecker
+from art.engine.stopping import IncrementalText, StopChecker
 from art.errors import BackendUnavailableError
 
 log = logging.getLogger(__name__)
@@ -68,7 +68,8 @@ class LLMEngine:
         else:
             log.info("serving through transformers' forward (no static shapes or CUDA graphs): %s", reason)
             self.runner = HFRunner(model, self.adapters, config, self.max_model_len)
-        self.scheduler = Scheduler(max_num_seqs=self.runner.max_rows, max_kv_tokens=self._kv_tokens())
+        self.scheduler = Scheduler(max_num_seqs=self.runner.max_rows, max_kv_tokens=self._kv_tokens(),
+                                   row_width=self.runner.row_width, max_model_len=self.max_model_len)
         self.prefix_cache = PrefixCache(config.prefix_cache_tokens)
         self.rows: list[Sample] = []
         """The running samples; row i is row i of the runner's batch."""
@@ -87,10 +88,11 @@ class LLMEngine:
         self._thread.start()
 
     def _kv_tokens(self) -> int:
-        """The scheduler's KV budget in tokens: on CUDA every slot holds max_model_len; on the CPU
-        kv_cache_bytes bounds the sum over running samples of prompt + max_tokens."""
+        """The scheduler's KV budget in positions: on CUDA the cache's (rows x the width of the
+        longest must fit in it); on the CPU kv_cache_bytes bounds the sum over running samples of
+        prompt + max_tokens."""
         if self.config.on_cuda:
-            return self.runner.max_rows * self.max_model_len
+            return self.runner.kv_positions
         heads, head_dim = kv_heads_and_dim(self.model.config)
         element = self.config.torch_dtype.itemsize
         return self.config.kv_cache_bytes // (2 * self.model.config.num_hidden_layers * heads * head_dim * element)
@@ -239,6 +241,8 @@ class LLMEngine:
         self._thread.join(timeout=30)
 
     def _loop(self) -> None:
+        if self.config.on_cuda:  # a new thread starts on device 0; the engine's work is on its own
+            torch.cuda.set_device(torch.device(self.config.device))
         while True:
             with self._cv:
                 self._cv.wait_for(lambda: self._stopped or self.has_work())
@@ -269,7 +273,17 @@ class LLMEngine:
                 finished += request.samples
         self._share_common_prefix(ready)
         for chunk in _prefill_chunks(ready, self.config.prefill_tokens):
-            finished += self._prefill(chunk)
+            rows = len(self.rows)
+            try:
+                finished += self._prefill(chunk)
+            except Exception as exc:
+                if len(self.rows) != rows:  # failed while joining the batch: the batch itself is suspect
+                    raise
+                # A prompt that failed to prefill (out of memory, say) fails its own requests only.
+                log.exception("prefill of %d request(s) failed", len(chunk))
+                for request in chunk:
+                    _fail(request, exc)
+                finished += [s for r in chunk for s in r.samples]
         return finished
 
     def _prefill(self, requests: list[Request]) -> list[Sample]:
@@ -300,8 +314,9 @@ class LLMEngine:
         done = set(map(id, finished))
         live = [k for k, s in enumerate(samples) if id(s) not in done]
         if live:
-            self.runner.add(staged, [row_of[k] for k in live])
+            ends = [min(self.max_model_len, len(samples[k].request.prompt) + samples[k].params.max_tokens) for k in live]
             self.rows += [samples[k] for k in live]
+            self.runner.add(staged, [row_of[k] for k in live], ends)
         return finished
 
     def _share_common_prefix(self, requests: list[Request]) -> None:
@@ -330,9 +345,9 @@ class LLMEngine:
         finished = self._advance(rows, logits)
         if finished:
             done = set(map(id, finished))
-            keep = [i for i, s in enumerate(rows) if id(s) not in done]
-            self.runner.keep(keep)
-            self.rows = [rows[i] for i in keep]
+            order = swap_remove([i for i, s in enumerate(rows) if id(s) in done], len(rows))
+            self.runner.keep(order)
+            self.rows = [rows[i] for i in order]
         return finished
 
     def _advance(self, samples: list[Sample], logits: torch.Tensor) -> list[Sample]:
@@ -372,7 +387,9 @@ class LLMEngine:
         return allowed
 
     def _finish_reason(self, sample: Sample) -> str | None:
-        result = self.stopping.check(sample.params, len(sample.request.prompt), sample.ids)
+        if sample.params.stop and sample.text_so_far is None:
+            sample.text_so_far = IncrementalText(self.tokenizer)
+        result = self.stopping.check(sample.params, len(sample.request.prompt), sample.ids, sample.text_so_far)
         if result is not None:
             sample.finish_reason, sample.text = result
         return sample.finish_reason
@@ -411,6 +428,18 @@ def _ttft_stats(seconds: list[float]) -> dict[str, float]:
         return {}
     return {"engine/ttft_ms_mean": 1000 * statistics.fmean(seconds),
             "engine/ttft_ms_p50": 1000 * statistics.median(seconds), "engine/ttft_requests": len(seconds)}
+
+
+def swap_remove(finished: list[int], rows: int) -> list[int]:
+    """The rows that stay, in slot order, after rows `finished` leave: each freed slot below the
+    new end takes the last row still running, so at most one row moves per finished row (moving
+    every later row down would copy O(rows x length) per finish)."""
+    gone = set(finished)
+    order = list(range(rows - len(gone)))
+    tail = [j for j in range(len(order), rows) if j not in gone]  # survivors past the new end
+    for slot in sorted(i for i in gone if i < len(order)):
+        order[slot] = tail.pop()
+    return order
 
 
 def _prefill_chunks(requests: list[Request], max_tokens: int) -> list[list[Request]]:

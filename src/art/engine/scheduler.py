@@ -3,20 +3,29 @@
 Plain Python, no torch. Requests join the running batch only at step boundaries (the engine
 calls `admit` between decode steps) and leave when all their samples finish. A request that
 could never fit is refused when added; one that does not fit *now* waits in order.
+
+The KV budget is counted one of two ways. By default a request holds n x (prompt + max_tokens)
+positions (a CPU cache, where rows are only as long as they are). With `row_width`, every
+running row holds the width of the longest one at its end (a CUDA cache, where every slot has
+one stride): the batch needs rows x row_width(longest).
 """
 
 from __future__ import annotations
 
 from collections import deque
+from typing import Callable
 
 from art.engine.sequence import Request, Sample, Status
 from art.errors import ArtValueError
 
 
 class Scheduler:
-    def __init__(self, *, max_num_seqs: int, max_kv_tokens: int) -> None:
+    def __init__(self, *, max_num_seqs: int, max_kv_tokens: int, row_width: Callable[[int], int] | None = None,
+                 max_model_len: int | None = None) -> None:
         self.max_num_seqs = max_num_seqs
         self.max_kv_tokens = max_kv_tokens
+        self.row_width = row_width
+        self.max_model_len = max_model_len
         self.waiting: deque[Request] = deque()
         self.running: list[Sample] = []
         self.reserved_tokens = 0
@@ -28,10 +37,11 @@ class Scheduler:
         if request.params.n > self.max_num_seqs:
             raise ArtValueError(
                 f"n={request.params.n} exceeds the engine's max_num_seqs={self.max_num_seqs}", field="n")
-        if request.kv_tokens > self.max_kv_tokens:
+        if self._needed(request.params.n, request.kv_tokens, self._end(request)) > self.max_kv_tokens:
             raise ArtValueError(
                 f"n x (prompt + max_tokens) = {request.kv_tokens} tokens exceeds the engine's KV budget of "
-                f"{self.max_kv_tokens}; lower n or max_tokens", field="max_tokens")
+                f"{self.max_kv_tokens}{' (every row holds the width of the longest)' if self.row_width else ''}; "
+                "lower n or max_tokens", field="max_tokens")
 
     def add(self, request: Request) -> None:
         self.check(request)
@@ -44,7 +54,9 @@ class Scheduler:
             request = self.waiting[0]
             if len(self.running) + request.params.n > self.max_num_seqs:
                 break
-            if self.reserved_tokens + request.kv_tokens > self.max_kv_tokens:
+            needed = self._needed(len(self.running) + request.params.n, self.reserved_tokens + request.kv_tokens,
+                                  max(self._longest(), self._end(request)))
+            if needed > self.max_kv_tokens:
                 break
             self.waiting.popleft()
             self.reserved_tokens += request.kv_tokens
@@ -66,6 +78,17 @@ class Scheduler:
                 self.reserved_tokens -= request.kv_tokens
                 complete.append(request)
         return complete
+
+    def _end(self, request: Request) -> int:
+        """The length its rows may reach."""
+        end = len(request.prompt) + request.params.max_tokens
+        return end if self.max_model_len is None else min(end, self.max_model_len)
+
+    def _longest(self) -> int:
+        return max((self._end(s.request) for s in self.running), default=0)
+
+    def _needed(self, rows: int, tokens: int, longest: int) -> int:
+        return rows * self.row_width(longest) if self.row_width else tokens
 
     @property
     def queue_depth(self) -> int:

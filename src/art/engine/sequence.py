@@ -69,6 +69,8 @@ class Sample:
     ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     top: list[list[tuple[int, float]]] = field(default_factory=list)
+    text_so_far: Any = None
+    """Its text decoded incrementally, for stop strings (`stopping.IncrementalText`)."""
     status: Status = Status.WAITING
     finish_reason: str | None = None
     text: str = ""

@@ -85,6 +85,18 @@ class ServedWeights:
                     y = y.index_copy(0, rows, (y[rows] + _lora(x[rows], module, name)).to(y.dtype))
         return y
 
+    def copy_bytes(self, modules) -> int:
+        """Bytes of the copies `linear` will prepare for these modules (a CUDA engine's memory
+        budget counts them before they exist)."""
+        total = 0
+        for module in modules:
+            lora = hasattr(module, "lora_A")
+            weight = (module.get_base_layer() if lora else module).weight
+            size = weight.numel() * self.dtype.itemsize
+            total += size if self.merge and lora and LIVE in module.lora_A else 0  # the merged variant
+            total += size if self.pack or weight.dtype != self.dtype else 0  # the base variant
+        return total
+
     def weights_changed(self, *, all_weights: bool) -> None:
         """The live adapter (or, `all_weights`, every weight: full fine-tuning) changed."""
         self._stale.update(k for k in self._prepared if all_weights or k[1] == "merged")

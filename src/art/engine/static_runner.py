@@ -1,11 +1,19 @@
 """Tensor work of the engine on its own decoder: prefill prompts, decode a step, move rows.
 
 Row i of the running batch is slot i of one KV cache (`kv_cache.py`). A prefill computes a few
-prompts (each after its cached prefix) in a workspace cache; their samples then join the batch
-as copies of those prompt rows, so a prompt is computed once for all its samples. A decode step
-feeds each row's last token at its own position and attends over a width that covers every
-row, rounded up; on CUDA the rows are padded to a bucket size and the step replays a CUDA graph
-captured for that (bucket, width). When samples finish, later rows move down (`keep`).
+prompts (each after its cached prefix) in a workspace cache, in blocks of at most
+`prefill_tokens` query tokens, so a long prompt costs a bounded amount of memory; their samples
+then join the batch as copies of those prompt rows, so a prompt is computed once for all its
+samples. A decode step feeds each row's last token at its own position and attends over a
+width that covers every row, rounded up; on CUDA the cache is laid out with that width as its
+stride, the rows are padded to a bucket size and the step replays a CUDA graph captured for
+that (bucket, width). When samples finish, the engine moves the last rows into their slots
+(`keep`).
+
+On CUDA the cache is one buffer of positions sized from `gpu_memory_utilization`
+(`memory.py`), not `max_num_seqs` slots of `max_model_len`: a batch of short rows gets many
+slots, a long one few. The scheduler admits rows while rows x width(longest row at its end)
+fits (`row_width`).
 """
 
 from __future__ import annotations
@@ -15,13 +23,13 @@ from dataclasses import dataclass
 
 import torch
 
-from art.engine.adapters import AdapterSet
+from art.engine.adapters import LIVE, AdapterSet
 from art.engine.config import EngineConfig
-from art.engine.cuda_graphs import DecodeGraphs, GraphCaptureError
+from art.engine.cuda_graphs import DecodeGraphs
 from art.engine.decoder import Decoder
 from art.engine.kv_cache import KVCache, PrefixKV
+from art.engine.memory import kv_budget, memory_error
 from art.engine.served_weights import ServedWeights
-from art.errors import ArtValueError
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +37,8 @@ ROW_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 
 CUDA_MIN_WIDTH = 256
 """Attention widths on CUDA are powers of two from here: a few graphs per bucket."""
 CPU_WIDTH_STEP = 64
+WIDTH_MULTIPLE = 16
+"""Widths (and so masks' last dimension) are multiples of this, as SDPA's fused kernels want."""
 
 
 @dataclass
@@ -47,51 +57,83 @@ class StaticRunner:
         merge = config.merge_lora if config.merge_lora is not None else not config.on_cuda
         self.weights = ServedWeights(model, dtype=config.torch_dtype, merge=merge, pack=not config.on_cuda)
         adapters.merge_live = False  # the engine never merges into the shared modules: `weights` keeps its own copy
-        # Padding tokens of a prefill may run past the longest prompt: room for twice the length.
-        self.decoder = Decoder(model, self.weights, max_positions=2 * max_model_len, device=self.device,
-                               dtype=config.torch_dtype)
         self.max_model_len = max_model_len
-        self.max_rows = config.max_num_seqs
-        if config.on_cuda:
-            self.max_rows = self._cuda_slots()
-        self.cache = self._allocate(self.max_rows)
+        self.max_width = -(-max_model_len // WIDTH_MULTIPLE) * WIDTH_MULTIPLE
+        # Padding tokens of a prefill may run past the longest prompt: room for twice the length.
+        self.decoder = Decoder(model, self.weights, max_positions=2 * self.max_width, device=self.device,
+                               dtype=config.torch_dtype)
         self.lengths: list[int] = []
         """Tokens in each running row's slot."""
-        self.graphs = DecodeGraphs(self.decoder, self.cache) if config.on_cuda and not config.enforce_eager else None
+        self.ends: list[int] = []
+        """The length each running row may reach (prompt + max_tokens): how far a CPU cache grows."""
+        self.graphs = None
+        if config.on_cuda:
+            self.cache = self._cuda_cache(model)
+            self.max_rows = self.cache.slots_at(CUDA_MIN_WIDTH)
+            if not config.enforce_eager:
+                self.graphs = DecodeGraphs(self.decoder, self.cache, self.max_rows)
+                self._capture_at_start()
+        else:
+            self.max_rows = config.max_num_seqs
+            self.cache = self.decoder.kv_cache(max_rows=self.max_rows, max_tokens=self.max_width, growable=True)
         self.prefill_computed_tokens = 0
         """Prompt tokens actually run through the model (the rest came from cached prefixes)."""
+
+    @property
+    def row_width(self):
+        """For the scheduler on CUDA: the width a row of a given final length holds (every slot has
+        the stride of the widest row). None on the CPU, where the budget is a sum of lengths."""
+        return self._width if self.config.on_cuda else None
+
+    @property
+    def kv_positions(self) -> int:
+        return self.cache.capacity
 
     # -- prefill ------------------------------------------------------------------------------
     def prefill(self, prompts: list[list[int]], prefixes: list[tuple[int, PrefixKV | None]],
                 adapter_names: list[str]) -> tuple[torch.Tensor, Staged]:
-        """Run prompts (row i after its cached prefix) in one pass: (logits [prompts, vocab], staged)."""
+        """Run prompts (row i after its cached prefix): (logits [prompts, vocab], staged).
+
+        In blocks of at most `prefill_tokens` query tokens: each block writes its keys and values
+        into the workspace and attends over what the earlier blocks wrote, so a prompt of any
+        length needs one block's activations and mask. A first block with no cached prefix is
+        causal and needs no mask at all."""
         self.weights.refresh()
         used = [min(n, len(p) - 1) if kv is not None else 0 for p, (n, kv) in zip(prompts, prefixes)]
         rests = [p[n:] for p, n in zip(prompts, used)]
-        tokens = max(map(len, rests))
-        width = max(used) + tokens
-        workspace = self.decoder.kv_cache(max_rows=len(prompts), max_tokens=width, growable=False)
-        ids = torch.zeros(len(prompts), tokens, dtype=torch.long, device=self.device)  # [prompts, tokens]
-        for i, ((_, kv), n, rest) in enumerate(zip(prefixes, used, rests)):
+        rows, tokens, offset = len(prompts), max(map(len, rests)), max(used)
+        workspace = self.decoder.kv_cache(max_rows=rows, max_tokens=offset + tokens, growable=False)
+        for i, ((_, kv), n) in enumerate(zip(prefixes, used)):
             if n:
                 workspace.load_prefix(i, kv, n)
-            ids[i, :len(rest)] = torch.tensor(rest, device=self.device)
-        offsets = torch.tensor(used, device=self.device)[:, None]  # [prompts, 1]
-        positions = offsets + torch.arange(tokens, device=self.device)  # [prompts, tokens]; padding runs on
-        last = torch.tensor([len(r) - 1 for r in rests], device=self.device)
+        ids = torch.tensor([rest + [0] * (tokens - len(rest)) for rest in rests], device=self.device)
+        positions = torch.tensor(used, device=self.device)[:, None] + torch.arange(tokens, device=self.device)
+        last = [len(rest) - 1 for rest in rests]
         route = self.weights.route(adapter_names, self.device)
-        logits = self.decoder.forward(ids, positions, workspace, width, route, last=last)
+        logits = torch.empty(rows, self.decoder.config.vocab_size, dtype=torch.float32, device=self.device)
+        block = max(1, self.config.prefill_tokens // rows)
+        for start in range(0, tokens, block):
+            end = min(tokens, start + block)
+            at = torch.tensor([min(max(n - start, 0), end - start - 1) for n in last], device=self.device)
+            out = self.decoder.forward(ids[:, start:end], positions[:, start:end], workspace, offset + end, route,
+                                       last=at, causal=offset == 0 and start == 0)
+            here = [r for r, n in enumerate(last) if start <= n < end]  # rows whose last token is in this block
+            if here:
+                index = torch.tensor(here, device=self.device)
+                logits[index] = out[index]
         self.prefill_computed_tokens += sum(map(len, rests))
         return logits, Staged(workspace, [len(p) for p in prompts])
 
     def prompt_kv(self, staged: Staged, index: int) -> PrefixKV:
         return staged.cache.export(index, staged.lengths[index])
 
-    def add(self, staged: Staged, sources: list[int]) -> None:
-        """Append one row per entry of `sources`, a copy of staged prompt `sources[k]`."""
+    def add(self, staged: Staged, sources: list[int], ends: list[int] | None = None) -> None:
+        """Append one row per entry of `sources`, a copy of staged prompt `sources[k]`; `ends[k]`
+        is the length that row may reach (default: max_model_len)."""
         start = len(self.lengths)
         tokens = max(staged.lengths[s] for s in sources)
-        self.cache.reserve(start + len(sources), tokens)
+        self.ends += ends or [self.max_model_len] * len(sources)
+        self._arrange(start + len(sources), self._width(tokens + 1))
         dst = torch.arange(start, start + len(sources), device=self.device)
         self.cache.copy_rows(dst, staged.cache, torch.tensor(sources, device=self.device), tokens)
         self.lengths += [staged.lengths[s] for s in sources]
@@ -101,37 +143,35 @@ class StaticRunner:
         """One token for every running row at its position: logits [rows, vocab]."""
         self.weights.refresh()
         rows = len(tokens)
-        padded = self._bucket(rows) if self.pad else rows
         width = self._width(max(positions) + 1)
-        self.cache.reserve(padded, width)
+        padded = self._bucket(rows, width) if self.pad else rows
+        self._arrange(padded, width)
         fill = padded - rows  # padding rows sit in free slots, at position 0
         ids = torch.tensor(tokens + [0] * fill, device=self.device)[:, None]  # [padded, 1]
         where = torch.tensor(positions + [0] * fill, device=self.device)[:, None]
         route = self.weights.route(adapter_names + [adapter_names[0]] * fill, self.device)
         logits = None
         if self.graphs is not None and route.key is not None:
-            try:
-                logits = self.graphs.run(ids, where, width, route)
-            except GraphCaptureError as exc:  # serve on, eagerly: slower, not broken (stats show 0 graphs)
-                log.error("%s; decoding without CUDA graphs from now on", exc)
-                self.graphs = None
+            logits = self.graphs.run(ids, where, width, route)  # None: this shape has no working graph
         if logits is None:
             logits = self.decoder.forward(ids, where, self.cache, width, route)
         self.lengths = [p + 1 for p in positions]
         return logits[:rows]
 
-    def keep(self, keep: list[int]) -> None:
-        """Keep only these rows (in this order, ascending); later rows move down into free slots."""
-        moved = [(i, j) for i, j in enumerate(keep) if i != j]
+    def keep(self, order: list[int]) -> None:
+        """Keep the rows `order` names: row order[i] moves into slot i (any order; the engine
+        moves the last rows into finished rows' slots, one copy per finished row)."""
+        moved = [(i, j) for i, j in enumerate(order) if i != j]
         if moved:
             dst = torch.tensor([i for i, _ in moved], device=self.device)
             src = torch.tensor([j for _, j in moved], device=self.device)
             self.cache.copy_rows(dst, self.cache, src, max(self.lengths[j] for _, j in moved))
-        self.lengths = [self.lengths[j] for j in keep]
+        self.lengths = [self.lengths[j] for j in order]
+        self.ends = [self.ends[j] for j in order]
 
     def clear(self) -> None:
         """Forget every row (after a failure); a CPU cache frees its memory."""
-        self.lengths = []
+        self.lengths, self.ends = [], []
         self.cache.release()
 
     def idle(self) -> None:
@@ -143,13 +183,14 @@ class StaticRunner:
         self.weights.weights_changed(all_weights=all_weights)
 
     def stats(self) -> dict[str, float]:
-        return {"engine/kv_slots": float(self.max_rows),
-                "engine/cuda_graphs": float(len(self.graphs.graphs)) if self.graphs else 0.0,
-                "engine/graph_replays": float(self.graphs.replays) if self.graphs else 0.0}
+        graphs = self.graphs.stats() if self.graphs else {"engine/cuda_graphs": 0.0, "engine/graph_replays": 0.0}
+        return {"engine/kv_slots": float(self.max_rows), "engine/kv_positions": float(self.cache.capacity),
+                "engine/kv_rows_moved": float(self.cache.rows_moved), **graphs}
 
     # -- sizes --------------------------------------------------------------------------------
-    def _bucket(self, rows: int) -> int:
-        return min(next((b for b in ROW_BUCKETS if b >= rows), rows), max(rows, self.max_rows))
+    def _bucket(self, rows: int, width: int) -> int:
+        limit = self.cache.slots_at(width) if self.config.on_cuda else self.max_rows
+        return min(next((b for b in ROW_BUCKETS if b >= rows), rows), max(rows, limit))
 
     def _width(self, needed: int) -> int:
         if self.config.on_cuda:
@@ -158,47 +199,63 @@ class StaticRunner:
                 width *= 2
         else:
             width = -(-needed // CPU_WIDTH_STEP) * CPU_WIDTH_STEP
-        return min(width, self.cache.max_tokens)
+        return min(width, self.max_width)
 
-    def _allocate(self, rows: int) -> KVCache:
-        growable = not self.config.on_cuda
-        try:
-            return self.decoder.kv_cache(max_rows=rows, max_tokens=self.max_model_len, growable=growable)
-        except torch.cuda.OutOfMemoryError as exc:
-            raise _memory_error(f"allocating the KV cache ({rows} slots x {self.max_model_len} tokens) ran out of "
-                                "GPU memory") from exc
+    def _arrange(self, rows: int, width: int) -> None:
+        """Make the cache hold `rows` slots that cover `width` positions, keeping the live rows.
+        On CUDA the stride becomes exactly the width (what a graph for that width reads); a CPU
+        cache grows by doubling, no further than its longest row can reach."""
+        cache, live, length = self.cache, len(self.lengths), max(self.lengths, default=0)
+        if self.config.on_cuda:
+            cache.arrange(rows, max(width, self._width(length + 1) if live else width), live=live, length=length)
+            return
+        if rows <= cache.rows and width <= cache.tokens:
+            return
+        reach = self._width(max(self.ends, default=width))
+        stride = cache.tokens if width <= cache.tokens else max(width, min(reach, 2 * max(cache.tokens, width)))
+        slots = cache.rows if rows <= cache.rows else max(rows, min(2 * cache.rows, self.max_rows))
+        cache.arrange(slots, stride, live=live, length=length)
 
-    def _cuda_slots(self) -> int:
-        """KV slots that fit in `gpu_memory_utilization` of the GPU, after what is already there
-        (the weights, other processes) and a reserve for prefill and decode activations."""
-        config = self.config
-        free, total = torch.cuda.mem_get_info(self.device)
-        layers, heads, dim = len(self.decoder.layers), self.decoder.kv_heads, self.decoder.head_dim
-        element = config.torch_dtype.itemsize
-        bytes_per_token = 2 * layers * heads * dim * element
-        hidden, vocab = self.decoder.config.hidden_size, self.decoder.config.vocab_size
-        inner = getattr(self.decoder.config, "intermediate_size", 4 * hidden)
-        reserve = (config.prefill_tokens * (12 * hidden + 4 * inner) * element  # prefill activations
-                   + config.prefill_tokens * bytes_per_token  # its workspace cache
-                   + config.prefix_cache_tokens * bytes_per_token  # the prefix cache
-                   + 4 * config.max_num_seqs * vocab * 4  # decode logits and sampling
-                   + (256 << 20))  # graphs, allocator slack
-        allowed = total * config.gpu_memory_utilization - (total - free) - reserve
-        slots = int(allowed // (self.max_model_len * bytes_per_token))
-        gib = 1 << 30
-        if slots < 1:
-            raise _memory_error(
-                f"the KV cache does not fit: gpu_memory_utilization={config.gpu_memory_utilization} of "
-                f"{total / gib:.1f} GiB leaves {max(allowed, 0) / gib:.2f} GiB after {(total - free) / gib:.1f} GiB in "
-                f"use and a {reserve / gib:.2f} GiB reserve, and one sequence of max_model_len={self.max_model_len} "
-                f"needs {self.max_model_len * bytes_per_token / gib:.2f} GiB")
+    def _cuda_cache(self, model) -> KVCache:
+        """The KV buffer: every position the engine's share of the GPU leaves (`memory.py`) after
+        a reserve for what a step allocates beside it."""
+        config, decoder = self.config, self.decoder
+        layers, element = len(decoder.layers), config.torch_dtype.itemsize
+        per_position = 2 * layers * decoder.kv_heads * decoder.head_dim * element
+        hidden, vocab = decoder.config.hidden_size, decoder.config.vocab_size
+        inner = getattr(decoder.config, "intermediate_size", 4 * hidden)
+        block = config.prefill_tokens
+        reserve = (block * (12 * hidden + 4 * inner) * element  # a prefill block's activations
+                   + block * self.max_width * element  # its mask
+                   + 2 * decoder.q_heads * self.max_width * decoder.head_dim * element  # keys repeated per head
+                   + max(block, self.max_width) * per_position  # the workspace: a chunk, or one long prompt
+                   + config.prefix_cache_tokens * per_position  # the prefix cache
+                   + 6 * config.max_num_seqs * vocab * 4)  # graph logits, eager logits, sampling
+        # A change of layout copies the live rows through one layer's temporary.
+        budget = kv_budget(config, model, bytes_per_position=per_position * (layers + 1) // layers, reserve=reserve,
+                           copies=self.weights.copy_bytes(decoder.projections()))
+        if budget.positions < self.max_width:
+            raise memory_error(f"the KV cache does not fit: {budget.describe()}, which leaves "
+                               f"{budget.positions} positions, fewer than one sequence of "
+                               f"max_model_len={self.max_model_len}")
+        slots = min(config.max_num_seqs, budget.positions // CUDA_MIN_WIDTH)
         if slots < config.max_num_seqs:
-            log.warning("KV cache: %d slots of %d tokens fit in gpu_memory_utilization=%s (max_num_seqs=%d asked); "
-                        "raise gpu_memory_utilization or lower max_model_len for more", slots, self.max_model_len,
+            log.warning("KV cache: %d rows of %d tokens fit in gpu_memory_utilization=%s (max_num_seqs=%d asked); "
+                        "raise gpu_memory_utilization for more", slots, CUDA_MIN_WIDTH,
                         config.gpu_memory_utilization, config.max_num_seqs)
-        return min(slots, config.max_num_seqs)
+        try:
+            return decoder.kv_cache(max_rows=slots, max_tokens=self.max_width, growable=False,
+                                    capacity=budget.positions)
+        except torch.cuda.OutOfMemoryError as exc:
+            raise memory_error(f"allocating the KV cache ({budget.positions} positions) ran out of GPU memory") from exc
 
-
-def _memory_error(what: str) -> ArtValueError:
-    return ArtValueError(f"{what}. Raise engine_args.gpu_memory_utilization, or lower engine_args.max_model_len "
-                         "or engine_args.max_num_seqs", field="engine_args.gpu_memory_utilization")
+    def _capture_at_start(self) -> None:
+        """Record what live serving needs first: every bucket at the narrowest width, live weights.
+        Wider widths (and the base model's route) are recorded when first needed."""
+        width = self._width(1)
+        route = self.weights.route([LIVE], self.device)
+        buckets = [b for b in ROW_BUCKETS if b <= self.cache.slots_at(width)]
+        with torch.inference_mode():
+            self.cache.arrange(max(buckets), width, live=0, length=0)
+            for rows in reversed(buckets):  # largest first: later ones reuse its pool memory
+                self.graphs.capture(rows, width, route)

@@ -11,23 +11,66 @@ class StopChecker:
         self.max_model_len = max_model_len
         self.eos_ids = _eos_ids(model, tokenizer)
 
-    def check(self, params: SamplingParams, prompt_len: int, ids: list[int]) -> tuple[str, str] | None:
+    def check(self, params: SamplingParams, prompt_len: int, ids: list[int],
+              text: IncrementalText | None = None) -> tuple[str, str] | None:
         """(finish_reason, text) once `ids` is complete, else None. A matched stop string is
-        cut from the text (the sampled ids are kept whole, for training)."""
+        cut from the text (the sampled ids are kept whole, for training). With `text` (the
+        sample's own), stop strings are looked for in text decoded a few tokens at a time;
+        without it the whole completion is decoded at every call (the reference sampler)."""
         if ids[-1] in self.eos_ids and not params.ignore_eos:
             return "stop", self._text(ids)
         if params.stop:
-            text = self._text(ids)
-            tail = max(0, len(text) - max(len(s) for s in params.stop) - 16)  # only the tail can hold a new match
-            hits = [at for at in (text.find(s, tail) for s in params.stop) if at >= 0]
-            if hits:
-                return "stop", text[: min(hits)]
+            if text is not None:
+                checked = len(text.text)
+                sofar = text.update(ids)
+                at = _first_stop(sofar, params.stop, max(0, checked - max(map(len, params.stop))))
+            else:  # only the tail can hold a new match
+                sofar = self._text(ids)
+                at = _first_stop(sofar, params.stop, max(0, len(sofar) - max(map(len, params.stop)) - 16))
+            if at is not None:
+                if text is None:
+                    return "stop", sofar[:at]
+                whole = self._text(ids)  # once, at the end: the text exactly as a full decode gives it
+                cut = _first_stop(whole, params.stop, 0)
+                return "stop", whole[:cut] if cut is not None else sofar[:at]
         if len(ids) >= params.max_tokens or prompt_len + len(ids) >= self.max_model_len:
             return "length", self._text(ids)
         return None
 
     def _text(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+
+class IncrementalText:
+    """A sample's text, extended by decoding only its newest tokens (vLLM's incremental
+    detokenization): each call decodes the tokens since the last complete character, and text
+    ending in an incomplete UTF-8 sequence ("\ufffd") waits for the next token. Decoding the
+    whole completion every step would be O(length^2) per sample."""
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.text = ""
+        self._prefix = 0  # ids[_prefix:_read] are decoded already, kept as context for the next ones
+        self._read = 0
+
+    def update(self, ids: list[int]) -> str:
+        decode = self.tokenizer.decode
+        new = decode(ids[self._prefix:], skip_special_tokens=True)
+        if not new.endswith("\ufffd"):
+            old = decode(ids[self._prefix:self._read], skip_special_tokens=True)
+            if len(new) > len(old) and new.startswith(old):
+                self.text += new[len(old):]
+                self._prefix, self._read = self._read, len(ids)
+            elif new != old:  # the context decoded differently (a tokenizer's clean-up): decode it all once
+                self.text = decode(ids, skip_special_tokens=True)
+                self._prefix = self._read = len(ids)
+        return self.text
+
+
+def _first_stop(text: str, stops: list[str], start: int) -> int | None:
+    """Where the earliest stop string at or after `start` begins in `text` (None: nowhere)."""
+    hits = [at for at in (text.find(s, start) for s in stops) if at >= 0]
+    return min(hits) if hits else None
 
 
 def _eos_ids(model, tokenizer) -> set[int]:
