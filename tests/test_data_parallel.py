@@ -33,11 +33,66 @@ def state(trainer: Trainer) -> tuple[dict, dict]:
     return weights, moments
 
 
+UPDATE_RELATIVE = 5e-4
+"""Bound on each tensor's ||update(ranks) - update(single)|| / ||update(single)||."""
+
+
+def update_gaps(start: dict, want: dict, got: dict) -> dict[str, tuple[float, float]]:
+    """Per tensor: the relative norm of the difference of the two updates (`got - start` against
+    `want - start`), and the largest difference of one element."""
+    gaps = {}
+    for name, value in want.items():
+        expected, actual = value.double() - start[name].double(), got[name].double() - start[name].double()
+        gap = actual - expected
+        gaps[name] = (float(gap.norm() / expected.norm().clamp_min(1e-30)), float(gap.abs().max()))
+    return gaps
+
+
+def assert_same_tensor_updates(start: dict, want: dict, got: dict, *, per_element: float) -> None:
+    """The ranks moved every tensor as the single process did: the update of each (after minus
+    `start`; zeros for AdamW's moments, which start empty) within UPDATE_RELATIVE of the single
+    process's in norm, and within `per_element` in every element.
+
+    Ranks sum their gradients in another order than one process accumulates them: float32
+    rounding, about 1e-7 of a gradient, which differs from CPU to CPU (vector width, BLAS
+    kernels, threads). AdamW divides each first moment by the root of the second, so where a
+    gradient is near zero that rounding grows up to the step itself, at most about `lr` per
+    optimizer step: no tight per-element tolerance on the weights holds on every CPU (issue 21:
+    5 of 3.1M embedding elements off by 5.2e-6, against atol 1e-6), and the power is in each
+    tensor's norm.
+
+    Measured for the two tests (two updates of two optimizer steps, lr 1e-3) under five builds of
+    one machine's arithmetic (AVX-512; AVX2; generic ATen with MKL's compatible path and SSE4.1
+    oneDNN; 1 or 2 threads a rank), data-parallel LoRA / sharded:
+    - weights: relative gap of a tensor's update at most 3.7e-5 (generic build) / 1.1e-5 (a layer
+      norm, whose 4e-3 update is a few float32 steps of its weight); one element 8.1e-7 / 2.6e-6;
+    - first moments (up to 3e-4): relative 1.3e-5 / 1.3e-6; one element 2.4e-10 / 6.9e-10.
+    What this must catch, sharded (the data-parallel path has no filler passes):
+    - gradients not summed across ranks: every tensor's update off by 60-130%, elements by up to
+      7.5e-3 (either path);
+    - a filler pass that adds to the gradients: the embeddings' update off by 5.3e-3 (an element
+      by 3.6e-3), their moment by 8.2e-5 (an element by 8.4e-8); nothing else moves, and no
+      metric does (the filler's loss is not counted).
+    So UPDATE_RELATIVE (5e-4) sits 14x above the noise and 10x below the filler; `lr` per
+    element 190x above the worst element yet seen (the issue's) and 3.6x below the filler; and
+    1e-8 per moment element 14x above the noise and 8x below the filler."""
+    assert set(got) == set(want)
+    failures = [f"{name}: relative {relative:.2e}, max element {largest:.2e}"
+                for name, (relative, largest) in update_gaps(start, want, got).items()
+                if not (relative <= UPDATE_RELATIVE and largest <= per_element)]
+    assert not failures, f"{len(failures)} of {len(want)} tensors moved otherwise than the single process's " \
+                         f"(bounds: relative {UPDATE_RELATIVE:.0e}, element {per_element:.0e}): {failures[:5]}"
+
+
 def assert_same_updates(expected: list[dict], got: list[dict]) -> None:
-    """Each update's metrics as the single process's, within 1e-5; two optimizer steps each."""
+    """Each update's metrics as the single process's, within 1e-5 (measured: 1e-7 at most), and
+    the gradient norm within 1e-4: it is the mean over both optimizer steps, and the second
+    step's gradients carry the first step's rounding, which AdamW amplified (measured: 6.9e-6
+    sharded, 4.3e-7 data-parallel; a skipped gradient sum moves it by 25-40%). Two optimizer
+    steps each."""
     for want, have in zip(expected, got, strict=True):
         for key in ("loss", "policy_loss", "grad_norm", "entropy", "trained_tokens", "tokens_computed"):
-            assert have[key] == pytest.approx(want[key], rel=1e-5, abs=1e-7), key
+            assert have[key] == pytest.approx(want[key], rel=1e-4 if key == "grad_norm" else 1e-5, abs=1e-7), key
         assert have["optimizer_steps"] == 2
 
 
@@ -60,6 +115,7 @@ def test_two_ranks_make_the_single_process_update(tiny_model_path, tmp_path):
     options = TrainOptions(learning_rate=1e-3, mini_batches=2, micro_batch_tokens=64, packed_row_tokens=32)
     single = tiny_trainer(tiny_model_path)
     single.save(tmp_path / "start")
+    start, _ = state(single)
     expected = [single.step(batch, options, quiet=True) for batch in groups]
 
     peers = RankPeers(2, RankSpec(str(tiny_model_path), LORA, "cpu", "float32"))
@@ -72,10 +128,10 @@ def test_two_ranks_make_the_single_process_update(tiny_model_path, tmp_path):
         peers.close()
     assert_same_updates(expected, got)
     (weights, moments), (want_weights, want_moments) = state(parallel), state(single)
-    for name, value in want_weights.items():
-        torch.testing.assert_close(weights[name], value, rtol=1e-5, atol=1e-6, msg=name)
-    for key, value in want_moments.items():  # Adam's first moment: a running mean of the gradients
-        torch.testing.assert_close(moments[key], value, rtol=1e-5, atol=1e-8, msg=str(key))
+    assert_same_tensor_updates(start, want_weights, weights, per_element=options.learning_rate)
+    # Adam's first moment, a running mean of the gradients (it starts at zero).
+    assert_same_tensor_updates({k: torch.zeros_like(v) for k, v in want_moments.items()}, want_moments, moments,
+                               per_element=1e-8)
     assert len(parallel.last_trainer_logprobs) == len(single.last_trainer_logprobs)  # rank 1's rows gathered
 
 

@@ -16,7 +16,8 @@ from art.training.options import TrainOptions
 from art.training.sharded import OPTIMIZER_FILE, ShardedTrainer
 from art.training.trainer import Trainer, plan_micro_batches, prepare_batch, split_mini_batches
 from tests.test_trainer_options import groups_of_choices
-from tests.test_data_parallel import assert_same_updates, kill_a_rank_mid_step_then_train, rank_groups
+from tests.test_data_parallel import (assert_same_tensor_updates, assert_same_updates, kill_a_rank_mid_step_then_train,
+                                      rank_groups)
 from tests.test_training_loop import greedy_logprobs
 
 OPTIONS = TrainOptions(learning_rate=1e-3, mini_batches=2, micro_batch_tokens=32, packed_row_tokens=24)
@@ -63,16 +64,18 @@ def test_two_sharded_ranks_make_the_single_process_update(tiny_model_path, tmp_p
     assert [event[:2] for event in progress] == [(1, 2), (2, 2)] * 2  # rank 0's progress reached the backend
     assert len(sharded.last_trainer_logprobs) == len(single.last_trainer_logprobs)  # both ranks' rows
 
-    want_weights, weights = load_file(str(tmp_path / "single" / "model.safetensors")), \
-        load_file(str(tmp_path / "sharded" / "model.safetensors"))
-    assert set(weights) == set(want_weights)
-    for name, value in want_weights.items():
-        torch.testing.assert_close(weights[name], value, rtol=1e-5, atol=1e-6, msg=name)
-        torch.testing.assert_close(dict(served.named_parameters())[name].detach(), value, rtol=1e-5, atol=1e-6)
+    start, want_weights, weights = (load_file(str(tmp_path / folder / "model.safetensors"))
+                                    for folder in ("start", "single", "sharded"))
+    assert_same_tensor_updates(start, want_weights, weights, per_element=OPTIONS.learning_rate)
+    served_weights = dict(served.named_parameters())
+    for name, value in weights.items():  # the backend serves exactly what the ranks saved
+        assert torch.equal(served_weights[name].detach(), value), name
     names = [name for name, p in single.model.named_parameters() if p.requires_grad]
-    moments = torch.load(tmp_path / "sharded" / OPTIMIZER_FILE, weights_only=True)["state"]
-    for index, state in single.optimizer.state_dict()["state"].items():  # Adam's first moment
-        torch.testing.assert_close(moments[names[index]]["exp_avg"], state["exp_avg"], rtol=1e-5, atol=1e-8)
+    want_moments = {names[index]: state["exp_avg"] for index, state in single.optimizer.state_dict()["state"].items()}
+    moments = {name: state["exp_avg"]
+               for name, state in torch.load(tmp_path / "sharded" / OPTIMIZER_FILE, weights_only=True)["state"].items()}
+    assert_same_tensor_updates({k: torch.zeros_like(v) for k, v in want_moments.items()}, want_moments, moments,
+                               per_element=1e-8)  # Adam's first moment (it starts at zero)
     assert probe == pytest.approx(single.probe_logprobs([1, 2, 3, 4], [5, 6, 7]), abs=1e-5)
 
 
