@@ -3,13 +3,17 @@ process makes, and a rank that dies mid-step costs that step only."""
 
 from __future__ import annotations
 
+import multiprocessing
+import os
+import signal
 import time
 
 import pytest
 import torch
 
 import art
-from art.training.data_parallel import Collective, RankPeers, RankSpec
+from art.training.data_parallel import (WATCH_INTERVAL_S, Collective, PeerLost, PeerWatcher, RankPeers, RankSpec,
+                                        host_store, start_group)
 from art.training.options import TrainOptions
 from art.training.trainer import Trainer, prepare_batch
 from tests.test_trainer_options import groups_of_choices
@@ -124,6 +128,7 @@ def test_two_ranks_make_the_single_process_update(tiny_model_path, tmp_path):
         parallel.restore(tmp_path / "start")  # starts rank 1, which loads the same checkpoint
         assert parallel.collective.world == 2 and peers.healthy
         got = [parallel.step(batch, options, quiet=True) for batch in groups]
+        assert parallel.collective.lost is None  # the peer watcher never fired on these healthy steps
     finally:
         peers.close()
     assert_same_updates(expected, got)
@@ -147,6 +152,55 @@ def test_a_peer_that_dies_before_joining_fails_the_start_at_once(tiny_model_path
     finally:
         peers.close()
     assert time.monotonic() - started < 60 and not peers.healthy
+
+
+def join_then_die_holding_sockets(port: int, connection) -> None:
+    """Rank 1: take part in one collective, then die while a child of its own keeps the group's
+    sockets open, so rank 0 sees no closed connection (NCCL sees none at all): only rank 0's
+    peer watcher can end its wait."""
+    collective = start_group(1, 2, torch.device("cpu"), port=port)
+    collective.any(False)
+    holder = os.fork()
+    if holder == 0:  # holds every socket it inherited until the test kills it
+        time.sleep(600)
+        os._exit(0)
+    connection.send(holder)
+    connection.recv()
+    time.sleep(1.0)  # rank 0 is waiting in its next collective by now
+    os._exit(1)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="the peer holds its sockets open in a forked child")
+def test_a_peer_that_dies_mid_collective_ends_rank_0s_wait_at_once():
+    """Rank 0 waits in an all-reduce its peer never joins, and the peer dies: the watcher ends
+    the wait with PeerLost within a few polls (gloo alone would wait for the held sockets, NCCL
+    for ever). While the peer lives, through a collective and idle polls, it never fires."""
+    store = host_store(2)
+    context = multiprocessing.get_context("spawn")
+    ours, theirs = context.Pipe()
+    peer = context.Process(target=join_then_die_holding_sockets, args=(store.port, theirs), daemon=True)
+    peer.start()
+    collective = start_group(0, 2, torch.device("cpu"), store=store)
+    watcher = PeerWatcher(collective, lambda: None if peer.exitcode is None else (1, peer.exitcode))
+    holder = None
+    try:
+        assert collective.any(False) is False
+        holder = ours.recv()
+        time.sleep(5 * WATCH_INTERVAL_S)
+        assert watcher.fired is None and collective.lost is None
+        ours.send("die")
+        started = time.monotonic()
+        with pytest.raises(PeerLost, match=r"trainer rank 1 died \(exit code 1\)"):
+            collective.any(True)
+        assert time.monotonic() - started < 1.0 + 10 * WATCH_INTERVAL_S + 5  # not STEP_TIMEOUT's 30 minutes
+        assert watcher.fired == "trainer rank 1 died (exit code 1)"
+        with pytest.raises(PeerLost):  # a store gather, too, no longer waits for the dead rank
+            collective.gather("rows")
+    finally:
+        watcher.stop()
+        if holder is not None:
+            os.kill(holder, signal.SIGKILL)
+        peer.join(10)
 
 
 async def rank_groups(model, step: int):

@@ -4,15 +4,18 @@ trained weights after a step, and a replica that dies mid-rollout."""
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 
 import httpx
 import openai
 import pytest
+import torch
 
 import art
 from art.engine.base import AdapterRef, SamplingParams
 from art.errors import BackendUnavailableError
-from art.engine.replicas import BALANCE, PrefixRouter, Replica, ReplicaUnavailableError
+from art.engine.replicas import (BALANCE, PrefixRouter, Replica, ReplicaSet, ReplicaSpec, ReplicaUnavailableError,
+                                 replica_device, use_device)
 
 SYSTEM = list(range(1000, 1040))  # a chat template's common head: every prompt starts with it
 
@@ -53,6 +56,30 @@ def test_affinity_yields_to_load_and_dead_replicas_get_nothing():
     replicas[1 - home.index].down = "failed the weight-sync probe"
     with pytest.raises(ReplicaUnavailableError):
         router.choose(replicas, prompt)
+
+
+def test_each_replica_gets_a_gpu_of_its_own_and_more_replicas_than_gpus_are_refused(monkeypatch):
+    assert [replica_device("cpu", i, 0) for i in range(3)] == ["cpu"] * 3
+    assert [replica_device("cuda", i, 4) for i in range(4)] == ["cuda:0", "cuda:1", "cuda:2", "cuda:3"]
+    assert [replica_device("cuda:2", i, 4) for i in range(4)] == ["cuda:2", "cuda:3", "cuda:0", "cuda:1"]
+    with pytest.raises(art.ArtValueError, match="engine_replicas=3 needs a GPU per replica") as error:
+        replica_device("cuda:1", 2, 2)  # not a second replica on a GPU that already serves one
+    assert error.value.field == "engine_replicas" and "this machine has 2" in str(error.value)
+
+    # The set refuses before it starts any process, as RankPeers.start does for trainer_ranks.
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    engine = SimpleNamespace(tokenizer=None, max_model_len=64, grammars=None)
+    spec = ReplicaSpec("model", None, SimpleNamespace(device="cuda:0"))
+    with pytest.raises(art.ArtValueError, match="engine_replicas=2 needs a GPU per replica; this machine has 1"):
+        ReplicaSet(engine, spec, 2)
+    assert len(ReplicaSet(engine, spec, 1).replicas) == 1
+    assert len(ReplicaSet(engine, ReplicaSpec("model", None, SimpleNamespace(device="cpu")), 3).replicas) == 3
+
+    chosen: list = []  # a replica process makes its GPU current before it builds anything
+    monkeypatch.setattr(torch.cuda, "set_device", chosen.append)
+    use_device("cpu")
+    use_device("cuda:1")
+    assert chosen == [torch.device("cuda:1")]
 
 
 async def ask(client, prompt: str, max_tokens: int = 4, **kwargs):

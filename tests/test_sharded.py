@@ -100,6 +100,52 @@ async def test_the_backend_serves_what_the_sharded_ranks_train_and_survives_a_de
     await kill_a_rank_mid_step_then_train(backend, model, peers, victim=1)
 
 
+def bf16_rank(path: str, connection) -> None:
+    """A one-rank sharded trainer computing in bfloat16 (CUDA's default dtype, here on the CPU):
+    what its forward sees, and what one step does to its float32 shards."""
+    from art.training.data_parallel import build_trainer, host_store, join_default_group
+    from art.training.options import TrainOptions
+
+    store = host_store(2)  # the backend's: one rank, plus the holder
+    trainer = build_trainer(RankSpec(path, None, "cpu", "bfloat16", sharded=True),
+                            join_default_group(0, 1, torch.device("cpu"), store.port))
+    seen = set()
+    trainer.model.model.layers[0].mlp.down_proj.register_forward_hook(
+        lambda module, args, out: seen.add((module.weight.dtype, out.dtype)))
+    before = {name: p.full_tensor().clone() for name, p in trainer.model.named_parameters()}
+    metrics = trainer.step(groups_of_choices(seed=1, groups=2, samples=4), TrainOptions(learning_rate=1e-3), quiet=True)
+    moved = [name for name, p in trainer.model.named_parameters() if not torch.equal(p.full_tensor(), before[name])]
+    connection.send((trainer.autocast, seen, {p.dtype for p in trainer.model.parameters()}, len(moved), len(before),
+                     metrics["loss"], metrics["grad_norm"]))
+
+
+def test_sharded_ranks_gather_weights_in_the_compute_dtype(tiny_model_path):
+    """Item 20 of the GPU review: in bfloat16, FSDP2 gathers each unit's weights in bfloat16 (half
+    of float32's traffic) and sums gradients in float32 into float32 shards, with no autocast; in
+    float32 it gathers as stored."""
+    import math
+    import multiprocessing
+
+    from art.training.sharded import mixed_precision
+
+    assert mixed_precision(torch.float32).param_dtype is None
+    policy = mixed_precision(torch.bfloat16)
+    assert (policy.param_dtype, policy.reduce_dtype) == (torch.bfloat16, torch.float32)
+
+    context = multiprocessing.get_context("spawn")  # a default process group of its own
+    ours, theirs = context.Pipe()
+    rank = context.Process(target=bf16_rank, args=(str(tiny_model_path), theirs), daemon=True)
+    rank.start()
+    try:
+        assert ours.poll(240), f"the rank ended (exit code {rank.exitcode}) or hung"
+        autocast, seen, shards, moved, total, loss, grad_norm = ours.recv()
+    finally:
+        rank.join(30)
+    assert not autocast and seen == {(torch.bfloat16, torch.bfloat16)}
+    assert shards == {torch.float32} and moved == total  # every float32 shard took the step
+    assert math.isfinite(loss) and grad_norm > 0
+
+
 def test_fsdp_needs_full_fine_tuning():
     from art.internal_config import parse_internal_config
 

@@ -24,10 +24,11 @@ import time
 
 import torch
 
-from art.engine.replicas import CalledReplica, ReplicaSpec, ReplicaUnavailableError, error_payload, revive_error
+from art.engine.replicas import (CalledReplica, ReplicaSpec, ReplicaUnavailableError, error_payload, revive_error,
+                                 use_device)
 from art.errors import ArtValueError, BackendError
 from art.training.data_parallel import (STEP_TIMEOUT, STOP_KEY, RankPeers, RankSpec, host_store,
-                                        join_default_group, obey, peer_error, rank_device, rank_threads, start_group)
+                                        join_default_group, obey, peer_error, rank_threads, start_group)
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +53,12 @@ def _gpus(device: str) -> float:
     return 1.0 if torch.device(device).type == "cuda" else 0.0
 
 
+def actor_device(device: str) -> str:
+    """An actor's device: the CPU, or on CUDA the one GPU Ray gave it (`num_gpus=1` leaves it the
+    only visible one: cuda:0)."""
+    return "cuda:0" if torch.device(device).type == "cuda" else device
+
+
 # -- engine replicas -----------------------------------------------------------------------
 
 
@@ -61,8 +68,10 @@ class ReplicaActor:
     def __init__(self, index: int, spec: ReplicaSpec) -> None:
         from art.engine.replicas import build_engine
 
+        device = actor_device(spec.engine.device)
+        use_device(device)
         torch.set_num_threads(spec.threads)
-        self.engine = build_engine(spec, index)
+        self.engine = build_engine(spec, device)
 
     def ready(self) -> int:
         return os.getpid()
@@ -141,6 +150,8 @@ class RankActor:
     """Runs in a Ray worker: one trainer rank (rank >= 1, or sharded any rank) and its model."""
 
     def __init__(self, rank: int, world: int, spec: RankSpec) -> None:
+        self.device = torch.device(actor_device(spec.device))
+        use_device(str(self.device))
         torch.set_num_threads(rank_threads())
         self.rank, self.world, self.spec = rank, world, spec
         self.trainer = None
@@ -151,7 +162,7 @@ class RankActor:
 
         try:
             join = join_default_group if self.spec.sharded else start_group
-            collective = join(self.rank, self.world, rank_device(self.spec.device, self.rank), port=port, host=host)
+            collective = join(self.rank, self.world, self.device, port=port, host=host)
             self.trainer = build_trainer(self.spec, collective)
             return "ok", os.getpid()
         except Exception as exc:
@@ -198,6 +209,22 @@ class RayRankPeers(RankPeers):
 
     def _all_alive(self) -> bool:
         return bool(self._actors)
+
+    def _dead(self) -> tuple[int, None] | None:
+        """(rank, None) of an actor that died during the running command, or None (the
+        `PeerWatcher` asks during a step)."""
+        import ray
+
+        refs = list(self._refs)
+        done, _ = ray.wait(refs, num_returns=len(refs), timeout=0) if refs else ([], [])
+        for ref in done:
+            try:
+                ray.get(ref)
+            except ray.exceptions.RayActorError:
+                return refs.index(ref) + self.first, None
+            except Exception:  # an answer, not a death: `_answers` reads it
+                pass
+        return None
 
     def _send(self, *message) -> None:
         self._refs = [actor.command.remote(*message) for actor in self._actors]

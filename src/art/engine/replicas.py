@@ -67,24 +67,38 @@ class ReplicaSpec:
     """torch threads of a CPU replica."""
 
 
-def replica_device(device: str, index: int) -> str:
-    """The CPU, or on CUDA one GPU per replica (replica 0, the backend's, on the first)."""
+def replica_device(device: str, index: int, gpus: int) -> str:
+    """Replica `index`'s device: the CPU, or on CUDA a GPU of its own out of `gpus`, counted on from
+    the backend's (replica 0 on `device`, the next ones after it, wrapping past the last GPU onto
+    the first). Raises ArtValueError naming `engine_replicas` when there is no GPU left for it:
+    two replicas on one GPU would each size their KV cache from what the other left free, and the
+    second would not fit."""
     parsed = torch.device(device)
     if parsed.type != "cuda":
         return device
-    return f"cuda:{((parsed.index or 0) + index) % torch.cuda.device_count()}"
+    if index >= gpus:
+        raise ArtValueError(f"engine_replicas={index + 1} needs a GPU per replica; this machine has {gpus} "
+                            "(placement 'ray' spreads replicas over a cluster)", field="engine_replicas")
+    return f"cuda:{((parsed.index or 0) + index) % gpus}"
+
+
+def use_device(device: str) -> None:
+    """Make a CUDA `device` this process's current one (first thing in a replica or a rank: its
+    CUDA context, streams and graph captures then land on its own GPU, not on GPU 0)."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.set_device(torch.device(device))
 
 
 # -- the replica process -------------------------------------------------------------------
 
 
-def build_engine(spec: ReplicaSpec, index: int):
-    """A replica's model and engine, built the way `ModelService` builds the backend's."""
+def build_engine(spec: ReplicaSpec, device: str):
+    """A replica's model and engine on `device`, built the way `ModelService` builds the backend's."""
     from art import base_models
     from art.engine.adapters import AdapterSet
     from art.engine.llm_engine import LLMEngine
 
-    config = dataclasses.replace(spec.engine, device=replica_device(spec.engine.device, index))
+    config = dataclasses.replace(spec.engine, device=device)
     model, tokenizer = base_models.load_policy(spec.base_model, spec.lora, dtype=config.torch_dtype,
                                                device=config.device, trainable=False)
     return LLMEngine(model, tokenizer, config, adapters=AdapterSet(model))
@@ -108,9 +122,11 @@ def load_weights(engine, step: int, weights) -> None:
 def replica_main(index: int, spec: ReplicaSpec, connection) -> None:
     """A replica process: build the engine, then answer requests from the pipe concurrently
     (each `generate` is a task; the engine batches them)."""
-    torch.set_num_threads(spec.threads)
     try:
-        engine = build_engine(spec, index)
+        device = replica_device(spec.engine.device, index, local_gpus(spec.engine.device))
+        use_device(device)
+        torch.set_num_threads(spec.threads)
+        engine = build_engine(spec, device)
     except BaseException as exc:
         connection.send(("error", 0, error_payload(exc)))
         return
@@ -462,9 +478,11 @@ class ReplicaSet:
     """An `Engine` over replicas (see the module docstring); replica 0 is `engine`."""
 
     def __init__(self, engine, spec: ReplicaSpec, count: int, replica_class=None) -> None:
-        """`replica_class` builds replicas 1..N-1: `ProcessReplica` (default) or
-        `art.ray_cluster.RayReplica`."""
+        """`replica_class` builds replicas 1..N-1: `ProcessReplica` (default, one GPU each on
+        CUDA: more replicas than GPUs are refused here) or `art.ray_cluster.RayReplica`."""
         self.tokenizer, self.max_model_len, self.grammars = engine.tokenizer, engine.max_model_len, engine.grammars
+        if replica_class is None:
+            replica_device(spec.engine.device, count - 1, local_gpus(spec.engine.device))
         replica_class = replica_class or ProcessReplica
         self.replicas: list[Replica] = [LocalReplica(engine)] + [replica_class(i, spec) for i in range(1, count)]
         self.router = PrefixRouter()
@@ -551,6 +569,11 @@ def _collect(function, errors: list) -> None:
         function()
     except BaseException as exc:
         errors.append(exc)
+
+
+def local_gpus(device: str) -> int:
+    """How many GPUs this machine has for replicas on `device` (0 off CUDA)."""
+    return torch.cuda.device_count() if torch.device(device).type == "cuda" else 0
 
 
 def replica_threads() -> int:

@@ -13,7 +13,11 @@ holds its own copy of the model and obeys commands sent over a pipe: restore a c
 folder, train a step, close. The process group carries only the tensors of a step. Sharded
 (`art.training.sharded`, FSDP2), every rank is such a process and also saves and scores.
 A failed step is rolled back by the backend; if a rank died (or a collective broke), the next
-restore starts every peer again, so the following step trains cleanly.
+restore starts every peer again, so the following step trains cleanly. Rank 0 waits for its
+peers only in `Collective`'s watched waits: while a step runs, a `PeerWatcher` thread polls the
+peers and, when one dies, ends those waits (and aborts an NCCL group), so the step fails at
+once and rolls back instead of hanging in a collective (gloo notices a closed socket by itself,
+NCCL does not notice at all).
 """
 
 from __future__ import annotations
@@ -40,6 +44,8 @@ log = logging.getLogger(__name__)
 
 STEP_TIMEOUT = datetime.timedelta(minutes=30)
 """How long a collective waits for a slow rank before the step fails (and rolls back)."""
+WATCH_INTERVAL_S = 0.2
+"""How often the `PeerWatcher` looks at the peers during a step."""
 STOP_KEY = "art/stop"
 """Set in the group's store to cancel the running step (sharded ranks have no rank 0 in the
 backend to decide it); deleted when a step begins."""
@@ -57,6 +63,44 @@ class Collective:
         """The model is FSDP2-sharded over the group (`art.training.sharded`): its backward
         already sums the gradients, and every rank must run as many passes as the others."""
         self._rounds = 0
+        self.lost: str | None = None
+        """Why this rank no longer waits on the group (a peer died: `abandon`); None while sound."""
+
+    def abandon(self, reason: str) -> None:
+        """End this rank's waits on the group: each raises PeerLost with `reason` (called by the
+        `PeerWatcher`'s thread when a peer died). An NCCL group is also aborted, which frees the
+        kernel waiting on the GPU for the dead rank; gloo's `abort` leaves a pending wait as it is
+        (torch 2.13), so there the watched wait alone ends it."""
+        self.lost = reason
+        abort = getattr(self.group, "abort", None)
+        if self.device.type == "cuda" and abort is not None:
+            try:
+                abort()
+            except Exception:  # the wait raises all the same
+                log.warning("aborting the trainer group failed", exc_info=True)
+
+    def _wait(self, work) -> None:
+        """Wait for a collective to finish, unless the group is abandoned. (NCCL's own `wait` only
+        orders streams: the host would block later, in `.item()`, for ever if a peer died.)"""
+        pause = 1e-4
+        while not work.is_completed() and self.lost is None:
+            time.sleep(pause)
+            pause = min(2 * pause, 0.01)
+        if self.lost is not None:  # an aborted NCCL collective may complete, with garbage
+            raise PeerLost(self.lost)
+        work.wait()
+
+    def _get(self, key: str) -> bytes:
+        """A store value another rank sets, unless the group is abandoned first (or STEP_TIMEOUT)."""
+        pause, deadline = 1e-4, time.monotonic() + STEP_TIMEOUT.total_seconds()
+        while not self.store.check([key]):
+            if self.lost is not None:
+                raise PeerLost(self.lost)
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no rank set {key} within {STEP_TIMEOUT}")
+            time.sleep(pause)
+            pause = min(2 * pause, 0.01)
+        return self.store.get(key)
 
     def shard(self, part: list[Sequence]) -> list[Sequence]:
         """This rank's sequences of a mini-batch: whole groups, assigned longest first to the
@@ -86,7 +130,7 @@ class Collective:
         if self.world == 1:
             return flag
         value = torch.tensor([float(flag)], device=self.device)
-        self.group.allreduce([value]).wait()
+        self._wait(self.group.allreduce([value]))
         return bool(value.item())
 
     def sum_gradients(self, params: list[torch.nn.Parameter]) -> None:
@@ -95,7 +139,7 @@ class Collective:
         if self.world == 1 or self.sharded:
             return
         flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
-        self.group.allreduce([flat]).wait()
+        self._wait(self.group.allreduce([flat]))
         offset = 0
         for p in params:
             n = p.numel()
@@ -119,7 +163,7 @@ class Collective:
             return [value]
         self._rounds += 1
         self.store.set(f"gather/{self._rounds}/{self.rank}", pickle.dumps(value))
-        return [pickle.loads(self.store.get(f"gather/{self._rounds}/{rank}")) for rank in range(self.world)]
+        return [pickle.loads(self._get(f"gather/{self._rounds}/{rank}")) for rank in range(self.world)]
 
 
 def host_store(world: int, host: str = "127.0.0.1") -> dist.TCPStore:
@@ -135,7 +179,10 @@ def start_group(rank: int, world: int, device: torch.device, *, store: dist.TCPS
     if store is None:
         store = dist.TCPStore(host, port, world, False, timeout=STEP_TIMEOUT)
     if device.type == "cuda":
-        group = dist.ProcessGroupNCCL(store, rank, world)
+        options = dist.ProcessGroupNCCL.Options()
+        options.is_high_priority_stream = False
+        options._timeout = STEP_TIMEOUT  # NCCL's default is 10 minutes, after which its watchdog ends the process
+        group = dist.ProcessGroupNCCL(store, rank, world, options)
     else:
         group = dist.ProcessGroupGloo(store, rank, world, STEP_TIMEOUT)
     return Collective(rank, world, group, store, device)
@@ -184,11 +231,15 @@ def build_trainer(spec: RankSpec, collective: Collective):
     model, tokenizer = base_models.load_policy(spec.base_model, spec.lora, dtype=dtype, device=device)
     gather = None
     if spec.sharded:
-        from art.training.sharded import shard_model
+        from art.training.sharded import mixed_precision, shard_model
 
-        gather = shard_model(model, device)
-    return Trainer(model, tokenizer, device=device, dtype=dtype, collective=collective, gather=gather,
-                   load_reference=base_models.reference_loader(spec.base_model, spec.lora, dtype=dtype, device=device))
+        gather = shard_model(model, device, dtype)
+    trainer = Trainer(model, tokenizer, device=device, dtype=dtype, collective=collective, gather=gather,
+                      load_reference=base_models.reference_loader(spec.base_model, spec.lora, dtype=dtype,
+                                                                  device=device))
+    if spec.sharded and mixed_precision(dtype).param_dtype is not None:
+        trainer.autocast = False  # FSDP2 gathers the weights in `dtype` already
+    return trainer
 
 
 def rank_threads() -> int:
@@ -198,8 +249,10 @@ def rank_threads() -> int:
 
 def peer_main(rank: int, world: int, port: int, spec: RankSpec, connection) -> None:
     """A peer process: join the group, build the model, then `obey` the backend's commands."""
-    torch.set_num_threads(rank_threads())
     device = rank_device(spec.device, rank)
+    if device.type == "cuda":  # first: the CUDA context, NCCL's streams and every kernel on this rank's GPU
+        torch.cuda.set_device(device)
+    torch.set_num_threads(rank_threads())
     collective = (join_default_group if spec.sharded else start_group)(rank, world, device, port=port)
     try:
         trainer = build_trainer(spec, collective)
@@ -257,6 +310,7 @@ class RankPeers:
         self._processes: list = []
         self._connections: list = []
         self._store = None  # the group's store (rank 0's, or sharded the backend's)
+        self._watcher: PeerWatcher | None = None
         self.healthy = False
 
     def start(self) -> Collective:
@@ -298,8 +352,7 @@ class RankPeers:
         thread.start()
         while thread.is_alive():
             thread.join(0.2)
-            dead = next(((rank, p.exitcode) for rank, p in enumerate(self._processes, start=self.first)
-                         if p.exitcode is not None), None)
+            dead = self._dead()
             if dead is not None and thread.is_alive():
                 raise BackendError(f"trainer rank {dead[0]} ended (exit code {dead[1]}) before joining the group; "
                                    "its error is in the output above")
@@ -321,12 +374,17 @@ class RankPeers:
             raise BackendError("the trainer ranks are not running (a failed step?); restore a checkpoint first")
         self._store.delete_key(STOP_KEY)
         self._send("step", list(groups), options)
+        if self.first:  # rank 0 trains here, waiting for the peers in collectives: watch them meanwhile
+            self._watcher = PeerWatcher(self.collective, self._dead)
 
     def end_step(self, failed: bool, on_progress=None, should_stop=None) -> list:
         """Wait for every peer's step and return their results; raise the first error (or mark
         the group broken when rank 0 itself failed, since its peers may be stuck in a
         collective). `on_progress` gets rank 0's progress events; `should_stop` is polled
         meanwhile and, once True, cancels the step on every peer."""
+        if self._watcher is not None:
+            self._watcher.stop()
+            self._watcher = None
         try:
             return self._answers("ok", what="step", timeout=5.0 if failed else None, on_progress=on_progress,
                                  should_stop=should_stop)
@@ -359,6 +417,11 @@ class RankPeers:
 
     def _all_alive(self) -> bool:
         return bool(self._processes) and all(p.is_alive() for p in self._processes)
+
+    def _dead(self) -> tuple[int, int | None] | None:
+        """(rank, exit code) of a peer process that ended, or None while all live."""
+        return next(((rank, p.exitcode) for rank, p in enumerate(self._processes, start=self.first)
+                     if p.exitcode is not None), None)
 
     def _send(self, *message) -> None:
         for rank, connection in enumerate(self._connections, start=1):
@@ -409,8 +472,7 @@ class RankPeers:
             if not connection.poll(max(0.0, min(0.2, deadline - time.monotonic()))):
                 if time.monotonic() >= deadline:
                     raise TimeoutError
-                dead = next(((rank, p.exitcode) for rank, p in enumerate(self._processes, start=self.first)
-                             if p.exitcode is not None), None)
+                dead = self._dead()
                 if dead is not None and not connection.poll(1.0):  # a last chance to answer its own error
                     raise PeerDied(*dead)
                 continue
@@ -421,6 +483,9 @@ class RankPeers:
                 on_progress(*detail)
 
     def close(self) -> None:
+        if self._watcher is not None:
+            self._watcher.stop()
+            self._watcher = None
         for connection in self._connections:
             try:
                 connection.send(("close",))
@@ -434,6 +499,39 @@ class RankPeers:
         self._processes, self._connections, self._store = [], [], None
         self.collective = Collective()
         self.healthy = False
+
+
+class PeerLost(RuntimeError):
+    """A wait of rank 0 on the group ended because a peer died (`Collective.abandon`); the step
+    fails like a broken collective, and is rolled back."""
+
+
+class PeerWatcher:
+    """During a step, a thread that polls `dead()` (a dead peer's (rank, exit code or None), or
+    None) every WATCH_INTERVAL_S and, when a peer died, abandons `collective`: rank 0's waits
+    on the group then fail at once. `stop()` ends it; it never fires while every peer lives."""
+
+    def __init__(self, collective: Collective, dead) -> None:
+        self.collective, self.dead = collective, dead
+        self.fired: str | None = None
+        """The reason it abandoned the group, or None."""
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="art-trainer-peer-watcher", daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        while not self._stop.wait(WATCH_INTERVAL_S):
+            dead = self.dead()
+            if dead is not None:
+                rank, code = dead
+                self.fired = f"trainer rank {rank} died" + (f" (exit code {code})" if code is not None else "")
+                log.error("%s during the step; rank 0 stops waiting for it", self.fired)
+                self.collective.abandon(self.fired)
+                return
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
 
 
 class PeerDied(Exception):

@@ -16,6 +16,11 @@ trained shards for real.
 
 Collectives need every rank to run the same number of forward and backward passes: a rank with
 fewer micro-batches in a mini-batch runs `filler_batch` passes whose loss is multiplied by 0.
+
+Computing in bf16 (CUDA's default) or fp16, FSDP2 itself casts (`mixed_precision`): each unit's
+weights are gathered in the compute dtype, and its gradients summed in float32 into the float32
+shards, with no autocast around the forward. In float32 (the CPU's default) the weights are
+gathered as they are stored.
 """
 
 from __future__ import annotations
@@ -49,21 +54,35 @@ class ShardedScorer(torch.nn.Module):
         return gathered_logprobs(model, *args, **kwargs)
 
 
-def shard_model(model, device: torch.device) -> ShardedScorer:
+def mixed_precision(dtype: torch.dtype):
+    """FSDP2's policy for computing in `dtype`: in a lower precision than float32, gather the
+    weights in `dtype` and sum the gradients in float32 (half the all-gather traffic and memory
+    of gathering float32, and the trainer needs no autocast); in float32 FSDP2's default (gather
+    as stored)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    if dtype == torch.float32:
+        return MixedPrecisionPolicy()
+    return MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
+
+
+def shard_model(model, device: torch.device, dtype: torch.dtype = torch.float32) -> ShardedScorer:
     """Shard `model` (float32, on `device`) with FSDP2 over the default group: each decoder layer
     (the classes transformers lists in `_no_split_modules`) is its own unit, the rest (embeddings,
     tied head, final norm) the root's, a `ShardedScorer` around it; returns that root. Gradients
-    are summed across ranks, not averaged: the loss is already normalised by the whole mini-batch."""
+    are summed across ranks, not averaged: the loss is already normalised by the whole mini-batch.
+    `dtype` is the compute dtype (`mixed_precision`)."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    policy = mixed_precision(dtype)
     layer_classes = set(getattr(model, "_no_split_modules", None) or ())
     for module in model.modules():
         if type(module).__name__ in layer_classes:
-            fully_shard(module, mesh=mesh)
-    scorer = fully_shard(ShardedScorer(model), mesh=mesh)
+            fully_shard(module, mesh=mesh, mp_policy=policy)
+    scorer = fully_shard(ShardedScorer(model), mesh=mesh, mp_policy=policy)
     for unit in scorer.modules():
         if hasattr(unit, "set_gradient_divide_factor"):
             unit.set_gradient_divide_factor(1.0)
