@@ -93,6 +93,26 @@ def test_decoder_matches_transformers(arch, pad, prefill_tokens):
             runner.clear()
 
 
+@pytest.mark.parametrize("arch", ["llama", "mistral"])
+def test_masked_prefill_with_keys_repeated_per_head_is_the_grouped_one(arch):
+    """CUDA's way of a masked prefill (keys repeated per query head, for the memory-efficient
+    kernel) gives the CPU's (SDPA's grouped heads), after a cached prefix and in blocks."""
+    model = tiny_model(arch)
+    prompts = [[5, 9, 13, 200, 7, 3, 44, 61, 2], [17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29]]
+    out = []
+    for repeat in (False, True):
+        runner = StaticRunner(model, AdapterSet(model), EngineConfig(prefill_tokens=8).resolve(), max_model_len=128)
+        runner.decoder.repeat_kv = repeat
+        with torch.inference_mode():
+            _, first = runner.prefill([prompts[0][:6]], [(0, None)], [LIVE])
+            logits, _ = runner.prefill(prompts, [(6, runner.prompt_kv(first, 0)), (0, None)], [LIVE, LIVE])
+        out.append(logits)
+    torch.testing.assert_close(out[1], out[0], atol=1e-5, rtol=0)
+    for row, prompt in enumerate(prompts):
+        torch.testing.assert_close(out[1][row].log_softmax(-1), expected_logits(model, prompt, LIVE)[-1],
+                                   atol=1e-4, rtol=0)
+
+
 def test_merged_weights_follow_weight_updates_and_the_base_stays_exact():
     """Live-only batches run on a prepared merged copy; after `weights_changed` it is rebuilt from the
     new adapter, and the shared base weights are never touched."""

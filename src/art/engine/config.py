@@ -69,13 +69,15 @@ class EngineConfig:
     dtype: str = "auto"
     """Compute dtype of serving: "auto" is bfloat16 on CUDA and float32 on the CPU."""
     max_num_seqs: int = 64
-    """Samples decoded together at most; more wait in a queue. On CUDA also the KV slots (fewer
-    when `gpu_memory_utilization` does not fit this many)."""
+    """Samples decoded together at most; more wait in a queue. On CUDA fewer when
+    `gpu_memory_utilization` does not fit this many rows of 256 tokens."""
     max_model_len: int | None = None
     """Context length served (prompt + completion). None: the model's own."""
     gpu_memory_utilization: float = 0.5
-    """CUDA: share of the GPU's total memory the engine may fill, weights included; the KV cache is
-    sized once from what is left of it. The rest is the trainer's (activations, optimizer)."""
+    """CUDA: the engine's share, weights included, of the GPU memory available when it starts
+    (free memory plus what PyTorch's allocator caches unused: `memory.py`); the KV cache is sized
+    once from what is left of it. The rest is the trainer's (activations, optimizer), and a
+    second model on the GPU takes its share of what the first left."""
     enforce_eager: bool = False
     """CUDA: never capture decode steps in CUDA graphs (slower; for debugging)."""
     kv_cache_bytes: int = 4 << 30
@@ -83,7 +85,8 @@ class EngineConfig:
     prefix_cache_tokens: int = 16384
     """Prompt tokens whose keys and values are kept for reuse by later prompts; 0: none."""
     prefill_tokens: int = 4096
-    """Padded prompt tokens per prefill pass (vLLM's max_num_batched_tokens): bounds its memory."""
+    """Padded prompt tokens per prefill pass (vLLM's max_num_batched_tokens): bounds its memory. A
+    longer prompt is prefilled in blocks of this many tokens."""
     max_loaded_adapters: int = 4
     """Checkpoint adapters (`name@step`) kept loaded beside the live one (vLLM's max_loras)."""
     merge_lora: bool | None = None

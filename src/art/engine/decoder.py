@@ -79,6 +79,8 @@ class Decoder:
         self.qk_norm = hasattr(attention, "q_norm")
         self.windows = [_sliding_window(layer.self_attn, config) for layer in self.layers]
         self.device, self.dtype = device, dtype
+        self.repeat_kv = device.type == "cuda"
+        """Masked prefills repeat keys per query head (see `_attend`) instead of SDPA's GQA."""
         # The residual stream stays in float32 over float32 master weights (full fine-tuning on
         # CUDA, served in bf16), as the trainer's autocast keeps it; only matmul inputs are cast.
         embedding = trunk.embed_tokens.weight.dtype
@@ -181,9 +183,10 @@ class Decoder:
             out = F.scaled_dot_product_attention(q.reshape(rows, self.kv_heads, -1, dim), keys, values,
                                                  attn_mask=mask, scale=self.scale)
             return out.reshape(rows, heads, tokens, dim)
-        if grouped and q.device.type == "cuda":
-            keys = keys.repeat_interleave(heads // self.kv_heads, dim=1)
-            values = values.repeat_interleave(heads // self.kv_heads, dim=1)
+        if grouped and self.repeat_kv:  # expand, not repeat_interleave: no host sync
+            shape = (rows, self.kv_heads, heads // self.kv_heads, *keys.shape[2:])
+            keys = keys[:, :, None].expand(shape).reshape(rows, heads, *keys.shape[2:])
+            values = values[:, :, None].expand(shape).reshape(rows, heads, *values.shape[2:])
             grouped = False
         return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, is_causal=mask is None,
                                               scale=self.scale, enable_gqa=grouped)
