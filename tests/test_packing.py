@@ -128,16 +128,56 @@ def test_slots_reproduce_every_sequence_with_its_positions(mode):
     seen = []
     for batch in plan:
         assert batch.tokens_computed <= 80 or len(batch.rows) == 1
+        assert batch.causal or mode != "padded"
         mask = packing.attention_mask(batch.rows, batch.width, torch.float32)[:, 0] == 0  # [rows, q, k]
+        used = torch.zeros(mask.shape[:2], dtype=torch.bool)
         for s, slots in zip(batch.sequences, batch.slots):
             seen.append(id(s))
             assert [batch.rows[r].token_ids[c] for r, c in slots] == s.token_ids
             assert [batch.rows[r].position_ids[c] for r, c in slots] == list(range(len(s.token_ids)))
-            # the last token sees exactly the sequence's own earlier slots
-            row, last = slots[-1]
-            visible = set(mask[row, last].nonzero().flatten().tolist())
-            assert visible == {c for r, c in slots}
+            for t, (row, column) in enumerate(slots):  # each token sees exactly its sequence's slots up to it
+                visible = set(mask[row, column].nonzero().flatten().tolist())
+                assert visible == {c for r, c in slots[:t + 1]}
+                used[row, column] = True
+        for row, column in (~used).nonzero().tolist():  # padding sees only itself
+            assert mask[row, column].nonzero().flatten().tolist() == [column]
     assert sorted(seen) == sorted(id(s) for s in sequences)
+
+
+def masked_inputs(trainer, batch):
+    """`batch`'s inputs as they were before the causal path: the 4D mask, padding at position 0."""
+    inputs = trainer.batch_inputs(batch)
+    real = torch.tensor([[c < len(r.token_ids) for c in range(batch.width)] for r in batch.rows])
+    return {**inputs, "attention": packing.attention_mask(batch.rows, batch.width, torch.float32),
+            "positions": inputs["positions"] * real}
+
+
+@pytest.mark.parametrize("mode", ["padded", "packed"])
+def test_one_sequence_rows_take_the_causal_path_with_the_masked_logprobs(lora_model, mode, monkeypatch):
+    """A micro-batch of one sequence per row reaches SDPA with no mask and is_causal; its trained
+    logprobs equal those of the same batch under the 4D mask within float noise. Packed rows
+    keep their mask."""
+    calls = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def recording(*args, attn_mask=None, is_causal=False, **kwargs):
+        calls.append((attn_mask is None, is_causal))
+        return sdpa(*args, attn_mask=attn_mask, is_causal=is_causal, **kwargs)
+
+    trainer = Trainer(lora_model, SimpleNamespace(pad_token_id=0))
+    options = TrainOptions(packing=mode, micro_batch_tokens=4096, packed_row_tokens=48)
+    (batch,) = plan_micro_batches(make_groups(seed=5, turns=2), options)
+    assert batch.causal == (mode == "padded")
+    assert len({len(r.token_ids) for r in batch.rows}) > 1  # right padding is part of what is checked
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", recording)
+    with torch.no_grad():
+        plain = trainer.token_logprobs(trainer.batch_inputs(batch))
+        assert set(calls) == {(mode == "padded", mode == "padded")}
+        masked = trainer.token_logprobs(masked_inputs(trainer, batch))
+    difference = float((plain - masked).abs().max())
+    assert difference < 1e-5, difference
+    if mode == "padded":
+        assert trainer.batch_inputs(batch)["attention"] is None
 
 
 def test_mini_batches_keep_groups_together_and_cover_the_batch():

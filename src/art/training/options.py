@@ -72,8 +72,9 @@ class TrainOptions:
     (group/parent attention mask) and rows are packed without padding; "packed": whole
     sequences packed into rows; "padded": one right-padded row per sequence."""
     packed_row_tokens: int = 512
-    """Longest packed row. Attention within a row costs row length per token, so very long
-    rows trade padding for attention work."""
+    """Longest packed row. Attention within a row costs row length per token, and a micro-batch
+    of rows holding several sequences carries a [rows, W, W] mask (W its widest row), so very
+    long rows trade padding for attention work and mask memory."""
     gradient_checkpointing: bool = False
     """Recompute each decoder layer's activations in the backward pass: less memory for
     long sequences, about a third more compute."""

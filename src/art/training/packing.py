@@ -11,6 +11,12 @@ each sequence its own row (the plain layout, kept to check the others against).
 Every sequence token gets a slot (row, column). A token is predicted by the hidden state of
 the slot of the token before it, so the output head runs only on the positions whose target
 is trained, never on prompt positions.
+
+A micro-batch whose rows each hold one sequence (always with "padded") needs no mask: it goes
+to the model with none and with positions that run on through the right padding, so
+transformers takes SDPA's `is_causal` path (flash kernels on a GPU) and no [rows, W, W] tensor
+exists; the padding's outputs are never read. Other micro-batches get an additive
+[rows, 1, W, W] mask (`attention_mask`).
 """
 
 from __future__ import annotations
@@ -39,11 +45,17 @@ class Unit:
 
 @dataclass
 class Row:
+    """The token at column c sees columns [unit_start[c], prefix_end[c]) (its unit's shared
+    prefix, for a branch token) and [branch_start[c], c] (its own run up to itself)."""
+
     token_ids: list[int] = field(default_factory=list)
     position_ids: list[int] = field(default_factory=list)
-    branch: list[int] = field(default_factory=list)
-    """Per token: the branch it belongs to; a unit's prefix tokens carry `-1 - unit`."""
-    unit: list[int] = field(default_factory=list)
+    unit_start: list[int] = field(default_factory=list)
+    prefix_end: list[int] = field(default_factory=list)
+    """A prefix token's equals its unit_start (it sees the prefix through its own run)."""
+    branch_start: list[int] = field(default_factory=list)
+    sequences: int = 0
+    """How many sequences the row holds (1: plain causal attention over it is exact)."""
 
 
 @dataclass
@@ -63,6 +75,15 @@ class MicroBatch:
     def tokens_computed(self) -> int:
         """Tokens the trunk runs on, padding included."""
         return len(self.rows) * self.width
+
+    @property
+    def causal(self) -> bool:
+        """Every row is one sequence, so plain causal attention over it is exact."""
+        return one_sequence_per_row(self.rows)
+
+
+def one_sequence_per_row(rows: list[Row]) -> bool:
+    return all(row.sequences == 1 for row in rows)
 
 
 def common_prefix_length(sequences: list[Sequence]) -> int:
@@ -120,27 +141,28 @@ def pack(units: list[Unit], mode: str, row_tokens: int) -> list[list[Unit]]:
 
 
 def lay_out(row_units: list[list[Unit]]) -> tuple[list[Row], dict[int, list[tuple[int, int]]]]:
-    """Token ids, positions and mask labels of each row, and every sequence's slots (by id())."""
+    """Token ids, positions and attention bounds of each row, and every sequence's slots (by id())."""
     rows: list[Row] = []
     slots: dict[int, list[tuple[int, int]]] = {}
-    branch_id = 0
     for r, units in enumerate(row_units):
         row = Row()
-        for u, unit in enumerate(units):
+        for unit in units:
             start = len(row.token_ids)
             n = len(unit.prefix)
             row.token_ids += unit.prefix
             row.position_ids += list(range(n))
-            row.branch += [-1 - u] * n
-            row.unit += [u] * n
+            row.unit_start += [start] * n
+            row.prefix_end += [start] * n
+            row.branch_start += [start] * n
             for s in unit.sequences:
                 tail = s.token_ids[n:]
                 column = len(row.token_ids)
                 row.token_ids += tail
                 row.position_ids += list(range(n, n + len(tail)))
-                row.branch += [branch_id] * len(tail)
-                row.unit += [u] * len(tail)
-                branch_id += 1
+                row.unit_start += [start] * len(tail)
+                row.prefix_end += [start + n] * len(tail)
+                row.branch_start += [column] * len(tail)
+                row.sequences += 1
                 slots[id(s)] = [(r, start + t) for t in range(n)] + [(r, column + t) for t in range(len(tail))]
         rows.append(row)
     return rows, slots
@@ -175,33 +197,32 @@ def plan(groups: list[list[Sequence]], *, mode: str, row_tokens: int, batch_toke
 
 def attention_mask(rows: list[Row], width: int, dtype: torch.dtype, device: torch.device | str = HOST) -> torch.Tensor:
     """Additive mask [rows, 1, width, width] on `device`: a token sees earlier tokens of its own
-    branch and its unit's prefix. Padding sees only itself, so no softmax row is empty."""
-    count = len(rows)
-    branch = torch.full((count, width), -(1 << 30), dtype=torch.long, device=HOST)
-    unit = torch.full((count, width), -1, dtype=torch.long, device=HOST)
-    for i, row in enumerate(rows):
-        n = len(row.token_ids)
-        branch[i, :n] = torch.tensor(row.branch, device=HOST)
-        unit[i, :n] = torch.tensor(row.unit, device=HOST)
-    branch, unit = branch.to(device), unit.to(device)
-    q_branch, k_branch = branch[:, :, None], branch[:, None, :]
-    same_unit = unit[:, :, None] == unit[:, None, :]
-    prefix_key = k_branch < 0
-    visible = same_unit & ((q_branch == k_branch) | prefix_key)
-    causal = torch.ones(width, width, dtype=torch.bool, device=device).tril()
-    allowed = (visible & causal) | torch.eye(width, dtype=torch.bool, device=device)
-    mask = torch.zeros(allowed.shape, dtype=dtype, device=device)
-    mask.masked_fill_(~allowed, torch.finfo(dtype).min)
-    return mask[:, None]
+    branch and its unit's prefix. Padding sees only itself, so no softmax row is empty.
+    Built from each query's three bounds (`Row`) with one bool [rows, width, width] kept and one
+    more alive at a time, besides the mask itself."""
+    def bound(values: list[list[int]], padding_sees_itself: bool = True) -> torch.Tensor:  # [rows, width, 1]
+        out = [v + (list(range(len(v), width)) if padding_sees_itself else [0] * (width - len(v))) for v in values]
+        return torch.tensor(out, device=HOST).to(device)[:, :, None]
+
+    unit_start, branch_start = bound([r.unit_start for r in rows]), bound([r.branch_start for r in rows])
+    prefix_end = bound([r.prefix_end for r in rows], padding_sees_itself=False)  # padding has no prefix
+    keys = torch.arange(width, device=device)  # [width], broadcast along the key axis
+    allowed = keys >= branch_start  # [rows, width, width]: from the query's own run on...
+    allowed |= keys < prefix_end  # ...or inside its unit's prefix...
+    allowed &= keys >= unit_start  # ...never before its unit...
+    allowed.tril_()  # ...and never after the query
+    mask = torch.full(allowed.shape, torch.finfo(dtype).min, dtype=dtype, device=device)
+    return mask.masked_fill_(allowed, 0.0)[:, None]
 
 
 def row_tensors(rows: list[Row], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """ids and position ids [rows, width], right-padded, on the host (the caller moves them)."""
+    """ids and position ids [rows, width], right-padded, on the host (the caller moves them).
+    In a causal micro-batch (one sequence per row) the padding's positions continue the row's,
+    so the model sees one unbroken sequence per row (transformers reads positions that restart
+    as packed sequences and would build a mask for them); elsewhere they are 0."""
     width = max(len(r.token_ids) for r in rows)
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long, device=HOST)
-    positions = torch.zeros((len(rows), width), dtype=torch.long, device=HOST)
-    for i, row in enumerate(rows):
-        n = len(row.token_ids)
-        ids[i, :n] = torch.tensor(row.token_ids, device=HOST)
-        positions[i, :n] = torch.tensor(row.position_ids, device=HOST)
-    return ids, positions
+    causal = one_sequence_per_row(rows)
+    ids = [r.token_ids + [pad_id] * (width - len(r.token_ids)) for r in rows]
+    positions = [r.position_ids + (list(range(len(r.position_ids), width)) if causal else
+                                   [0] * (width - len(r.position_ids))) for r in rows]
+    return torch.tensor(ids, dtype=torch.long, device=HOST), torch.tensor(positions, dtype=torch.long, device=HOST)

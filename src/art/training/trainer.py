@@ -252,7 +252,8 @@ class Trainer:
     def batch_inputs(self, batch: MicroBatch) -> dict[str, torch.Tensor]:
         """Packed rows for the trunk, and per-sequence tensors [sequences, tokens-1] for the loss
         (position t holds token t+1, the way `policy_loss_terms` reads them), on the device.
-        Assembled on the host from Python lists, then copied once."""
+        Assembled on the host from Python lists, then copied once. "attention" is None when every
+        row holds one sequence (the model's causal path), else the additive 4D mask."""
         ids, positions = row_tensors(batch.rows, self.pad_id)
         length = max(len(s.token_ids) for s in batch.sequences) - 1
         mask = torch.zeros((len(batch.sequences), length), device=HOST)
@@ -279,7 +280,9 @@ class Trainer:
         }
         inputs = {k: tuple(t.to(self.device) for t in v) if isinstance(v, tuple) else v.to(self.device)
                   for k, v in host.items()}
-        inputs["attention"] = attention_mask(batch.rows, ids.shape[1], self.dtype, self.device)
+        # one sequence per row: no mask, so SDPA runs its causal kernels (art.training.packing)
+        inputs["attention"] = None if batch.causal else attention_mask(batch.rows, ids.shape[1], self.dtype,
+                                                                       self.device)
         return inputs
 
     def compute_precision(self):
