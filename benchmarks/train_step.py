@@ -5,8 +5,12 @@ applied) x 8 samples, completions of up to 48 tokens (half of them the full 48, 
 shorter), LoRA r=8 on all linear projections. The baseline is our own trainer with
 `packing="padded"` (what every peer does: each sample its own padded row, prompt included);
 ours is `packing="shared_prefix"` at a few row lengths (the default is 512). Both apply the
-same update (tests/test_packing.py checks loss and gradients match), so only the time differs. Prints the table, the ratio and
-one JSON line.
+same update (tests/test_packing.py checks loss and gradients match), so only the time differs.
+Padded rows hold one sequence each and go to the model without a mask (SDPA's causal path);
+packed rows carry a [rows, 1, W, W] mask, whose size is reported. Also times the host side:
+building each layout's inputs, and the finiteness check of the trained weights after an
+optimizer step (per parameter, as it was, against the trainer's one stacked check). Prints
+the table, the ratio and one JSON line.
 
     python benchmarks/train_step.py [--repeats 3] [--row-tokens 256 512 1024]
 """
@@ -50,13 +54,15 @@ def workload(tokenizer, seed: int = 0, prompts: int = 4, samples: int = 8, max_t
 
 
 def time_updates(trainer, sequences, layouts: dict, repeats: int) -> dict[str, dict]:
-    """Median seconds of forward + backward over the whole batch (no optimizer step) for each
-    layout, the layouts interleaved so that a change in machine load hits them alike."""
+    """Median and best seconds of forward + backward over the whole batch (no optimizer step) for
+    each layout, the layouts interleaved so that a change in machine load hits them alike; and
+    of building its inputs on the host (`Trainer.batch_inputs`), with the mask's size."""
     from art.training.loss import Normalizer
     from art.training.trainer import plan_micro_batches
 
     plans = {name: plan_micro_batches(sequences, options) for name, options in layouts.items()}
     seconds: dict[str, list[float]] = {name: [] for name in layouts}
+    host: dict[str, list[float]] = {name: [] for name in layouts}
     normalizer = Normalizer("token", sum(s.num_trained for s in sequences), len(sequences))
     for _ in range(repeats):
         for name, options in layouts.items():
@@ -65,11 +71,43 @@ def time_updates(trainer, sequences, layouts: dict, repeats: int) -> dict[str, d
             for batch in plans[name]:
                 trainer._forward(batch, options, normalizer)["loss"].backward()
             seconds[name].append(time.perf_counter() - start)
-            print(f"{name}: {seconds[name][-1]:.2f} s", flush=True)
-    return {name: {"seconds": round(statistics.median(seconds[name]), 2),
+            start = time.perf_counter()
+            for batch in plans[name]:
+                trainer.batch_inputs(batch)
+            host[name].append(time.perf_counter() - start)
+            print(f"{name}: {seconds[name][-1]:.2f} s, inputs {host[name][-1] * 1e3:.1f} ms", flush=True)
+    return {name: {"seconds": round(statistics.median(seconds[name]), 2), "best_seconds": round(min(seconds[name]), 2),
+                   "inputs_ms": round(statistics.median(host[name]) * 1e3, 1),
+                   "best_inputs_ms": round(min(host[name]) * 1e3, 1),
+                   "mask_mb": round(sum(mask_bytes(trainer.batch_inputs(m)) for m in plans[name]) / 2**20, 2),
                    "tokens_computed": sum(m.tokens_computed for m in plans[name]),
                    "rows": sum(len(m.rows) for m in plans[name]), "micro_batches": len(plans[name])}
             for name in layouts}
+
+
+def mask_bytes(inputs: dict) -> int:
+    """Bytes of the attention mask given to the model (0 on the plain causal path)."""
+    mask = inputs["attention"]
+    return 0 if mask is None else mask.numel() * mask.element_size()
+
+
+def time_checks(trainer, repeats: int) -> dict[str, float]:
+    """Milliseconds of the finiteness check of the trained weights after an optimizer step: one
+    check per parameter (one device sync each on a GPU) against the trainer's."""
+    import torch
+
+    def per_parameter() -> bool:
+        return all(bool(torch.isfinite(p).all()) for p in trainer.params)
+
+    out = {}
+    for name, check in (("per_parameter", per_parameter), ("trainer", trainer.weights_finite)):
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            assert check()
+            times.append(time.perf_counter() - start)
+        out[name] = round(statistics.median(times) * 1e3, 2)
+    return out
 
 
 def main(args: argparse.Namespace) -> None:
@@ -92,13 +130,17 @@ def main(args: argparse.Namespace) -> None:
         layouts[f"shared_prefix/{row_tokens}"] = TrainOptions(packing="shared_prefix", packed_row_tokens=row_tokens)
     trainer.set_gradient_checkpointing(args.gradient_checkpointing)
     results = time_updates(trainer, sequences, layouts, args.repeats)
-    rows = [[name, r["seconds"], r["tokens_computed"], r["rows"]] for name, r in results.items()]
-    print(table(["layout", "s / update", "tokens computed", "rows"], rows))
+    checks = time_checks(trainer, max(args.repeats, 5))
+    rows = [[name, r["seconds"], r["best_seconds"], r["inputs_ms"], r["best_inputs_ms"], r["mask_mb"],
+             r["tokens_computed"], r["rows"]] for name, r in results.items()]
+    print(table(["layout", "s / update", "best s", "inputs ms", "best inputs ms", "mask MB", "tokens computed",
+                 "rows"], rows))
+    print(f"finiteness check of {len(trainer.params)} trained tensors (ms): {checks}")
     default = f"shared_prefix/{TrainOptions().packed_row_tokens}"
     speedup = ratio(results["padded"]["seconds"], results[default]["seconds"]) if default in results else None
     print(f"tokens in batch {in_batch}; the default layout ({default}) is {speedup}x as fast as padded")
     print(json.dumps({"benchmark": "train_step", "tokens_in_batch": in_batch, "results": results,
-                      "speedup_vs_padded": speedup, "env": environment()}))
+                      "finite_check_ms": checks, "speedup_vs_padded": speedup, "env": environment()}))
 
 
 if __name__ == "__main__":

@@ -75,6 +75,24 @@ def test_mini_batches_and_epochs_take_that_many_optimizer_steps(tiny_model_path)
     assert {int(v["step"]) for v in state.values()} == {6}
 
 
+def test_a_weight_made_non_finite_by_the_optimizer_step_is_refused(tiny_model_path):
+    """The one stacked check after the optimizer step finds a single NaN among all trained
+    tensors, and the step fails as diverged (the caller rolls it back)."""
+    trainer = Trainer(lora_model(tiny_model_path), SimpleNamespace(pad_token_id=0))
+    assert trainer.weights_finite()
+    step = trainer.optimizer.step
+
+    def poisoned_step():
+        step()
+        with torch.no_grad():
+            trainer.params[len(trainer.params) // 2].view(-1)[0] = float("nan")
+
+    trainer.optimizer.step = poisoned_step
+    with pytest.raises(art.ArtValueError, match="became NaN or Inf") as info:
+        trainer.step(groups_of_choices(), TrainOptions(learning_rate=1e-3))
+    assert info.value.field == "learning_rate" and not trainer.weights_finite()
+
+
 def test_several_optimizer_steps_with_tis_need_precalculated_logprobs():
     with pytest.raises(art.ArtValueError, match="precalculate_logprobs"):
         TrainOptions.build(None, {"mini_batches": 2, "truncated_importance_sampling": 2.0})

@@ -179,7 +179,7 @@ class Trainer:
         batch (sharded) is a filler pass that adds nothing to the gradients."""
         normalizer = Normalizer(options.loss_normalization, sum(s.num_trained for s in part), len(part),
                                 options.max_tokens_normalizer)
-        sums: Counter = Counter()
+        totals: dict[str, torch.Tensor] = {}  # on the device: read once, after the last micro-batch
         self.optimizer.zero_grad(set_to_none=True)
         stopped = False
         with tracing.span("art.train.forward_backward", {"art.micro_batches": len(micro)}):
@@ -192,9 +192,11 @@ class Trainer:
                     continue
                 terms = self._forward(batch, options, normalizer, None if before is None else before[i], record)
                 terms["loss"].backward()  # this micro-batch's share of the mini-batch loss
-                sums.update({k: float(v.detach()) for k, v in terms.items()})
+                for k, v in terms.items():
+                    totals[k] = totals[k] + v.detach().double() if k in totals else v.detach().double()
                 bar.update(1)
             stopped = stopped or (self.collective.sharded and should_stop is not None and should_stop())
+        sums = Counter(dict(zip(totals, torch.stack(list(totals.values())).tolist()))) if totals else Counter()
         if self.collective.any(stopped):  # every rank stops together, or the others would wait forever
             raise StepCancelledError("the training step was cancelled before it finished; it is rolled back")
         if self.collective.world > 1:
@@ -208,9 +210,13 @@ class Trainer:
                 raise _diverged(options, f"the loss ({sums['loss']}) or its gradient norm ({sums['grad_norm']}) "
                                 "is not finite")
             self.optimizer.step()
-        if self.collective.any(not all(bool(torch.isfinite(sharded.local_part(p)).all()) for p in self.params)):
+        if self.collective.any(not self.weights_finite()):
             raise _diverged(options, "a trained weight became NaN or Inf after the optimizer step")
         return sums
+
+    def weights_finite(self) -> bool:
+        """No trained weight (this rank's shard of it) is NaN or Inf: one device sync in all."""
+        return bool(torch.stack([torch.isfinite(sharded.local_part(p)).all() for p in self.params]).all())
 
     def _filler_pass(self, options: TrainOptions, normalizer: Normalizer) -> None:
         """A forward and backward whose loss is multiplied by 0, so this rank's FSDP collectives
@@ -256,27 +262,27 @@ class Trainer:
         row holds one sequence (the model's causal path), else the additive 4D mask."""
         ids, positions = row_tensors(batch.rows, self.pad_id)
         length = max(len(s.token_ids) for s in batch.sequences) - 1
-        mask = torch.zeros((len(batch.sequences), length), device=HOST)
-        sampler = torch.zeros((len(batch.sequences), length), device=HOST)
+        mask, sampler = [], []  # [sequences][length]
         out_row, out_col, src_row, src_col, targets = [], [], [], [], []
         for i, (s, slots) in enumerate(zip(batch.sequences, batch.slots)):
-            for t in range(1, len(s.token_ids)):
-                if s.trained[t]:
-                    out_row.append(i)
-                    out_col.append(t - 1)
-                    src_row.append(slots[t - 1][0])
-                    src_col.append(slots[t - 1][1])
-                    targets.append(s.token_ids[t])
-                    sampler[i, t - 1] = s.sampler_logprobs[t]
-            mask[i, :len(s.token_ids) - 1] = torch.tensor(s.trained[1:], dtype=torch.float, device=HOST)
+            trained = [t for t in range(1, len(s.token_ids)) if s.trained[t]]
+            out_row += [i] * len(trained)
+            out_col += [t - 1 for t in trained]
+            src_row += [slots[t - 1][0] for t in trained]
+            src_col += [slots[t - 1][1] for t in trained]
+            targets += [s.token_ids[t] for t in trained]
+            padding = [0.0] * (length + 1 - len(s.token_ids))
+            mask.append([1.0 if on else 0.0 for on in s.trained[1:]] + padding)
+            sampler.append([lp if on else 0.0 for on, lp in zip(s.trained[1:], s.sampler_logprobs[1:])] + padding)
 
-        def host_tensor(values: list) -> torch.Tensor:
-            return torch.tensor(values, device=HOST)
+        def host_tensor(values: list, dtype: torch.dtype | None = None) -> torch.Tensor:
+            return torch.tensor(values, dtype=dtype, device=HOST)
 
         host = {
             "ids": ids, "positions": positions, "sources": (host_tensor(src_row), host_tensor(src_col)),
             "targets": host_tensor(targets), "scatter": (host_tensor(out_row), host_tensor(out_col)),
-            "mask": mask, "sampler": sampler, "advantages": host_tensor([s.advantage for s in batch.sequences]),
+            "mask": host_tensor(mask, torch.float), "sampler": host_tensor(sampler, torch.float),
+            "advantages": host_tensor([s.advantage for s in batch.sequences]),
         }
         inputs = {k: tuple(t.to(self.device) for t in v) if isinstance(v, tuple) else v.to(self.device)
                   for k, v in host.items()}
