@@ -142,7 +142,7 @@ def fit(trainer, plan: Plan, options: SFTOptions, *, desc: str = "sft", on_optim
                 group["lr"] = batch.learning_rate
             optimizer.zero_grad(set_to_none=True)
             tokens = sum(s.num_trained for s in batch.sequences)
-            loss = 0.0
+            loss = torch.zeros((), dtype=torch.float64, device=trainer.device)  # read once per optimizer step
             for part in micro:
                 if should_stop is not None and should_stop():
                     raise StepCancelledError("the SFT step was cancelled before it finished; it is rolled back")
@@ -150,14 +150,15 @@ def fit(trainer, plan: Plan, options: SFTOptions, *, desc: str = "sft", on_optim
                 logprobs = trainer.token_logprobs(inputs)  # [sequences, tokens-1], 0 where not trained
                 share = -(logprobs * inputs["mask"]).sum() / tokens  # this micro-batch's part of the mean
                 share.backward()
-                loss += float(share.detach())
+                loss += share.detach()
                 computed += part.tokens_computed
                 bar.update(1)
             norm = float(torch.nn.utils.clip_grad_norm_(trainer.params, options.max_grad_norm))
+            loss = float(loss)
             if not (math.isfinite(loss) and math.isfinite(norm)):
                 raise _diverged(batch, f"the loss ({loss}) or its gradient norm ({norm}) is not finite")
             optimizer.step()
-            if not all(bool(torch.isfinite(p).all()) for p in trainer.params):
+            if not trainer.weights_finite():  # one sync, not one per tensor
                 raise _diverged(batch, "a trained weight became NaN or Inf after the optimizer step")
             losses.append(loss)
             norms.append(norm)
