@@ -1,26 +1,32 @@
 """Decode throughput of our engine against Hugging Face `generate`, on models built from real configs.
 
-    python benchmarks/engine_gpu.py [--device cuda] [--models smollm2,qwen1.5b] [--shapes grpo,wide]
-                                    [--bandwidth-gbs 4800] [--tiny]
+    python benchmarks/engine_gpu.py [--device cuda] [--models smollm2[,qwen1.5b]] [--shapes grpo,wide]
+                                    [--all-variants] [--bandwidth-gbs 4800] [--tiny]
 
 The issue's shapes, every completion exactly `max_tokens` long (end-of-sequence ignored), temperature 1:
   grpo   4 distinct prompts of 48 tokens x 8 samples = 32 rows, 64 new tokens
   wide   32 distinct prompts of 48 tokens x 8 samples = 256 rows, 256 new tokens
 Models (random weights: throughput does not depend on the values once EOS is ignored), bf16 on
 CUDA, float32 on the CPU:
-  smollm2    SmolLM2-135M's config;   qwen1.5b   Qwen2.5-1.5B's shape
+  smollm2    SmolLM2-135M's config (the default);   qwen1.5b   Qwen2.5-1.5B's shape
 Systems, one process, engine-level (no HTTP):
   ours_lora         LLMEngine, a LoRA adapter (r 8, the 7 projections) as RL rollouts use it, defaults
                     (on CUDA: LoRA inside CUDA graphs, one copy of the weights)
   ours_lora_merged  the same with merge_lora=True (a merged copy of the adapted weights)
-  ours_lora_eager   the same with enforce_eager=True (no CUDA graphs)
-  ours_mixed        half the requests on the adapter, half on the base model (eager, per-group LoRA)
+  ours_lora_eager   (--all-variants, CUDA) the same with enforce_eager=True (no CUDA graphs)
+  ours_mixed        (--all-variants) half the requests on the adapter, half on the base model (eager,
+                    per-group LoRA)
   hf_generate       `model.generate(do_sample=True, min_new_tokens=max_new_tokens)`, the base model
-Each system runs each shape twice; the second run is timed (the first captures graphs, warms
-kernels) and the first's extra time is reported as warm-up. Also reported: the physical limit,
-rows x memory bandwidth / weight bytes (every decode step reads the weights once), and our share
-of it. Prints a table, then one JSON line. Goal (the issue): ours >= 10x hf on grpo and >= 5x on
-wide, for both models.
+                    (its own copy of the same random weights, without LoRA layers)
+HF generate is slow (it sets the run's length): one short warm-up generate per model, then one
+timed run per shape. Each of our systems gets a fresh engine per shape and runs the shape twice;
+the second run is timed (the first captures the wider graphs, warms kernels) and the first's
+extra time is reported as warm-up; with it, runner.stats() (engine/cuda_graphs,
+engine/graph_failures, ...) and, on CUDA, memory after the timed run (memory_reserved,
+max_memory_allocated since the engine started, the KV buffer). Also the physical limit, rows x
+memory bandwidth / weight bytes (every decode step reads the weights once), and our share of it.
+Prints one JSON line per (model, shape) as soon as that shape is measured, a table, then the
+summary JSON line. Goal (the issue): ours >= 10x hf on grpo and >= 5x on wide, for both models.
 """
 
 from __future__ import annotations
@@ -48,6 +54,9 @@ MODELS = {
 SHAPES = {"grpo": (4, 8, 64), "wide": (32, 8, 256)}  # distinct prompts, samples each, new tokens
 PROMPT_TOKENS = 48
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+VARIANTS = {"ours_lora": {}, "ours_lora_merged": {"merge_lora": True}}
+MORE_VARIANTS = {"ours_lora_eager": {"enforce_eager": True}, "ours_mixed": {}}
+GIB = 2**30
 
 
 class NumberTokenizer:
@@ -88,6 +97,11 @@ def prompts_for(shape: str, vocab: int) -> list[list[int]]:
     return torch.randint(1, vocab, (distinct, PROMPT_TOKENS), generator=generator).tolist()
 
 
+def synchronize() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
 async def run_ours(engine, shape: str, vocab: int, mixed: bool) -> tuple[int, float]:
     from art.engine.base import AdapterRef, SamplingParams
 
@@ -97,75 +111,104 @@ async def run_ours(engine, shape: str, vocab: int, mixed: bool) -> tuple[int, fl
     start = time.perf_counter()
     results = await asyncio.gather(*(engine.generate(p, params, None if mixed and i % 2 else live)
                                      for i, p in enumerate(prompts_for(shape, vocab))))
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
+    synchronize()
     return sum(len(c.token_ids) for r in results for c in r), time.perf_counter() - start
 
 
-def run_hf(model, shape: str, vocab: int) -> tuple[int, float]:
-    distinct, samples, new = SHAPES[shape]
+def run_hf(model, shape: str, vocab: int, new: int | None = None) -> tuple[int, float]:
+    distinct, samples, max_new = SHAPES[shape]
+    new = new or max_new
     ids = torch.tensor(prompts_for(shape, vocab), device=model.device)
     start = time.perf_counter()
     with torch.inference_mode():
         out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=True, top_k=0,
                              temperature=1.0, max_new_tokens=new, min_new_tokens=new, num_return_sequences=samples,
                              pad_token_id=0)
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
+    synchronize()
     return (out.shape[1] - ids.shape[1]) * out.shape[0], time.perf_counter() - start
 
 
-def timed_twice(run) -> dict:
-    first_tokens, first = run()
+def timed(run, twice: bool) -> dict:
+    first_tokens, first = run() if twice else (None, None)
     tokens, seconds = run()
-    return {"tokens": tokens, "seconds": round(seconds, 3), "tok_s": round(tokens / seconds, 1),
-            "warmup_extra_s": round(max(0.0, first - seconds * first_tokens / tokens), 2)}
+    result = {"tokens": tokens, "seconds": round(seconds, 3), "tok_s": round(tokens / seconds, 1)}
+    if twice:
+        result["warmup_extra_s"] = round(max(0.0, first - seconds * first_tokens / tokens), 2)
+    return result
 
 
-def bench_model(name: str, args) -> dict:
+def memory(device: str, before: int, engine) -> dict:
+    """GPU memory after a timed run: what the allocator holds, its peak since the engine started,
+    and the part of it that is the KV buffer (the rest: prepared weights, graph pool, workspace)."""
+    if not device.startswith("cuda"):
+        return {}
+    cache = engine.runner.cache
+    reserved, kv = torch.cuda.memory_reserved(), cache.capacity * cache.bytes_per_token
+    return {"memory_reserved_gb": round(reserved / GIB, 3), "max_memory_allocated_gb":
+            round(torch.cuda.max_memory_allocated() / GIB, 3), "reserved_before_engine_gb": round(before / GIB, 3),
+            "kv_cache_gb": round(kv / GIB, 3), "engine_other_gb": round((reserved - before - kv) / GIB, 3)}
+
+
+def bench_variant(lora, label: str, engine_args: dict, shape: str, args) -> dict:
     from art.engine.adapters import AdapterSet
     from art.engine.llm_engine import LLMEngine
 
-    dtype = torch.bfloat16 if args.device.startswith("cuda") else torch.float32
-    model = build(name, args.device, dtype)
+    distinct, samples, new = SHAPES[shape]
+    gc.collect()
+    if args.device.startswith("cuda"):
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_reserved() if args.device.startswith("cuda") else 0
+    start = time.perf_counter()
+    engine = LLMEngine(lora, NumberTokenizer(), adapters=AdapterSet(lora), max_num_seqs=distinct * samples,
+                       max_model_len=PROMPT_TOKENS + new + 8, gpu_memory_utilization=0.85, **engine_args)
+    try:
+        started = time.perf_counter() - start
+        result = timed(lambda: asyncio.run(run_ours(engine, shape, lora.config.vocab_size, label == "ours_mixed")),
+                       twice=True)
+        result["engine_start_s"] = round(started, 2)
+        result.update(engine.runner.stats())
+        graphs = engine.runner.graphs
+        if graphs is not None and graphs.last_failure:
+            result["last_graph_failure"] = graphs.last_failure[:500]
+        result.update(memory(args.device, before, engine))
+    finally:
+        engine.stop()
+        del engine
+        gc.collect()
+    return result
+
+
+def bench_model(name: str, args) -> dict:
+    cuda = args.device.startswith("cuda")
+    dtype = torch.bfloat16 if cuda else torch.float32
+    model = build(name, args.device, dtype)  # the baseline's own copy: generate without LoRA layers
+    lora = with_lora(build(name, args.device, dtype))
     vocab = model.config.vocab_size
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    shapes = [s for s in args.shapes.split(",") if s]
+    variants = dict(VARIANTS, **(MORE_VARIANTS if args.all_variants else {}))
+    if not cuda:
+        variants.pop("ours_lora_eager", None)  # the CPU has no graphs: the same as ours_lora
+    run_hf(model, "grpo", vocab, new=4)  # warm-up: kernels, generation config
     out: dict = {"weight_bytes": weight_bytes}
-    for shape in shapes:
-        out[shape] = {"hf_generate": timed_twice(lambda: run_hf(model, shape, vocab))}
-        print(f"{name} {shape} hf_generate: {out[shape]['hf_generate']['tok_s']} tok/s", flush=True)
-    lora = with_lora(model)
-    variants = {"ours_lora": {}, "ours_lora_merged": {"merge_lora": True}, "ours_lora_eager": {"enforce_eager": True},
-                "ours_mixed": {}}
-    if not args.device.startswith("cuda"):
-        variants.pop("ours_lora_eager")  # the CPU has no graphs: the same as ours_lora
-    for label, engine_args in variants.items():
-        rows = max(SHAPES[s][0] * SHAPES[s][1] for s in shapes)
-        engine = LLMEngine(lora, NumberTokenizer(), adapters=AdapterSet(lora), max_num_seqs=rows,
-                           max_model_len=PROMPT_TOKENS + max(SHAPES[s][2] for s in shapes) + 8,
-                           gpu_memory_utilization=0.85, **engine_args)
-        try:
-            for shape in shapes:
-                result = timed_twice(lambda: asyncio.run(run_ours(engine, shape, vocab, label == "ours_mixed")))
-                result.update(engine.runner.stats())
-                out[shape][label] = result
-                print(f"{name} {shape} {label}: {result['tok_s']} tok/s", flush=True)
-        finally:
-            engine.stop()
-            del engine
-            gc.collect()
-    for shape in shapes:
+    for shape in [s for s in args.shapes.split(",") if s]:
+        r = out[shape] = {"hf_generate": timed(lambda: run_hf(model, shape, vocab), twice=False)}
+        print(f"{name} {shape} hf_generate: {r['hf_generate']['tok_s']} tok/s", flush=True)
+        for label, engine_args in variants.items():
+            r[label] = bench_variant(lora, label, engine_args, shape, args)
+            print(f"{name} {shape} {label}: {r[label]['tok_s']} tok/s", flush=True)
         rows = SHAPES[shape][0] * SHAPES[shape][1]
         limit = rows * args.bandwidth_gbs * 1e9 / weight_bytes
-        r = out[shape]
         r["physical_limit_tok_s"] = round(limit)
         r["ours_share_of_limit"] = round(r["ours_lora"]["tok_s"] / limit, 3)
+        r["ours_merged_share_of_limit"] = round(r["ours_lora_merged"]["tok_s"] / limit, 3)
         r["ratio_vs_hf"] = {k: ratio(v["tok_s"], r["hf_generate"]["tok_s"]) for k, v in r.items()
                             if isinstance(v, dict) and k.startswith("ours")}
+        print(json.dumps({"benchmark": "engine_gpu", "model": name, "shape": shape, "device": args.device,
+                          "weight_bytes": weight_bytes, **r}), flush=True)
     del model, lora
     gc.collect()
-    if torch.cuda.is_available():
+    if cuda:
         torch.cuda.empty_cache()
     return out
 
@@ -173,8 +216,10 @@ def bench_model(name: str, args) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--models", default="smollm2,qwen1.5b", help=f"comma-separated subset of {','.join(MODELS)}")
+    parser.add_argument("--models", default="smollm2", help=f"comma-separated subset of {','.join(MODELS)}")
     parser.add_argument("--shapes", default="grpo,wide")
+    parser.add_argument("--all-variants", action="store_true",
+                        help="also ours_lora_eager (CUDA) and ours_mixed (slow: eager decoding)")
     parser.add_argument("--bandwidth-gbs", type=float, default=4800.0, help="memory bandwidth for the limit (H200)")
     parser.add_argument("--tiny", action="store_true", help="a smoke run: the tiny model, small shapes")
     args = parser.parse_args()
@@ -188,7 +233,7 @@ def main() -> None:
             for system, v in r[shape].items():
                 if isinstance(v, dict) and "tok_s" in v:
                     rows.append([f"{name} {shape} {system}", v["tokens"], v["seconds"], v["tok_s"],
-                                 r[shape]["ratio_vs_hf"].get(system), v["warmup_extra_s"]])
+                                 r[shape]["ratio_vs_hf"].get(system), v.get("warmup_extra_s")])
             rows.append([f"{name} {shape} physical limit", None, None, float(r[shape]["physical_limit_tok_s"]),
                          None, None])
     print()

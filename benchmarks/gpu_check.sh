@@ -1,98 +1,255 @@
 #!/usr/bin/env bash
-# The GPU check: everything the H200 test machine runs for this project, in one call of at most
-# 8 minutes, ending with one JSON line. Stages (each under its own time limit; a failing stage
-# does not stop the others):
-#   1. the `gpu`-marked tests (tests/test_cuda.py, test_mixed_precision.py, test_concurrency.py)
-#   2. benchmarks/engine_gpu.py: our engine vs HF generate, SmolLM2-135M and Qwen2.5-1.5B shapes
-#   3. benchmarks/vs_trl.py --device cuda: our RL step vs TRL's GRPOTrainer (random SmolLM2 weights,
-#      the letter_e reward: step times, not learning)
-# Prepare on the development machine (package registries reachable), once per checkout:
-#   bash benchmarks/gpu_check.sh --prepare      # .whl/ (../shared/gpu/wheels.sh) and .gpu_assets/
-# then through the device tool:
-#   run(command="bash benchmarks/gpu_check.sh", carry=[".whl", ".gpu_assets"], timeout_s=540)
-# Full outputs land in $OUT (the device tool brings them back), or /tmp/gpu_check.
+# The GPU check: what the H200 test machine runs for this project, in one call of at most 4 minutes
+# (GPU_CHECK_BUDGET_S, 240), in stages. Each stage has its own `timeout` and a failing or timed-out
+# stage does not stop the next. Every JSON line a stage prints is appended to $OUT/gpu_check.jsonl
+# the moment it is printed, with "stage", "commit" and "seconds" (since the stage started) added, so
+# a stage that is killed keeps what it measured; each stage ends with a "status" line.
+#   setup   pip install of .whl (none in smoke mode); GPU, versions, which packages import   ~10 s
+#   sanity  benchmarks/gpu_sanity.py: graphs replay = eager (warnings as errors around capture),
+#           kernels per decode step and the SDPA kernel that ran (profiler), merged and unmerged
+#           LoRA; one RL step through the public API with the weight-sync probe       <= 60 s
+#   engine  benchmarks/engine_gpu.py: ours vs HF generate, SmolLM2 shape, grpo and wide,
+#           ours_lora (unmerged) and ours_lora_merged, a JSON line per shape             <= 110 s
+#   rl      benchmarks/vs_trl.py --device cuda: our RL step vs TRL's GRPOTrainer on a random-weight
+#           SmolLM2 (random_weights.py), the letter_e reward (step times)         the time left
+#   tests   pytest -m gpu tests/test_cuda.py test_mixed_precision.py test_concurrency.py   <= 60 s
+#   summary one line of the numbers that matter, from gpu_check.jsonl
+#
+# Prepare on the development machine (package registries reachable) before each GPU run:
+#   bash benchmarks/gpu_check.sh --prepare   # .whl/ (../shared/gpu/wheels.sh), .gpu_assets/ (+ commit)
+# then through the device tool (machine start 2-4 min + this <= 4 min; twice fits 15 min of device
+# time, see benchmarks/README.md "gpu_check.sh"), and give_back right after unless rerunning at once:
+#   run(command="bash benchmarks/gpu_check.sh", carry=[".whl", ".gpu_assets"], timeout_s=270)
+# A rerun with less device time left: GPU_CHECK_BUDGET_S=180 bash benchmarks/gpu_check.sh (the
+# stages at the end get what is left).
+# Outputs ($OUT, else /tmp/gpu_check; at most 8 files come back): gpu_check.jsonl and one log per stage.
+# Smoke test on a CPU, every stage at toy sizes in under 2 minutes:
+#   GPU_CHECK_SMOKE=1 PYTHON=.venv/bin/python bash benchmarks/gpu_check.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
 if [ "${1:-}" = "--prepare" ]; then
   set -e
-  bash ../shared/gpu/wheels.sh
+  mkdir -p .git/info  # wheels.sh appends to .git/info/exclude, which a fresh clone may lack
+  rm -rf .whl  # one version of each wheel: two stop the whole install there
+  # datasets 5.2.0 cannot build TRL's Dataset.from_list with pyarrow 24-26 (PicklingError on
+  # pyarrow's MonthDayNano in its fingerprint); 4.8.5 can. pip merges the pin with wheels.sh's name.
+  EXTRA_WHEELS="datasets==4.8.5 ${EXTRA_WHEELS:-}" bash ../shared/gpu/wheels.sh
   grep -qx '/.gpu_assets/' .git/info/exclude 2>/dev/null || echo '/.gpu_assets/' >> .git/info/exclude
   source=$(.venv/bin/python -c "import art, art.base_models as b; print(b.resolve(art.DEFAULT_MODEL))")
   mkdir -p .gpu_assets/smollm2
   cp "$source"/{config.json,generation_config.json,tokenizer.json,tokenizer_config.json,chat_template.jinja} \
      .gpu_assets/smollm2/ 2>/dev/null || cp "$source"/{config.json,tokenizer.json,tokenizer_config.json} .gpu_assets/smollm2/
+  git describe --always --dirty > .gpu_assets/commit  # the device machine's copy has no .git
+  echo "commit $(cat .gpu_assets/commit)"
   du -sh .whl .gpu_assets
   exit 0
 fi
 
-# GPU_CHECK_SMOKE=1 PYTHON=.venv/bin/python: the same stages at toy sizes, to try the script on a CPU.
 py=${PYTHON:-python3}
 smoke=${GPU_CHECK_SMOKE:-0}
-engine_args=(); trl_args=(--device cuda --steps 6 --max-default-steps 30); device=cuda
-if [ "$smoke" = 1 ]; then
-  engine_args=(--tiny); device=cpu
-  trl_args=(--device cpu --steps 2 --prompts-per-step 2 --group-size 2 --max-tokens 8 --max-default-steps 2)
-fi
 out=${OUT:-/tmp/gpu_check}
 mkdir -p "$out"
+jsonl=$out/gpu_check.jsonl
+: > "$jsonl"
+if [ "$smoke" = 1 ]; then  # this checkout: its own commit first
+  commit=$(git describe --always --dirty 2>/dev/null || cat .gpu_assets/commit 2>/dev/null || echo unknown)
+else
+  commit=$(cat .gpu_assets/commit 2>/dev/null || git describe --always --dirty 2>/dev/null || echo unknown)
+fi
+base_budget=$([ "$smoke" = 1 ] && echo 110 || echo 240)
+budget=${GPU_CHECK_BUDGET_S:-$base_budget}
 start=$(date +%s)
-if [ "$smoke" = 1 ]; then  # the local environment has everything
-  export PYTHONPATH=$PWD/src:$PWD
+deadline=$(( start + budget ))
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 WANDB_MODE=disabled TOKENIZERS_PARALLELISM=false
+export ART_CACHE_DIR=/tmp/art-cache
+[ -d .gpu_assets/smollm2 ] && export ART_TEST_TOKENIZER=$PWD/.gpu_assets/smollm2
+
+# Reads a stage's output line by line: JSON lines go to gpu_check.jsonl at once (with stage, commit
+# and seconds added) and to stdout; every line goes to the stage's log. The last line, __rc=N, is
+# the stage's exit status: it becomes the stage's status line, with what the text lines told (the
+# per-step lines of vs_trl, pytest's per-test results and summary) for a stage that was cut short.
+FILTER='
+import json, re, sys, time
+name, commit, jsonl, log, began, check_began, limit = sys.argv[1:8]
+began, check_began = float(began), float(check_began)
+sys.stdin.reconfigure(errors="replace")
+steps, tests, tail, lines, rc, summary = {}, {}, [], 0, None, None
+def add(obj):
+    obj.update(stage=name, commit=commit, seconds=round(time.time() - began, 1),
+               since_start_s=round(time.time() - check_began, 1))
+    text = json.dumps(obj)
+    sink.write(text + "\n"); sink.flush()
+    print(text if len(text) < 2000 else text[:2000] + " ...(full line in gpu_check.jsonl)", flush=True)
+with open(log, "w") as txt, open(jsonl, "a") as sink:
+    for line in iter(sys.stdin.readline, ""):
+        line = line.rstrip("\n")
+        if line.startswith("__rc="):
+            rc = int(line[5:]); break
+        txt.write(line + "\n"); txt.flush()
+        obj, last = None, line.split("\r")[-1].strip()  # after a progress bar on the same line
+        if last.startswith("{"):
+            try: obj = json.loads(last)
+            except ValueError: pass
+        if isinstance(obj, dict):
+            lines += 1; add(obj); continue
+        if line.strip():
+            tail = (tail + [line[-300:]])[-4:]
+        for part in line.split("\r"):  # a progress bar may share the line
+            m = re.match(r"(\S+) step (\d+): ([\d.]+) s", part.strip())
+            if m:
+                steps.setdefault(m[1], []).append(float(m[3]))
+        m = re.match(r"(tests/\S+::\S+) (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)", line)
+        if m:
+            tests.setdefault(m[2].lower(), []).append(m[1].split("::", 1)[1])
+        if re.search(r"=+ .*\d+ (passed|failed|skipped|errors?|deselected).* in [\d.]+s", line):
+            summary = line.strip("= ")
+    status = "ok" if rc == 0 else "timeout" if rc in (124, 137) else "killed" if rc is None else f"exit {rc}"
+    line = {"status": status, "limit_s": int(limit), "json_lines": lines}
+    if status != "ok" or not lines:
+        line["tail"] = tail
+    if steps: line["step_seconds"] = steps
+    if tests: line["tests"] = {k: (v if k != "passed" else len(v)) for k, v in tests.items()}
+    if summary: line["pytest_summary"] = summary
+    add(line)
+'
+
+# stage NAME MAX_SECONDS RESERVE_SECONDS COMMAND...: run COMMAND under `timeout`, for at most
+# MAX_SECONDS and never past the deadline less RESERVE_SECONDS (kept for the stages after it;
+# scaled down with a smaller GPU_CHECK_BUDGET_S, so the first stages keep their time).
+stage() {
+  local name=$1 cap=$2 reserve=$(( $3 * budget / base_budget )); shift 3
+  local limit=$(( deadline - reserve - $(date +%s) ))
+  [ "$limit" -gt "$cap" ] && limit=$cap
+  echo "== $name (limit ${limit}s)"
+  if [ "$limit" -lt 10 ]; then
+    $py -c 'import json, sys; print(json.dumps({"stage": sys.argv[1], "commit": sys.argv[2], "seconds": 0,
+            "status": "skipped", "reason": f"{sys.argv[3]} s left for it of the {sys.argv[4]} s budget"}))' \
+      "$name" "$commit" "$limit" "$budget" | tee -a "$jsonl"
+    return
+  fi
+  # The status on a line of its own, also after output that did not end its line (a progress bar).
+  { timeout -k 5 "$limit" "$@"; printf '\n__rc=%s\n' "$?"; } 2>&1 |
+    $py -u -c "$FILTER" "$name" "$commit" "$jsonl" "$out/$name.txt" "$(date +%s.%N)" "$start" "$limit"
+}
+
+# What arrived: the GPU, the Python packages the stages import (and their versions).
+SETUP='
+import importlib, json, platform, subprocess
+found = {}
+for name in ["torch", "transformers", "peft", "fastapi", "uvicorn", "pydantic", "openai", "opentelemetry.trace",
+             "trl", "datasets", "pyarrow", "pandas", "xxhash", "fsspec", "dill", "multiprocess", "art"]:
+    try:
+        found[name] = getattr(importlib.import_module(name), "__version__", "ok")
+    except Exception as exc:
+        found[name] = f"missing: {type(exc).__name__}: {exc}"[:200]
+try:
+    gpu = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
+                         capture_output=True, text=True, timeout=20).stdout.strip() or None
+except (OSError, subprocess.SubprocessError):
+    gpu = None
+import torch
+print(json.dumps({"gpu": gpu, "cuda_available": torch.cuda.is_available(), "python": platform.python_version(),
+                  "packages": found}))
+'
+
+# Stage limits in seconds: the most each may take, and what it leaves for the stages after it.
+if [ "$smoke" = 1 ]; then  #        setup   sanity  engine  rl      tests
+  caps=(30 45 30 45 30);  reserves=(80 60 30 12 2)
 else
-  $py -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    > "$out/pip.txt" 2>&1 || echo "pip install failed (see pip.txt)"
+  caps=(45 60 110 120 60); reserves=(180 150 45 25 3)
+fi
+
+# -- setup --------------------------------------------------------------------------------
+install='true'
+if [ "$smoke" != 1 ]; then
+  install="$py -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl"
   export PYTHONPATH=/tmp/site:$PWD/src:$PWD
+else  # the local environment has what it has
+  export PYTHONPATH=$PWD/src:$PWD${PYTHONPATH:+:$PYTHONPATH}
 fi
-export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 WANDB_MODE=disabled
-export ART_TEST_TOKENIZER=$PWD/.gpu_assets/smollm2 ART_CACHE_DIR=/tmp/art-cache
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | tee "$out/gpu.txt"
+export SETUP
+stage setup "${caps[0]}" "${reserves[0]}" bash -c "$install || echo 'pip install failed'; exec $py -c \"\$SETUP\""
 
-echo "== 1. gpu tests"
-timeout 210 $py -m pytest -q -m gpu -p no:cacheprovider tests/test_cuda.py tests/test_mixed_precision.py \
-  tests/test_concurrency.py > "$out/tests.txt" 2>&1
-echo "tests exit $?"; tail -n 3 "$out/tests.txt"
+# -- 1. does it run at all ------------------------------------------------------------------
+tiny=(); [ "$smoke" = 1 ] && tiny=(--tiny)
+stage sanity "${caps[1]}" "${reserves[1]}" $py benchmarks/gpu_sanity.py "${tiny[@]}"
 
-echo "== 2. engine vs HF generate"
-timeout 200 $py benchmarks/engine_gpu.py "${engine_args[@]}" > "$out/engine_gpu.txt" 2>&1
-echo "engine_gpu exit $?"; grep -v '^{' "$out/engine_gpu.txt" | tail -n 22
+# -- 2. our engine vs HF generate -------------------------------------------------------------
+# GPU_CHECK_ENGINE_ARGS: more flags, e.g. "--models smollm2,qwen1.5b --all-variants" (a longer run)
+# shellcheck disable=SC2086
+stage engine "${caps[2]}" "${reserves[2]}" $py benchmarks/engine_gpu.py "${tiny[@]}" ${GPU_CHECK_ENGINE_ARGS:-}
 
-echo "== 3. RL step vs TRL"
-left=$(( 470 - ($(date +%s) - start) ))
-if [ "$left" -gt 60 ]; then
-  $py benchmarks/random_weights.py .gpu_assets/smollm2 /tmp/smollm2-random --device $device > "$out/random_weights.txt" 2>&1
-  timeout "$left" $py benchmarks/vs_trl.py --model /tmp/smollm2-random --reward letter_e "${trl_args[@]}" \
-    > "$out/vs_trl.txt" 2>&1
-  echo "vs_trl exit $?"; grep -v '^{' "$out/vs_trl.txt" | tail -n 8
+# -- 3. one RL step vs TRL ----------------------------------------------------------------------
+if [ "$smoke" = 1 ]; then  # the sanity stage's tiny Llama; TRL runs if this environment has it
+  model=/tmp/gpu-check-tiny-model
+  make_model="$py benchmarks/gpu_sanity.py --write-tiny $model"
+  rl_args="--device cpu --steps 2 --prompts-per-step 2 --group-size 2 --max-tokens 8 --max-default-steps 2"
 else
-  echo "skipped: ${left}s left" | tee "$out/vs_trl.txt"
+  model=/tmp/smollm2-random
+  make_model="$py benchmarks/random_weights.py .gpu_assets/smollm2 $model --device cuda"
+  rl_args="--device cuda --steps 3 --max-default-steps 2"
 fi
+stage rl "${caps[3]}" "${reserves[3]}" bash -c \
+  "$make_model && exec $py benchmarks/vs_trl.py --model $model --reward letter_e $rl_args"
 
-$py - "$out" "$(( $(date +%s) - start ))" <<'PY'
-import json, re, sys
-from pathlib import Path
-out, seconds = Path(sys.argv[1]), int(sys.argv[2])
+# -- 4. the gpu-marked tests (skipped on a CPU) ----------------------------------------------------
+stage tests "${caps[4]}" "${reserves[4]}" $py -m pytest -v -rfE -m gpu -p no:cacheprovider \
+  tests/test_cuda.py tests/test_mixed_precision.py tests/test_concurrency.py
 
-def last_json(name):
-    path = out / name
-    lines = [l for l in path.read_text(errors="replace").splitlines() if l.startswith("{")] if path.exists() else []
-    return json.loads(lines[-1]) if lines else None
+# -- summary ----------------------------------------------------------------------------------------
+$py - "$jsonl" "$commit" "$(( $(date +%s) - start ))" <<'PY' | tee -a "$jsonl"
+import json, sys
 
-tests = (out / "tests.txt").read_text(errors="replace") if (out / "tests.txt").exists() else ""
-summary = [l.strip("= ") for l in tests.splitlines() if re.search(r"\d+ (passed|failed|skipped|errors?)\b", l)]
-engine = last_json("engine_gpu.txt")
-trl = last_json("vs_trl.txt")
-print(json.dumps({
-    "gpu_check": (out / "gpu.txt").read_text().strip() if (out / "gpu.txt").exists() else None,
-    "seconds": seconds,
-    "tests": summary[-1] if summary else "no summary (see tests.txt)",
-    "engine_ratio_vs_hf": {m: {s: r[s]["ratio_vs_hf"] for s in ("grpo", "wide") if s in r}
-                           for m, r in (engine or {}).get("results", {}).items()},
-    "engine_share_of_limit": {m: {s: r[s]["ours_share_of_limit"] for s in ("grpo", "wide") if s in r}
-                              for m, r in (engine or {}).get("results", {}).items()},
-    "engine_goals_met": (engine or {}).get("goals_met"),
-    "rl_step": None if not trl else {"trl_median_s": (trl["trl"] or {}).get("median_step_s"),
-                                     "ours_median_s": trl["ours_same_settings"]["median_step_s"],
-                                     "ratio_step_time": trl["ratio_step_time"], "trl_status": trl["trl_status"]},
-}))
+path, commit, seconds = sys.argv[1], sys.argv[2], int(sys.argv[3])
+lines = [json.loads(line) for line in open(path) if line.strip()]
+summary = {"stage": "summary", "commit": commit, "seconds": seconds,
+           "status": {l["stage"]: [l["status"], l["seconds"]] for l in lines if "status" in l}}
+
+
+def take(line: dict) -> None:
+    stage, part = line.get("stage"), line.get("part")
+    if "packages" in line:
+        summary["gpu"] = line["gpu"]
+        summary["missing"] = sorted(k for k, v in line["packages"].items() if str(v).startswith("missing"))
+    elif stage == "sanity" and part in ("graphs", "kernels", "train"):
+        key = part + {True: "_merged", False: "_unmerged"}.get(line.get("merge_lora"), "")
+        if "error" in line:
+            summary[key] = {"error": line["error"][:300]}
+        elif part == "graphs":
+            stats = line["stats"]
+            summary[key] = {"ok": line.get("ok"), "max_abs_diff": line["max_abs_diff_graph_vs_eager"],
+                            **{k.split("/")[1]: v for k, v in stats.items() if "graph" in k},
+                            "last_failure": line["last_failure"]}
+        elif part == "kernels":
+            decode, prefill = line["decode_step"], line["prefill_4x48"]
+            summary[key] = {"decode_kernels": decode["cuda_kernels"],
+                            "decode_attention": decode["attention_kernels"] or decode["sdpa_ops"],
+                            "prefill_attention": prefill["attention_kernels"] or prefill["sdpa_ops"]}
+        else:
+            summary[key] = {k: line.get(k) for k in ("weight_sync_max_abs_diff", "peak_gpu_memory_gb", "wall_s")}
+    elif stage == "engine" and "shape" in line:
+        ours = {k: v for k, v in line.items() if k.startswith("ours_") and isinstance(v, dict)}
+        summary[f"engine_{line['model']}_{line['shape']}"] = {
+            "tok_s": {"hf_generate": line["hf_generate"]["tok_s"], **{k: v["tok_s"] for k, v in ours.items()}},
+            "ratio_vs_hf": line["ratio_vs_hf"], "share_of_limit": line["ours_share_of_limit"],
+            "graphs_and_failures": {k: [v.get("engine/cuda_graphs"), v.get("engine/graph_failures")]
+                                    for k, v in ours.items()},
+            "memory_reserved_gb": {k: v.get("memory_reserved_gb") for k, v in ours.items()}}
+    elif stage == "rl" and line.get("benchmark") == "vs_trl":
+        summary["rl_step"] = {"trl_median_s": (line["trl"] or {}).get("median_step_s"),
+                              "ours_median_s": line["ours_same_settings"]["median_step_s"],
+                              "ratio_step_time": line["ratio_step_time"], "trl_status": line["trl_status"]}
+    elif stage == "rl" and "step_seconds" in line and "rl_step" not in summary:
+        summary["rl_step"] = {"partial_step_seconds": line["step_seconds"]}
+    elif stage == "tests" and "status" in line:
+        summary["tests"] = line.get("pytest_summary") or line.get("tests") or line["status"]
+
+
+for line in lines:
+    try:
+        take(line)
+    except (KeyError, TypeError, AttributeError) as exc:  # one odd line must not cost the summary
+        summary.setdefault("summary_errors", []).append(f"{line.get('stage')}: {type(exc).__name__}: {exc}")
+print(json.dumps(summary))
 PY
