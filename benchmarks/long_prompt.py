@@ -7,6 +7,9 @@ default model, on the CPU, float32 weights:
   ours  `art.LocalBackend` (in process, its default) + a registered `TrainableModel`; the
         official `openai` client (`model.openai_client()`) sends one chat completion with
         max_tokens=4 to the step-0 LoRA adapter, after a short warm-up request
+  ours_no_prefix_cache  the same with engine_args enable_prefix_caching=False: the prefix
+        cache keeps the prompt's keys and values for a next turn, which is one copy of them
+        the forward alone does not hold
   hf    the model from `art.base_models.load`: one forward of the same prompt's token ids with
         logits_to_keep=1 (use_cache as its default) under torch.inference_mode, after a short
         warm-up forward
@@ -39,6 +42,7 @@ from _common import environment, ratio, table
 import art
 
 DEFAULT_LENGTHS = [1470, 2920, 5820]
+OURS = {"ours": {}, "ours_no_prefix_cache": {"enable_prefix_caching": False}}  # system -> engine_args
 QUICK_LENGTH = 300
 WARMUP = [{"role": "user", "content": "Say hello."}]
 
@@ -105,12 +109,13 @@ def peak_since(baseline: int) -> int:
     return _status_kib("VmHWM") * 1024 - baseline
 
 
-async def measure_ours(prompt: list[dict]) -> dict:
+async def measure_ours(prompt: list[dict], engine_args: dict) -> dict:
     with tempfile.TemporaryDirectory(prefix="art-long-prompt-") as root:
         backend = art.LocalBackend(path=root)
         if not backend.in_process:  # the memory figure is this process's
             raise RuntimeError("LocalBackend no longer runs in process by default: measure the child")
-        model = art.TrainableModel(name="long", project="bench", base_model=art.DEFAULT_MODEL)
+        model = art.TrainableModel(name="long", project="bench", base_model=art.DEFAULT_MODEL,
+                                   _internal_config={"engine_args": engine_args})
         await model.register(backend)
         client = model.openai_client()
         name = model.get_inference_name()
@@ -146,7 +151,7 @@ def measure_hf(prompt: list[dict]) -> dict:
 
 def child(system: str, prompt_file: str) -> None:
     prompt = json.loads(Path(prompt_file).read_text())
-    result = asyncio.run(measure_ours(prompt)) if system == "ours" else measure_hf(prompt)
+    result = measure_hf(prompt) if system == "hf" else asyncio.run(measure_ours(prompt, OURS[system]))
     print(json.dumps(result), flush=True)
 
 
@@ -179,19 +184,22 @@ def main(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory(prefix="long-prompt-") as workdir:
         for target in lengths:
             prompt, tokens = prompt_for(tokenizer, target)
-            ours, hf = run_child("ours", prompt, workdir), run_child("hf", prompt, workdir)
-            for name, result in (("ours", ours), ("hf", hf)):
+            ours, bare = run_child("ours", prompt, workdir), run_child("ours_no_prefix_cache", prompt, workdir)
+            hf = run_child("hf", prompt, workdir)
+            for name, result in (("ours", ours), ("ours_no_prefix_cache", bare), ("hf", hf)):
                 if "prompt_tokens" in result and result["prompt_tokens"] != tokens:
                     result["warning"] = f"{name} counted {result['prompt_tokens']} prompt tokens, the template {tokens}"
-            run = {"target_tokens": target, "prompt_tokens": tokens, "ours": ours, "hf_forward": hf,
+            run = {"target_tokens": target, "prompt_tokens": tokens, "ours": ours, "ours_no_prefix_cache": bare,
+                   "hf_forward": hf,
                    "memory_ratio": ratio(ours.get("peak_extra_bytes"), hf.get("peak_extra_bytes")),
+                   "memory_ratio_no_prefix_cache": ratio(bare.get("peak_extra_bytes"), hf.get("peak_extra_bytes")),
                    "time_ratio": ratio(ours.get("seconds"), hf.get("seconds"))}
             runs.append(run)
-            rows.append([f"{tokens:,}", gb(ours), ours.get("seconds"), gb(hf), hf.get("seconds"),
-                         run["memory_ratio"], run["time_ratio"]])
+            rows.append([f"{tokens:,}", gb(ours), ours.get("seconds"), gb(bare), gb(hf), hf.get("seconds"),
+                         run["memory_ratio"], run["memory_ratio_no_prefix_cache"], run["time_ratio"]])
             print(f"{tokens} tokens: ours {ours}, hf {hf}", file=sys.stderr, flush=True)
-    print(table(["prompt tokens", "ours peak extra GB", "ours s", "hf peak extra GB", "hf s",
-                 "memory ours/hf", "time ours/hf"], rows))
+    print(table(["prompt tokens", "ours peak extra GB", "ours s", "no prefix cache GB", "hf peak extra GB", "hf s",
+                 "memory ours/hf", "no prefix cache/hf", "time ours/hf"], rows))
     print(json.dumps({"benchmark": "long_prompt", "runs": runs,
                       "settings": {"model": art.DEFAULT_MODEL, "max_tokens": 4, "dtype": "float32",
                                    "engine_config": "defaults", "served": "step-0 LoRA adapter"},
@@ -203,7 +211,7 @@ if __name__ == "__main__":
     parser.add_argument("--lengths", default=",".join(map(str, DEFAULT_LENGTHS)),
                         help="target prompt lengths in tokens after the chat template, comma-separated")
     parser.add_argument("--quick", action="store_true", help=f"one short prompt ({QUICK_LENGTH} tokens)")
-    parser.add_argument("--child", choices=["ours", "hf"], help=argparse.SUPPRESS)
+    parser.add_argument("--child", choices=[*OURS, "hf"], help=argparse.SUPPRESS)
     parser.add_argument("--prompt-file", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:

@@ -113,6 +113,47 @@ def test_masked_prefill_with_keys_repeated_per_head_is_the_grouped_one(arch):
                                    atol=1e-4, rtol=0)
 
 
+@pytest.mark.parametrize("repeat_kv", [False, True], ids=["grouped", "repeated"])
+@pytest.mark.parametrize("arch", ["llama", "mistral"])
+def test_prefill_blocks_behind_earlier_positions_run_causal_and_exact(arch, repeat_kv, monkeypatch):
+    """Blocks behind a shared cached prefix, or behind the earlier blocks of a long prompt, take
+    SDPA's causal kernels with zero queries in front (while what is behind is at most 3x the
+    block), then a mask; every way gives transformers' logits. (Mistral's 6-token window always
+    needs the mask.)"""
+    import torch.nn.functional as F
+
+    model = tiny_model(arch)
+    calls = []
+    sdpa = F.scaled_dot_product_attention
+
+    def recording(q, k, v, attn_mask=None, is_causal=False, **kwargs):
+        calls.append((q.shape[2], attn_mask is None and is_causal))
+        return sdpa(q, k, v, attn_mask=attn_mask, is_causal=is_causal, **kwargs)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", recording)
+    runner = StaticRunner(model, AdapterSet(model), EngineConfig(prefill_tokens=8).resolve(), max_model_len=128)
+    runner.decoder.repeat_kv = repeat_kv
+    long = [(13 * i) % 290 + 5 for i in range(40)]  # blocks of 8: behind 8, 16, 24 causal; 32 masked
+    shared = long[:6]
+    pair = [shared + [7, 8, 9, 10, 11], shared + [20, 21, 22]]  # both behind the same 6 cached positions
+    with torch.inference_mode():
+        (logits,), _ = runner.prefill([long], [(0, None)], [LIVE])
+        long_calls = list(calls)
+        _, first = runner.prefill([shared + [0]], [(0, None)], [LIVE])
+        prefix = runner.prompt_kv(first, 0)
+        calls.clear()
+        pair_logits, _ = runner.prefill(pair, [(6, prefix), (6, prefix)], [LIVE, LIVE])
+        pair_calls = list(calls)
+    torch.testing.assert_close(logits.log_softmax(-1), expected_logits(model, long, LIVE)[-1], atol=1e-4, rtol=0)
+    for row, prompt in enumerate(pair):
+        torch.testing.assert_close(pair_logits[row].log_softmax(-1), expected_logits(model, prompt, LIVE)[-1],
+                                   atol=1e-4, rtol=0)
+    if arch == "llama":  # (query length with the zero queries, causal) per layer (2) and block
+        assert long_calls == [(8, True)] * 2 + [(16, True)] * 2 + [(24, True)] * 2 + [(32, True)] * 2 + [(8, False)] * 2
+        # The pair: 4 tokens behind 6 cached positions, causal; then 1 behind 10 (a decode-like step), masked.
+        assert pair_calls == [(10, True)] * 2 + [(2, False)] * 2
+
+
 def test_merged_weights_follow_weight_updates_and_the_base_stays_exact():
     """Live-only batches run on a prepared merged copy; after `weights_changed` it is rebuilt from the
     new adapter, and the shared base weights are never touched."""

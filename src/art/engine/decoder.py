@@ -103,13 +103,15 @@ class Decoder:
                        capacity=capacity)
 
     def forward(self, ids: torch.Tensor, positions: torch.Tensor, cache: KVCache, width: int, route: Route,
-                last: torch.Tensor | None = None, causal: bool = False, out: torch.Tensor | None = None) -> torch.Tensor:
+                last: torch.Tensor | None = None, after: int | None = None,
+                out: torch.Tensor | None = None) -> torch.Tensor:
         """Logits [rows, vocab] (float32) after tokens `ids` [rows, tokens] at `positions` [rows, tokens].
 
         Row r is slot r of `cache`: its keys and values are written at its positions, and each
         token attends to the slot's positions up to its own within the first `width` (which must
-        cover every position). `causal`: every row's positions are 0..tokens-1 and `width` is
-        `tokens` (a prompt with no cached prefix), so attention needs no mask and SDPA takes its
+        cover every position). `after`: every row's positions are after..after+tokens-1 and
+        `width` is after+tokens (a prefill block behind `after` positions already in the cache,
+        0 for a prompt with no cached prefix), so attention needs no mask and SDPA takes its
         causal kernels. `last` [rows] picks the token whose logits are returned (default: the
         last). Padding tokens may follow a row's real ones: they write past its end, where
         nothing reads before a later step overwrites them. `out`: the logits are written there.
@@ -124,8 +126,8 @@ class Decoder:
             window = self.windows[index]
             window = window if window is not None and window < width else None  # a window as wide is none
             if window not in masks:
-                masks[window] = None if causal and window is None else self._mask(positions, width, window)
-            x = self._layer(layer, index, x, cos, sin, cache, slot, positions, width, masks[window], route)
+                masks[window] = None if after is not None and window is None else self._mask(positions, width, window)
+            x = self._layer(layer, index, x, cos, sin, cache, slot, positions, width, masks[window], after, route)
         if last is not None:
             x = x[torch.arange(rows, device=ids.device), last]  # [rows, hidden]
         else:
@@ -134,7 +136,7 @@ class Decoder:
         logits = self.weights.linear(hidden, self.lm_head, route)
         return logits.float() if out is None else out.copy_(logits)  # [rows, vocab]
 
-    def _layer(self, layer, index, x, cos, sin, cache, slot, positions, width, mask, route):
+    def _layer(self, layer, index, x, cos, sin, cache, slot, positions, width, mask, after, route):
         rows, tokens, _ = x.shape
         attention, mlp, linear = layer.self_attn, layer.mlp, self.weights.linear
         h = _norm(layer.input_layernorm, x)
@@ -149,7 +151,7 @@ class Decoder:
         keys, values = cache.k[index], cache.v[index]  # [slots, kv_heads, cache tokens, head_dim]
         keys[slot, :, positions] = k.transpose(1, 2).to(keys.dtype)  # [rows, tokens, kv_heads, head_dim]
         values[slot, :, positions] = v.to(values.dtype)
-        out = self._attend(q, keys[:rows, :, :width], values[:rows, :, :width], mask)
+        out = self._attend(q, keys[:rows, :, :width], values[:rows, :, :width], mask, after)
         x = x + linear(out.transpose(1, 2).reshape(rows, tokens, -1), attention.o_proj, route)
         h = _norm(layer.post_attention_layernorm, x)
         gate = mlp.act_fn(linear(h, mlp.gate_proj, route)) * linear(h, mlp.up_proj, route)
@@ -165,10 +167,14 @@ class Decoder:
         zero = torch.zeros((), dtype=self.dtype, device=positions.device)
         return torch.where(visible, zero, float("-inf")).unsqueeze(1)
 
-    def _attend(self, q, keys, values, mask):
+    def _attend(self, q, keys, values, mask, after=None):
         """q [rows, q_heads, tokens, dim] over keys/values [rows, kv_heads, width, dim] -> like q.
 
-        - Causal (mask None): SDPA's causal kernels, which skip the masked half.
+        - Causal (mask None) behind `after` cached positions: SDPA's causal kernels, which skip
+          the masked half. Their alignment is top-left (query i sees keys up to i), so `after`
+          zero queries go in front and their outputs are dropped: query after+i sees keys up
+          to after+i, as it must. (The prefill chooses this only when `after` is small next to
+          the block: those queries cost attention work.)
         - A decode step (one token): the query heads that share a KV head are laid out as extra
           query positions of that head, so every fused kernel reads each key once, and the
           mask [rows, 1, 1, width] broadcasts over them with no copy.
@@ -188,8 +194,11 @@ class Decoder:
             keys = keys[:, :, None].expand(shape).reshape(rows, heads, *keys.shape[2:])
             values = values[:, :, None].expand(shape).reshape(rows, heads, *values.shape[2:])
             grouped = False
-        return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, is_causal=mask is None,
-                                              scale=self.scale, enable_gqa=grouped)
+        if mask is None and after:
+            q = torch.cat([q.new_zeros(rows, heads, after, dim), q], dim=2)
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, is_causal=mask is None,
+                                             scale=self.scale, enable_gqa=grouped)
+        return out[:, :, after:] if mask is None and after else out
 
 
 _RMS_NORMS = ("LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm")

@@ -37,6 +37,11 @@ ROW_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 
 CUDA_MIN_WIDTH = 256
 """Attention widths on CUDA are powers of two from here: a few graphs per bucket."""
 CPU_WIDTH_STEP = 64
+CAUSAL_BEHIND = 0.5
+"""A prefill block is causal (no mask) while what lies behind it is at most this many times its
+length: measured on the CPU's flash kernel, the causal kernel with zero queries for what is
+behind takes 0.5x the masked one at 1% behind, 1.1x at as much behind as the block, 1.7-2x at
+2-3x (benchmarks/README.md, long_prompt)."""
 WIDTH_MULTIPLE = 16
 """Widths (and so masks' last dimension) are multiples of this, as SDPA's fused kernels want."""
 
@@ -96,8 +101,9 @@ class StaticRunner:
 
         In blocks of at most `prefill_tokens` query tokens: each block writes its keys and values
         into the workspace and attends over what the earlier blocks wrote, so a prompt of any
-        length needs one block's activations and mask. A first block with no cached prefix is
-        causal and needs no mask at all."""
+        length needs one block's activations and mask. When every row has the same cached
+        prefix (none, or a shared system prompt) a block is causal and needs no mask at all,
+        unless what lies behind it is long next to the block (see `Decoder._attend`)."""
         self.weights.refresh()
         used = [min(n, len(p) - 1) if kv is not None else 0 for p, (n, kv) in zip(prompts, prefixes)]
         rests = [p[n:] for p, n in zip(prompts, used)]
@@ -115,8 +121,10 @@ class StaticRunner:
         for start in range(0, tokens, block):
             end = min(tokens, start + block)
             at = torch.tensor([min(max(n - start, 0), end - start - 1) for n in last], device=self.device)
+            behind = offset + start  # positions every row has before this block, when all have the same
+            causal = len(set(used)) == 1 and behind <= CAUSAL_BEHIND * (end - start)
             out = self.decoder.forward(ids[:, start:end], positions[:, start:end], workspace, offset + end, route,
-                                       last=at, causal=offset == 0 and start == 0)
+                                       last=at, after=behind if causal else None)
             here = [r for r, n in enumerate(last) if start <= n < end]  # rows whose last token is in this block
             if here:
                 index = torch.tensor(here, device=self.device)
