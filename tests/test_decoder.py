@@ -116,12 +116,14 @@ def test_masked_prefill_with_keys_repeated_per_head_is_the_grouped_one(arch):
 @pytest.mark.parametrize("repeat_kv", [False, True], ids=["grouped", "repeated"])
 @pytest.mark.parametrize("arch", ["llama", "mistral"])
 def test_prefill_blocks_behind_earlier_positions_run_causal_and_exact(arch, repeat_kv, monkeypatch):
-    """Blocks behind a shared cached prefix, or behind the earlier blocks of a long prompt, take
-    SDPA's causal kernels with zero queries in front (while what is behind is at most 3x the
-    block), then a mask; every way gives transformers' logits. (Mistral's 6-token window always
-    needs the mask.)"""
+    """A block behind a short shared cached prefix takes SDPA's causal kernel with zero queries in
+    front; a block behind more than half its length (a long prompt's later blocks) takes a mask.
+    Every way gives transformers' logits. (Mistral's 6-token window always needs the mask.)"""
     import torch.nn.functional as F
 
+    from art.engine.static_runner import CAUSAL_BEHIND
+
+    assert CAUSAL_BEHIND == 0.5  # the expected paths below follow from it
     model = tiny_model(arch)
     calls = []
     sdpa = F.scaled_dot_product_attention
@@ -131,27 +133,32 @@ def test_prefill_blocks_behind_earlier_positions_run_causal_and_exact(arch, repe
         return sdpa(q, k, v, attn_mask=attn_mask, is_causal=is_causal, **kwargs)
 
     monkeypatch.setattr(F, "scaled_dot_product_attention", recording)
-    runner = StaticRunner(model, AdapterSet(model), EngineConfig(prefill_tokens=8).resolve(), max_model_len=128)
-    runner.decoder.repeat_kv = repeat_kv
-    long = [(13 * i) % 290 + 5 for i in range(40)]  # blocks of 8: behind 8, 16, 24 causal; 32 masked
-    shared = long[:6]
-    pair = [shared + [7, 8, 9, 10, 11], shared + [20, 21, 22]]  # both behind the same 6 cached positions
-    with torch.inference_mode():
-        (logits,), _ = runner.prefill([long], [(0, None)], [LIVE])
-        long_calls = list(calls)
-        _, first = runner.prefill([shared + [0]], [(0, None)], [LIVE])
-        prefix = runner.prompt_kv(first, 0)
-        calls.clear()
-        pair_logits, _ = runner.prefill(pair, [(6, prefix), (6, prefix)], [LIVE, LIVE])
-        pair_calls = list(calls)
-    torch.testing.assert_close(logits.log_softmax(-1), expected_logits(model, long, LIVE)[-1], atol=1e-4, rtol=0)
+    long = [(13 * i) % 290 + 5 for i in range(40)]
+    shared = long[:4]
+    pair = [shared + [7, 8, 9, 10, 11, 12, 13, 14, 15], shared + [20, 21, 22, 23, 24]]  # the same 4 cached
+    out = {}
+    for prefill_tokens in (8, 16):
+        runner = StaticRunner(model, AdapterSet(model), EngineConfig(prefill_tokens=prefill_tokens).resolve(),
+                              max_model_len=128)
+        runner.decoder.repeat_kv = repeat_kv
+        with torch.inference_mode():
+            calls.clear()
+            if prefill_tokens == 8:  # blocks of 8: the first causal, the four behind it masked
+                out["long"], _ = runner.prefill([long], [(0, None)], [LIVE])
+            else:  # blocks of 8 tokens per row: 8 behind 4 (causal), then 1 behind 12 (masked)
+                _, first = runner.prefill([shared + [0]], [(0, None)], [LIVE])
+                prefix = runner.prompt_kv(first, 0)
+                calls.clear()
+                out["pair"], _ = runner.prefill(pair, [(4, prefix), (4, prefix)], [LIVE, LIVE])
+            out[prefill_tokens] = list(calls)
+    torch.testing.assert_close(out["long"][0].log_softmax(-1), expected_logits(model, long, LIVE)[-1],
+                               atol=1e-4, rtol=0)
     for row, prompt in enumerate(pair):
-        torch.testing.assert_close(pair_logits[row].log_softmax(-1), expected_logits(model, prompt, LIVE)[-1],
+        torch.testing.assert_close(out["pair"][row].log_softmax(-1), expected_logits(model, prompt, LIVE)[-1],
                                    atol=1e-4, rtol=0)
-    if arch == "llama":  # (query length with the zero queries, causal) per layer (2) and block
-        assert long_calls == [(8, True)] * 2 + [(16, True)] * 2 + [(24, True)] * 2 + [(32, True)] * 2 + [(8, False)] * 2
-        # The pair: 4 tokens behind 6 cached positions, causal; then 1 behind 10 (a decode-like step), masked.
-        assert pair_calls == [(10, True)] * 2 + [(2, False)] * 2
+    if arch == "llama":  # (query length, zero queries included; causal) per layer (2) and block
+        assert out[8] == [(8, True)] * 2 + [(8, False)] * 8
+        assert out[16] == [(12, True)] * 2 + [(2, False)] * 2  # 1 token: the grouped decode layout
 
 
 def test_merged_weights_follow_weight_updates_and_the_base_stays_exact():
