@@ -141,6 +141,8 @@ class DecodeGraphs:
             except BaseException:
                 _stop_recording_into(self.device, self.pool)
                 raise
+            for warning in caught:
+                log.warning("while recording a decode graph (%d rows, width %d): %s", rows, width, warning.message)
             empty = [str(w.message) for w in caught if "empty" in str(w.message).lower()]
             if empty:
                 raise GraphCaptureError(f"the recorded graph is empty: {empty[0]}")

@@ -191,7 +191,8 @@ class StaticRunner:
         self.weights.weights_changed(all_weights=all_weights)
 
     def stats(self) -> dict[str, float]:
-        graphs = self.graphs.stats() if self.graphs else {"engine/cuda_graphs": 0.0, "engine/graph_replays": 0.0}
+        graphs = self.graphs.stats() if self.graphs else {"engine/cuda_graphs": 0.0, "engine/graph_replays": 0.0,
+                                                          "engine/graph_failures": 0.0}
         return {"engine/kv_slots": float(self.max_rows), "engine/kv_positions": float(self.cache.capacity),
                 "engine/kv_rows_moved": float(self.cache.rows_moved), **graphs}
 
