@@ -481,7 +481,7 @@ class ReplicaSet:
         """`replica_class` builds replicas 1..N-1: `ProcessReplica` (default, one GPU each on
         CUDA: more replicas than GPUs are refused here) or `art.ray_cluster.RayReplica`."""
         self.tokenizer, self.max_model_len, self.grammars = engine.tokenizer, engine.max_model_len, engine.grammars
-        if replica_class is None:
+        if replica_class is None and count > 1:  # a GPU for every replica, before any process starts
             replica_device(spec.engine.device, count - 1, local_gpus(spec.engine.device))
         replica_class = replica_class or ProcessReplica
         self.replicas: list[Replica] = [LocalReplica(engine)] + [replica_class(i, spec) for i in range(1, count)]
