@@ -195,7 +195,11 @@ async def test_rows_finishing_in_every_position_move_at_most_one_row_each(setup)
     work = [(p, SamplingParams(temperature=1.0, max_tokens=n, seed=100 + i, ignore_eos=True))
             for i, (p, n) in enumerate(zip(prompts, lengths))]
     moved = engine.runner.stats()["engine/kv_rows_moved"]
-    results = await asyncio.gather(*[engine.generate(p, params, ADAPTERS["live"]) for p, params in work])
+    with engine.paused():  # all eight wait, then join the batch in one step, in this order
+        tasks = [asyncio.ensure_future(engine.generate(p, params, ADAPTERS["live"])) for p, params in work]
+        while engine.queue_depth < len(work):
+            await asyncio.sleep(0.001)
+    results = await asyncio.gather(*tasks)
     moved = engine.runner.stats()["engine/kv_rows_moved"] - moved
     with engine.lock:
         expected = [reference.generate(p, params, ADAPTERS["live"]) for p, params in work]
@@ -209,13 +213,13 @@ async def test_rows_finishing_in_every_position_move_at_most_one_row_each(setup)
 
 async def test_a_long_prompt_is_prefilled_in_blocks_beside_running_rows(setup):
     """With prefill_tokens=32 a 150-token prompt is prefilled in five blocks while another request
-    decodes; both match the reference. A prefill that fails (here an injected out-of-memory)
+    decodes (300 tokens: far from done when the long one is); both match the reference. A prefill that fails (here an injected out-of-memory)
     fails its own request only: the running one finishes."""
     _, reference, _ = setup
     model, tokenizer = reference.model, reference.stopping.tokenizer
     engine = LLMEngine(model, tokenizer, adapters=reference.adapters, max_num_seqs=8, prefill_tokens=32)
     try:
-        running_params = SamplingParams(temperature=1.0, max_tokens=40, seed=5, ignore_eos=True)
+        running_params = SamplingParams(temperature=1.0, max_tokens=300, seed=5, ignore_eos=True)  # still running
         long_prompt = [(7 * i) % 250 + 3 for i in range(150)]
         params = SamplingParams(temperature=1.0, max_tokens=6, seed=6, ignore_eos=True)
         running = asyncio.ensure_future(engine.generate([1, 2, 3], running_params, ADAPTERS["live"]))
