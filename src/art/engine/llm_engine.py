@@ -314,9 +314,8 @@ class LLMEngine:
         done = set(map(id, finished))
         live = [k for k, s in enumerate(samples) if id(s) not in done]
         if live:
-            ends = [min(self.max_model_len, len(samples[k].request.prompt) + samples[k].params.max_tokens) for k in live]
             self.rows += [samples[k] for k in live]
-            self.runner.add(staged, [row_of[k] for k in live], ends)
+            self.runner.add(staged, [row_of[k] for k in live], [samples[k].request.reach(self.max_model_len) for k in live])
         return finished
 
     def _share_common_prefix(self, requests: list[Request]) -> None:

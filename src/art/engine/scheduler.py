@@ -80,9 +80,7 @@ class Scheduler:
         return complete
 
     def _end(self, request: Request) -> int:
-        """The length its rows may reach."""
-        end = len(request.prompt) + request.params.max_tokens
-        return end if self.max_model_len is None else min(end, self.max_model_len)
+        return request.reach(self.max_model_len)
 
     def _longest(self) -> int:
         return max((self._end(s.request) for s in self.running), default=0)

@@ -48,6 +48,11 @@ class Request:
         """KV-cache tokens reserved while it runs: every sample at its longest."""
         return self.params.n * (len(self.prompt) + self.params.max_tokens)
 
+    def reach(self, max_model_len: int | None) -> int:
+        """The length its rows may grow to: prompt + max_tokens, within the context."""
+        end = len(self.prompt) + self.params.max_tokens
+        return end if max_model_len is None else min(end, max_model_len)
+
     def completions(self) -> list[Completion]:
         out = [s.completion() for s in self.samples]
         for completion in out:
