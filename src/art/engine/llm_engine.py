@@ -315,7 +315,8 @@ class LLMEngine:
         live = [k for k, s in enumerate(samples) if id(s) not in done]
         if live:
             self.rows += [samples[k] for k in live]
-            self.runner.add(staged, [row_of[k] for k in live], [samples[k].request.reach(self.max_model_len) for k in live])
+            reach = [samples[k].request.reach(self.max_model_len) for k in live]
+            self.runner.add(staged, [row_of[k] for k in live], reach)
         return finished
 
     def _share_common_prefix(self, requests: list[Request]) -> None:
