@@ -93,7 +93,6 @@ def decode(runner, steps: int, first: int = 0) -> torch.Tensor:
 
 
 def graphs_part(model, merge: bool, steps: int, holder: dict) -> dict:
-    cuda = next(model.parameters()).is_cuda
     result: dict = {}
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # "the CUDA Graph is empty" (and anything else) raises here
