@@ -261,7 +261,6 @@ def _history_as_text(messages: list[dict[str, Any]], tool_role: str) -> list[dic
     return out
 
 
-
 # -- token ids -----------------------------------------------------------------------------
 
 

@@ -108,7 +108,6 @@ def create_app(registry: ModelRegistry, *, default_max_tokens: int = 1024,
     return app
 
 
-
 async def _complete(served: ServedModel, body: ChatCompletionRequest, default_max_tokens: int, span=None):
     engine = served.engine
     tokenizer = engine.tokenizer
@@ -181,7 +180,6 @@ async def _stream(served: ServedModel, body: ChatCompletionRequest, prompt: list
     return StreamingResponse(chunks(), media_type="text/event-stream")
 
 
-
 def _prompt_and_grammar(engine, tokenizer, body: ChatCompletionRequest) -> tuple[list[int], str | None]:
     """The prompt's token ids and the completion's grammar (checked), off the event loop."""
     grammar = grammar_for(body.response_format.as_dict() if body.response_format else None,
@@ -190,8 +188,6 @@ def _prompt_and_grammar(engine, tokenizer, body: ChatCompletionRequest) -> tuple
         field = "response_format" if body.response_format and body.response_format.type != "text" else "tools"
         engine.grammars.check(grammar, field)
     return _prompt_ids(tokenizer, body), grammar
-
-
 
 
 def _prompt_ids(tokenizer, body: ChatCompletionRequest) -> list[int]:

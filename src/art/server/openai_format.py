@@ -45,7 +45,7 @@ def request_attributes(body: ChatCompletionRequest) -> dict[str, Any]:
 
 
 def response_attributes(served: ServedModel, completions: list[Completion], prompt: list[int],
-                         head: dict) -> dict[str, Any]:
+                        head: dict) -> dict[str, Any]:
     first = completions[0] if completions else None
     prompt_tokens, generated = len(prompt), sum(len(c.token_ids) for c in completions)
     return {
@@ -59,7 +59,6 @@ def response_attributes(served: ServedModel, completions: list[Completion], prom
         "output.value": json.dumps([c.text for c in completions], ensure_ascii=False),
         "gen_ai.completion": json.dumps([c.text for c in completions], ensure_ascii=False),
     }
-
 
 
 # -- responses ----------------------------------------------------------------------------
@@ -94,7 +93,6 @@ def response_choice(index: int, c: Completion, prompt: list[int], tokens: TokenT
             "finish_reason": "tool_calls" if calls else c.finish_reason,
             "logprobs": {"content": [tokens.entry(c, k) for k in range(len(c.token_ids))]},
             "token_ids": c.token_ids, "prompt_token_ids": prompt}
-
 
 
 class TokenText:
@@ -243,7 +241,6 @@ class ChunkWriter:
         if self.include_usage:
             yield self.sse([], usage=usage)
         yield "data: [DONE]\n\n"
-
 
 
 # -- tool calls in a completion ------------------------------------------------------------
