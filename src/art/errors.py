@@ -14,10 +14,11 @@
     ├── JudgeError (RuntimeError)          a RULER judge gave no usable answer within its retries
     └── CaptureError (RuntimeError)        auto_trajectory(required=True) outside a capture
 
-Every boundary maps these with one table, `WIRE`: HTTP status and OpenAI error code per class
-(ArtValueError -> 400, ModelNotFoundError -> 404, StepConflictError and StepCancelledError -> 409,
-BackendUnavailableError -> 503, any other ArtError -> 500). `to_wire` writes an error's body,
-`from_wire` reads one back, so the server's mapping and its clients' inverse cannot drift.
+Errors cross a boundary (HTTP, a process pipe) through one table, `WIRE`: the HTTP status and
+OpenAI error code of each class (ArtValueError -> 400, ModelNotFoundError -> 404,
+StepConflictError and StepCancelledError -> 409, BackendUnavailableError -> 503, any other
+ArtError -> 500). `to_wire` writes an error's body, `from_wire` reads one back, so the server's
+mapping and its clients' inverse cannot drift.
 """
 
 from __future__ import annotations
