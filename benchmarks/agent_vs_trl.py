@@ -27,7 +27,7 @@ grpo_trainer.py, trl/chat_template_utils.py):
   1. A chat template that renders tool calls and tool results: `supports_tool_calling` must
      pass or the trainer raises (grpo_trainer.py:650). SmolLM2's template prints only each
      message's `content`, so it fails. Our server handles such templates by writing the Hermes
-     convention out as text (art/server/tools.py: a `<tools>` preamble in the system message,
+     convention out as text (art/chat_template.py: a `<tools>` preamble in the system message,
      `<tool_call>` JSON blocks, `<tool_response>` results). TRL's tokenizer gets a template that
      renders exactly that, and the preamble (the example's TOOLS schema, from our
      `tool_preamble`) is the dataset's system message, because TRL would render the schema that
@@ -79,8 +79,7 @@ from types import SimpleNamespace
 from _common import environment, installed_version, ratio, table
 
 import art
-from art.server.schemas import ChatMessage
-from art.server.tools import template_messages, tool_preamble
+from art.chat_template import ChatMessage, template_messages, tool_preamble
 from art.training.options import ADAMW_BETAS, ADAMW_WEIGHT_DECAY, LORA_DEFAULTS, TrainOptions
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "tool_agent.py"
@@ -98,7 +97,7 @@ def load_example():
 example = load_example()
 
 # SmolLM2's own template, plus the Hermes text our server writes for templates without tool
-# support (art/server/tools.py: `call_block`, `_history_as_text`). It ignores `tools`: the
+# support (art/chat_template.py: `call_block`, `_history_as_text`). It ignores `tools`: the
 # preamble comes in the system message (see the module docstring).
 CALCULATOR_CHAT_TEMPLATE = (
     "{%- for message in messages %}"

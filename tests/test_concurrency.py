@@ -13,7 +13,7 @@ import pytest
 import art
 from art import weight_sync
 from art.backends.local_service import LocalService
-from art.server.serve import create_serve_app
+from art.serve import create_serve_app
 from art.server.thread import ServerThread
 from tests.devices import DEVICES
 

@@ -19,7 +19,7 @@ from art.backends.local_service import LocalService
 from art.cli import main as cli_main
 from art.dashboard.app import create_dashboard_app
 from art.dashboard.runs import TRAINING_WINDOW_S, list_runs
-from art.server.serve import create_serve_app
+from art.serve import create_serve_app
 from art.server.thread import ServerThread
 
 SHOTS = os.environ.get("ART_DASHBOARD_SHOTS")

@@ -16,7 +16,7 @@ import pytest
 import art
 from art.backends.local_service import LocalService
 from art.errors import ArtValueError
-from art.server.serve import create_serve_app
+from art.serve import create_serve_app
 from art.server.thread import ServerThread
 from art.storage.checkpoints import CheckpointStore
 from art.storage.fork import copy_checkpoint, plan_fork

@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from art.backends.local_service import LocalService
-from art.server.serve import create_serve_app
+from art.serve import create_serve_app
 
 KEY = "malformed-key-1"
 AUTH = {"Authorization": f"Bearer {KEY}"}

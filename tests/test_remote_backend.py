@@ -18,8 +18,8 @@ import pytest
 
 import art
 from art.backends.local_service import LocalService
-from art.server.management import TrajectoryGroupPayload
-from art.server.serve import create_serve_app
+from art.serve import create_serve_app
+from art.server.schemas import TrajectoryGroupPayload
 from tests.test_training_loop import rollout  # the same rollout as the local loop's test
 
 KEY = "test-key-123"

@@ -15,7 +15,7 @@ import art
 from art.backends.local import LocalBackend
 from art.backends.local_service import LocalService
 from art.errors import BackendError, StepConflictError
-from art.server.serve import create_serve_app
+from art.serve import create_serve_app
 from tests.test_remote_backend import gather, start_server
 
 KEY = "restart-key-5150"

@@ -13,7 +13,8 @@ import openai
 import pytest
 
 from art.engine.base import Completion
-from art.server.app import _IncrementalText, create_app
+from art.server.app import create_app
+from art.server.openai_format import IncrementalText
 from art.server.registry import SingleModelRegistry
 from art.server.thread import ServerThread
 
@@ -164,7 +165,7 @@ async def test_stream_matches_non_stream(server):
 
 def _deltas(tokenizer, ids: list[int], text: str) -> list[str]:
     """Per-token deltas of a whole completion, as the stream sends them; the rest rides on the last."""
-    incremental = _IncrementalText(tokenizer, final=text)
+    incremental = IncrementalText(tokenizer, final=text)
     deltas = [incremental.add(i) for i in ids]
     deltas[-1] += incremental.rest(text)
     return deltas

@@ -14,13 +14,14 @@ import pytest
 from openai.lib.streaming.chat import ChatCompletionStreamState
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
+from art.chat_template import template_info, template_messages, tool_preamble
 from art.engine.base import Completion
 from art.engine.base import all_tokens
-from art.server.app import _ChunkWriter, _choice, _TokenText, create_app
+from art.server.app import create_app
+from art.server.openai_format import ChunkWriter, TokenText, parse_tool_calls, response_choice
 from art.server.registry import SingleModelRegistry
 from art.server.schemas import ChatCompletionRequest
 from art.server.thread import ServerThread
-from art.server.tools import parse_tool_calls, template_info, template_messages, tool_preamble
 
 MODEL = "tiny"
 WEATHER = {
@@ -241,7 +242,7 @@ def completion(tokenizer, text: str, finish: str = "stop") -> Completion:
 def test_choice_with_a_tool_call(tokenizer):
     c = completion(tokenizer, CALL_TEXT)
     ids = list(c.token_ids)
-    choice = _choice(0, c, [1, 2, 3], _TokenText(tokenizer), parse_tools=True)
+    choice = response_choice(0, c, [1, 2, 3], TokenText(tokenizer), parse_tools=True)
     assert choice["finish_reason"] == "tool_calls"
     assert choice["token_ids"] == ids and choice["prompt_token_ids"] == [1, 2, 3]
     assert len(choice["logprobs"]["content"]) == len(ids)
@@ -257,18 +258,18 @@ def test_choice_with_a_tool_call(tokenizer):
 
 def test_choice_without_parsing_or_with_malformed_calls(tokenizer):
     c = completion(tokenizer, CALL_TEXT, "length")
-    plain = _choice(0, c, [1], _TokenText(tokenizer), parse_tools=False)  # tool_choice "none"
+    plain = response_choice(0, c, [1], TokenText(tokenizer), parse_tools=False)  # tool_choice "none"
     assert plain["message"] == {"role": "assistant", "content": CALL_TEXT}
     assert plain["finish_reason"] == "length"
     broken = CALL_TEXT.replace('"Paris"}', '"Paris"')
-    bad = _choice(0, completion(tokenizer, broken), [1], _TokenText(tokenizer), parse_tools=True)
+    bad = response_choice(0, completion(tokenizer, broken), [1], TokenText(tokenizer), parse_tools=True)
     assert bad["message"] == {"role": "assistant", "content": broken} and bad["finish_reason"] == "stop"
 
 
-def sse_of(head, prompt, completions, tokens: _TokenText, parse_tools: bool) -> list[str]:
+def sse_of(head, prompt, completions, tokens: TokenText, parse_tools: bool) -> list[str]:
     """The whole SSE stream of completions already sampled, as the server writes it."""
-    writer = _ChunkWriter(head, prompt, len(completions), tokens, (), parse_tools, False,
-                          finals=[c.text for c in completions])
+    writer = ChunkWriter(head, prompt, len(completions), tokens, (), parse_tools, False,
+                         finals=[c.text for c in completions])
     return [writer.start(), *(chunk for sampled in all_tokens(completions) for chunk in writer.sampled(sampled)),
             *writer.finish(completions, {})]
 
@@ -276,7 +277,7 @@ def sse_of(head, prompt, completions, tokens: _TokenText, parse_tools: bool) -> 
 def test_stream_chunks_with_a_tool_call(tokenizer):
     c = completion(tokenizer, CALL_TEXT)
     head = {"id": "chatcmpl-x", "created": 0, "model": MODEL}
-    sse = sse_of(head, [1, 2], [c], _TokenText(tokenizer), True)
+    sse = sse_of(head, [1, 2], [c], TokenText(tokenizer), True)
     assert sse[-1] == "data: [DONE]\n\n"
     chunks = [ChatCompletionChunk.model_validate(json.loads(s[len("data: "):])) for s in sse[:-1]]
     ids = [i for ch in chunks for x in ch.choices for i in (x.model_extra or {}).get("token_ids") or []]

@@ -92,7 +92,7 @@ async def test_cancelled_steps_roll_back(tiny_model_path, tmp_path):
     import httpx
 
     from art.errors import StepCancelledError
-    from art.server.serve import create_serve_app
+    from art.serve import create_serve_app
     from art.server.thread import ServerThread
 
     local = LocalService(str(tmp_path))

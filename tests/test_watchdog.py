@@ -13,7 +13,7 @@ import httpx
 
 import art
 from art.backends.local_service import LocalService
-from art.server.serve import create_serve_app
+from art.serve import create_serve_app
 from art.server.thread import ServerThread
 
 MESSAGES = [{"role": "user", "content": "Say something."}]

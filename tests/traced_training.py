@@ -34,7 +34,7 @@ async def rollout(model: art.TrainableModel, seed: int) -> art.Trajectory:
 
 async def train(model_path: str, root: str, remote: bool) -> None:
     if remote:
-        from art.server.serve import create_serve_app
+        from art.serve import create_serve_app
         from art.server.thread import ServerThread
 
         server = ServerThread(create_serve_app(LocalService(root), model_roots=[Path(model_path).resolve().parent]))

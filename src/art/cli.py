@@ -112,8 +112,8 @@ def _serve(args: argparse.Namespace) -> int:
 
         from art.backends.local_service import LocalService
         from art.server.security import default_model_roots, redact_access_log
-        from art.server.serve import bind, create_serve_app, url_for
-        from art.server.thread import KEEP_ALIVE_S
+        from art.serve import create_serve_app
+        from art.server.thread import KEEP_ALIVE_S, bind, url_for
     except ImportError as exc:
         print(f"art serve: missing {exc.name or exc}: install the backend extra, "
               "pip install 'agent-rl-trainer[backend]'", file=sys.stderr)

@@ -1,6 +1,6 @@
 """`LocalBackend(in_process=False)`: the model service in a child process, spoken to over HTTP.
 
-The child is `art serve`'s app (`art.server.serve.create_serve_app` over a `LocalService` of the
+The child is `art serve`'s app (`art.serve.create_serve_app` over a `LocalService` of the
 backend's storage root) on a loopback socket with a random key, so the parent is a plain
 `RemoteService` client and the runs on disk are laid out exactly as in process. A crash or a
 CUDA fault in the backend then costs the user's process an exception, not its life.
@@ -44,6 +44,7 @@ import httpx
 
 from art.backends.remote import RemoteService
 from art.errors import BackendError, BackendUnavailableError
+from art.server.thread import bind, url_for
 from art.service import ModelSpec
 
 LOG_NAME = "backend-child.log"
@@ -91,7 +92,7 @@ class ChildProcess:
             process.stdin.flush()  # stdin stays open: its end of file tells the child we are gone
         except BrokenPipeError:
             pass  # it died already; said below with its log
-        child = cls(process, _url(host, port), port, key, log_path, offset)
+        child = cls(process, url_for(host, port), port, key, log_path, offset)
         try:
             await child._wait_ready(timeout)
         except BaseException:  # not ready in time, dead, or the caller was cancelled: leave nothing behind
@@ -193,7 +194,7 @@ class ChildService(RemoteService):
         self.child: ChildProcess | None = None
         self._starting = asyncio.Lock()
         self._closed = False
-        super().__init__(_url(host, port), None, transport=_ChildTransport(self))
+        super().__init__(url_for(host, port), None, transport=_ChildTransport(self))
 
     def __repr__(self) -> str:  # never shows the key
         return f"ChildService({str(self.root)!r}, pid={self.pid})"
@@ -288,20 +289,12 @@ class _WatchedStream(httpx.AsyncByteStream):
 def _bind(host: str, port: int, *, or_any: bool = False) -> socket.socket:
     """A socket bound (not yet listening: the child listens) to `port`; with `or_any`, a free
     port when that one is taken (a restart asks for its predecessor's)."""
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
-        sock.bind((host, port))
+        return bind(host, port)[0]
     except OSError as exc:
-        sock.close()
         if or_any:
             return _bind(host, 0)
         raise BackendError(f"cannot bind {host}:{port} for the backend's child process: {exc}") from exc
-    return sock
-
-
-def _url(host: str, port: int) -> str:
-    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
 # -- the child's side -----------------------------------------------------------------------
@@ -340,7 +333,7 @@ def main() -> None:
     import uvicorn
 
     from art.backends.local_service import LocalService
-    from art.server.serve import create_serve_app
+    from art.serve import create_serve_app
     from art.server.thread import KEEP_ALIVE_S
 
     service = LocalService(settings["root"], placement=settings["placement"])

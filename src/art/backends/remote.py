@@ -30,8 +30,7 @@ from pydantic_core import to_jsonable_python
 from tqdm.auto import tqdm
 
 from art.backends.adapter import ServiceBackend
-from art.errors import (ArtValueError, BackendError, BackendUnavailableError, ContextLengthError, ModelNotFoundError,
-                        StepCancelledError, StepConflictError)
+from art.errors import ArtValueError, BackendError, BackendUnavailableError, from_wire
 from art.observability import tracing
 from art.service import ModelKey, ModelSpec, Progress, TrainResult
 from art.storage.layout import validate_name
@@ -294,23 +293,16 @@ def _raise_for_response(response: httpx.Response) -> NoReturn:
 
 
 def _raise_error(error: dict[str, Any], status: int) -> NoReturn:
-    """One mapping from the server's answer to our error tree (the inverse of the app's)."""
+    """The server's answer as our error tree (`art.errors.from_wire`, the inverse of the app's
+    mapping), worded for a client of `art serve`."""
     message = str(error.get("message") or f"HTTP {status}")
-    code, param = error.get("code"), error.get("param")
-    if status == 404 and code == "model_not_found":
-        raise ModelNotFoundError(message)
-    if status == 401:
+    if status == 401:  # the key check in front of every route
         raise BackendError(f"{message} (set the key with RemoteBackend(api_key=...) or {API_KEY_ENV})")
-    if status == 413:
+    if status == 413:  # the body bound: what grows is the trajectories
         raise ArtValueError(message, field="trajectory_groups")
-    if status == 409 and code == "step_conflict":
-        raise StepConflictError(message, expected_step=error.get("expected_step"),
-                                current_step=error.get("current_step"))
-    if status == 409 and code == "step_cancelled":
-        raise StepCancelledError(message)
-    if status == 503:
+    exc = from_wire(status, error)
+    if isinstance(exc, BackendUnavailableError):
         raise BackendUnavailableError(f"art server unavailable (HTTP 503): {message}")
-    if 400 <= status < 500 and status != 404:
-        cls = ContextLengthError if code == "context_length_exceeded" else ArtValueError
-        raise cls(message, field=param)
-    raise BackendError(f"art server error (HTTP {status}): {message}")
+    if type(exc) is BackendError:  # no error the server named: say where it came from
+        raise BackendError(f"art server error (HTTP {status}): {message}")
+    raise exc

@@ -33,7 +33,7 @@ def serve_dashboard(*, host: str, port: int, path: str) -> None:
     """Bind, print the address, serve until interrupted."""
     import uvicorn
 
-    from art.server.serve import bind, url_for
+    from art.server.thread import bind, url_for
 
     sock, port = bind(host, port)
     url = url_for(host, port)

@@ -1,5 +1,5 @@
 """The form a browser gets instead of the dashboard on a keyed `art serve`: one password field for
-the server's API key, posted to /dashboard/login (`art.server.dashboard_login` checks it).
+the server's API key, posted to /dashboard/login (`art.dashboard.login` checks it).
 
 The page is one self-contained document (inline styles, no script, nothing fetched), so it works
 offline and under the strict Content-Security-Policy it is served with.

@@ -9,7 +9,7 @@
     GET /dashboard/api/runs/{project}/{name}/steps/{split}/{step}/trajectories/{index}/tokens
 
 The routes read the storage root only, never a backend: the same router serves `art dashboard`
-(no model loaded) and `art serve` (mounted behind its API key; `art.server.dashboard_login` adds
+(no model loaded) and `art serve` (mounted behind its API key; `art.dashboard.login` adds
 the browser's login, and `logout=True` a button for it on the page). Bad input is a 400 naming the
 field (`project`, `name`, `split`, `step`, `index`, `since`) and a missing run or step a 404,
 in OpenAI's error shape whatever app includes the router. Names are checked with the storage's
@@ -30,7 +30,7 @@ from art.dashboard import page
 from art.dashboard.runs import list_runs, logged_steps, read_history, run_dir
 from art.dashboard.samples import parse_index, read_step, trajectory_tokens
 from art.errors import ArtValueError, ModelNotFoundError
-from art.server.app import error_object, error_response
+from art.server.errors import error_object, error_response
 from art.storage.layout import validate_name
 
 STATIC = Path(__file__).parent / "static"

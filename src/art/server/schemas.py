@@ -1,105 +1,78 @@
-"""The chat-completions request, with OpenAI's field names and limits.
+"""The bodies of the server's routes: the chat-completions request, with OpenAI's field names and
+limits, and the requests and answers of the management routes (`art.server.management`), the
+wire `art.RemoteBackend` speaks.
 
 Validation lives here so a bad request fails before it touches the engine, with a 400 that
 names the field (the app maps pydantic's errors). Fields we accept but cannot honour
 (penalties) are rejected unless neutral, rather than silently ignored: a user who asks for a
 penalty must not get samples that quietly lack it. Unknown extra fields are ignored, as
-OpenAI-compatible servers do, so clients sending newer fields keep working.
-Responses are built as plain dicts in `app.py`; the official client parses them.
+OpenAI-compatible servers do, so clients sending newer fields keep working; a management body
+refuses them instead (a typo is named). Chat responses are built as plain dicts
+(`art.server.openai_format`); the official client parses them.
+
+The management routes:
+
+    POST   /art/models                                    register a model (trainable or not)
+    GET    /art/models                                    the models registered so far
+    GET    /art/models/{project}/{name}/step              the latest step
+    POST   /art/models/{project}/{name}/train             one update; NDJSON progress stream
+    DELETE /art/models/{project}/{name}/train             cancel the running update (it rolls back)
+    POST   /art/models/{project}/{name}/train_sft         supervised fine-tuning; the same NDJSON stream
+    POST   /art/models/{project}/{name}/log               a history row and its trajectories
+    GET    /art/models/{project}/{name}/checkpoints       the saved steps
+    DELETE /art/models/{project}/{name}/checkpoints       keep the latest and the best step
+    GET    /art/models/{project}/{name}/metrics           the history.jsonl rows
+    POST   /art/models/{project}/{name}/replicas/restart  start engine replicas out of rotation again
+    POST   /art/models/{project}/{name}/fork              start the model from another model's checkpoint
+
+Trajectories travel as `Trajectory.for_logging()` dicts: a message is a dict with a `role`,
+a model `Choice` is its full dump (`message`, `logprobs`, `token_ids`, `prompt_token_ids`),
+revived into the same `Choice` class (`Trajectory.from_logging`), so training sees exactly
+the ids the engine sampled. They travel once per step: a train body's `upload_id` (the
+client's digest of its groups) lets the log call that follows (`model.train` logs what it
+trained on) name them with `trajectory_groups_from`; the server holds each model's last train
+groups for that.
+
+The train stream (`application/x-ndjson`) is one `art.service.TrainEvent` per line:
+`accepted` (the request is valid; `step`: the step it will write unless another update of the
+model is queued first), one `gradient_step` per optimizer step (`step`, `done`, `total`,
+`metrics`), `heartbeat` every few seconds while nothing else is said (keeps proxies and read
+timeouts quiet), and last either `result` (`step`, `metrics`) or `error` (`error`: OpenAI's
+error object plus its HTTP `status`). The body's `config`, `dev_config` and `options` are
+resolved once, by `art.service.resolve_train_options`.
+Input that can be checked up front (names, payload shape, training options) is refused
+with an ordinary 4xx before the stream starts. The update runs as its own task: a client
+that disconnects mid-step does not cancel it; the step completes and is checkpointed
+atomically, and the client sees it on its next `get_step`, unless the body asked for
+`cancel_on_disconnect`. `DELETE .../train` cancels a running step: it stops at its next
+micro-batch, rolls back, and its stream ends with a 409 `step_cancelled` error line.
+
+A train body may carry `expected_step`, the step the client believes it trains from. If the
+model is elsewhere (usually: the same call already completed after its connection broke) the
+answer is a 409 `step_conflict` and nothing is trained, so a retry never applies a batch twice.
+The check is made again under the model's training lock, so two racing calls cannot both pass;
+the loser then ends its stream with an `error` line carrying status 409.
+
+After a restart (even `kill -9`) the server knows no registrations, but the runs are on disk:
+a request that names a model with a `model.json` under the storage root registers it again
+from that file (`LocalService.spec`), at its latest complete checkpoint, before answering.
 """
 
 from __future__ import annotations
 
-import json
-from typing import Any, Literal
+from datetime import datetime
+from typing import Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from art.naming import echo
+from art.chat_template import ChatMessage
+from art.naming import MAX_STEP, echo
+from art.storage.layout import validate_name
+from art.trajectories import ExceptionRecord, MetadataValue, MetricValue, Trajectory, TrajectoryGroup
+from art.types import TrainConfig, TrainSFTConfig
 
 
-class TextPart(BaseModel):
-    """A text content part; other part types (images, audio) are not supported."""
-
-    model_config = ConfigDict(extra="ignore")
-
-    type: Literal["text"]
-    text: str
-
-
-class ChatMessage(BaseModel):
-    """One message of the conversation. Extra keys (e.g. `reasoning_content`) pass through."""
-
-    model_config = ConfigDict(extra="allow")
-
-    role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None
-    name: str | None = None
-    tool_calls: list[dict[str, Any]] | None = None
-    tool_call_id: str | None = None
-
-    @field_validator("content", mode="before")
-    @classmethod
-    def _text_only(cls, value: Any) -> Any:
-        # One clear message instead of pydantic's per-union-member errors.
-        if value is None or isinstance(value, str):
-            return value
-        if not isinstance(value, list):
-            raise ValueError("content must be a string, a list of text parts, or null")
-        for part in value:
-            kind = part.get("type") if isinstance(part, dict) else None
-            if kind != "text" or not isinstance(part.get("text"), str):
-                raise ValueError(f"only text content parts ({{'type': 'text', 'text': ...}}) are supported, got {echo(kind)}")
-        return value
-
-    @field_validator("tool_calls")
-    @classmethod
-    def _tool_calls_shape(cls, value: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
-        # OpenAI's shape: {"id", "type": "function", "function": {"name", "arguments": "<json>"}};
-        # arguments may also be a mapping (some clients send one).
-        problems = []
-        for i, call in enumerate(value or []):
-            function = call.get("function")
-            if not isinstance(function, dict) or not isinstance(function.get("name"), str):
-                problems.append(f"tool_calls[{i}].function must be an object with a string name")
-            elif not isinstance(function.get("arguments", ""), (str, dict)):
-                problems.append(f"tool_calls[{i}].function.arguments must be a JSON string")
-        if problems:
-            raise ValueError("; ".join(problems))
-        return value
-
-    @model_validator(mode="after")
-    def _content_required(self) -> ChatMessage:
-        # OpenAI: content may be omitted only by an assistant message that calls tools.
-        if self.content is None and not (self.role == "assistant" and self.tool_calls):
-            raise ValueError("content is required unless an assistant message has tool_calls")
-        return self
-
-    def for_template(self) -> dict[str, Any]:
-        """The dict a Hugging Face chat template expects: content as one string.
-
-        Text parts are joined with newlines (vLLM's convention); tool-call arguments are
-        parsed from JSON because many templates render them as a mapping (vLLM does the same).
-        """
-        out = self.model_dump(exclude_none=True)
-        if isinstance(self.content, list):
-            out["content"] = "\n".join(part.text for part in self.content)
-        elif self.content is None:
-            out["content"] = ""
-        if self.tool_calls:
-            out["tool_calls"] = [_parse_arguments(call) for call in self.tool_calls]
-        return out
-
-
-def _parse_arguments(call: dict[str, Any]) -> dict[str, Any]:
-    function = call.get("function")
-    if not isinstance(function, dict) or not isinstance(function.get("arguments"), str):
-        return call
-    try:
-        arguments = json.loads(function["arguments"])
-    except ValueError:
-        return call
-    return {**call, "function": {**function, "arguments": arguments}}
+# -- chat completions ------------------------------------------------------------------------
 
 
 class StreamOptions(BaseModel):
@@ -168,7 +141,7 @@ class ChatCompletionRequest(BaseModel):
     tools: list[dict[str, Any]] | None = None
     """Functions the model may call: [{"type": "function", "function": {"name", "description",
     "parameters"}}]. Rendered by the chat template, or as a Hermes `<tool_call>` preamble in the
-    system message when the template knows no tools (`art.server.tools`)."""
+    system message when the template knows no tools (`art.chat_template`)."""
     tool_choice: str | dict[str, Any] | None = None
     """One of "auto" (None means the same), "none" (tools left out of the prompt, nothing
     parsed), "required" or {"type": "function", "function": {"name": ...}}. The last two are
@@ -252,3 +225,189 @@ class ChatCompletionRequest(BaseModel):
             return ()
         stops = [self.stop] if isinstance(self.stop, str) else self.stop
         return tuple(s for s in stops if s)
+
+
+# -- management routes -----------------------------------------------------------------------
+
+
+class _Strict(BaseModel):
+    """Unknown fields are refused (a typo is named, not silently dropped)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class RegisterRequest(_Strict):
+    """`art.Model` / `art.TrainableModel` fields the server needs."""
+
+    name: str = Field(description="Model name: 1-128 letters, digits, '.', '_' or '-'.")
+    project: str = Field(description="Project name, same rules as `name`.")
+    trainable: bool = Field(False, description="True for an `art.TrainableModel`.")
+    base_model: str | None = Field(None, validate_default=True,
+                                   description="Hugging Face id or server-side path; required when trainable.")
+    config: Any = Field(None, description="The user's config object, stored with the run.")
+    internal_config: dict[str, Any] | None = Field(
+        None, description="`TrainableModel(_internal_config=...)`: engine_args, peft_args, seed.")
+    inference_base_url: str | None = Field(
+        None, description="A non-trainable model served elsewhere (a prompted baseline); only its logs live here.")
+    inference_model_name: str | None = None
+
+    @field_validator("name", "project")
+    @classmethod
+    def _valid_name(cls, value: str, info: ValidationInfo) -> str:
+        return validate_name(value, info.field_name)
+
+    @field_validator("base_model")
+    @classmethod
+    def _base_model_if_trainable(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if info.data.get("trainable") and not value:
+            raise ValueError("a trainable model needs a base_model")
+        return value
+
+
+class ModelInfo(BaseModel):
+    project: str
+    name: str
+    trainable: bool
+    base_model: str | None
+    step: int = Field(description="The latest checkpoint (0 for a fresh or non-trainable model).")
+
+
+class HistoryPayload(_Strict):
+    messages_and_choices: list[dict[str, Any]] = []
+    tools: list[dict[str, Any]] | None = None
+
+
+class TrajectoryPayload(_Strict):
+    """`Trajectory.for_logging()`: messages are dicts with `role`; Choices are full dumps."""
+
+    messages_and_choices: list[dict[str, Any]] = Field(
+        [], description="Message dicts (with `role`) and dumped `Choice` objects (with `message`, "
+                        "`logprobs`, `token_ids`, `prompt_token_ids`).")
+    tools: list[dict[str, Any]] | None = None
+    reward: float = Field(0.0, allow_inf_nan=False)
+    metrics: dict[str, MetricValue] = {}
+    metadata: dict[str, MetadataValue] = {}
+    logs: list[str] = []
+    additional_histories: list[HistoryPayload] = []
+    start_time: datetime | None = None
+    end_time: datetime | None = None
+
+    def to_trajectory(self, where: str) -> Trajectory:
+        return Trajectory.from_logging(self.model_dump(exclude={"start_time"} if self.start_time is None else set()),
+                                       where)
+
+
+class TrajectoryGroupPayload(_Strict):
+    """`TrajectoryGroup.for_logging()`."""
+
+    trajectories: list[TrajectoryPayload] = []
+    exceptions: list[ExceptionRecord] = []
+    metadata: dict[str, MetadataValue] = {}
+    metrics: dict[str, MetricValue] = {}
+    logs: list[str] = []
+
+    def to_group(self, where: str) -> TrajectoryGroup:
+        trajectories = [t.to_trajectory(f"{where}.trajectories[{i}]") for i, t in enumerate(self.trajectories)]
+        return TrajectoryGroup(trajectories, exceptions=self.exceptions, metadata=self.metadata,
+                               metrics=self.metrics, logs=self.logs)
+
+
+class TrainRequest(_Strict):
+    """`backend.train(model, groups, config=..., _config=..., **options)` as JSON."""
+
+    trajectory_groups: list[TrajectoryGroupPayload]
+    config: TrainConfig | None = Field(None, description="`art.TrainConfig` (learning_rate, beta).")
+    dev_config: dict[str, Any] = Field({}, description="`art.dev.TrainConfig` options (the `_config` argument).")
+    options: dict[str, Any] = Field({}, description="Keyword options of `backend.train`; they override both.")
+    expected_step: int | None = Field(
+        None, ge=0, le=MAX_STEP, description="The step the client trains from; another step on the server gets a 409 "
+                                "(`step_conflict`) and trains nothing. None skips the check.")
+    cancel_on_disconnect: bool = Field(
+        False, description="Cancel (and roll back) the step when the client disconnects; by default it completes.")
+    upload_id: str | None = Field(
+        None, min_length=1, max_length=128, description="A name for these groups (the client's digest of them): the "
+        "next log call may send it as `trajectory_groups_from` instead of the groups.")
+
+
+class TrainSFTRequest(_Strict):
+    """`backend.train_sft(model, trajectories, config=..., _config=..., **options)` as JSON; the
+    server renders the chats with the model's chat template (`art.training.chat_tokens`)."""
+
+    trajectories: list[TrajectoryPayload] = Field(
+        description="`Trajectory.for_logging()` dicts: messages with `role` (assistant turns are trained) and tools.")
+    config: TrainSFTConfig | None = Field(None, description="`art.TrainSFTConfig` (learning_rate, batch_size, "
+                                                              "assistant_turns).")
+    dev_config: dict[str, Any] = Field({}, description="`art.dev.TrainSFTConfig` options (the `_config` argument).")
+    options: dict[str, Any] = Field({}, description="Keyword options of `backend.train_sft`; they override both.")
+    expected_step: int | None = Field(None, ge=0, le=MAX_STEP, description="As for `train`.")
+    cancel_on_disconnect: bool = Field(False, description="As for `train`.")
+
+
+class LogRequest(_Strict):
+    """`model.log(...)` after the client has summarised it: the history row and the groups."""
+
+    split: str
+    step: int = Field(ge=0, le=MAX_STEP)
+    metrics: dict[str, Union[float, int, bool, str, None]] = {}
+    trajectory_groups: list[TrajectoryGroupPayload] = []
+    trajectory_groups_from: str | None = Field(
+        None, min_length=1, max_length=128, description="The `upload_id` of this model's last train call: log the "
+        "groups it uploaded without sending them again. A 400 naming this field when the server no longer holds "
+        "them (send `trajectory_groups` then).")
+
+    @field_validator("split")
+    @classmethod
+    def _valid_split(cls, value: str) -> str:
+        return validate_name(value, "split")
+
+
+class Logged(BaseModel):
+    split: str
+    step: int
+    trajectories: int
+
+
+class StepInfo(BaseModel):
+    step: int
+
+
+class Checkpoints(BaseModel):
+    steps: list[int]
+    latest: int
+
+
+class Cancelled(BaseModel):
+    cancelled: bool = Field(description="True when a running step was told to stop; it rolls back and its "
+                                        "train stream ends with a 409 `step_cancelled` error line.")
+
+
+class ForkRequest(_Strict):
+    """`backend.fork_checkpoint(model, from_model, from_project, not_after_step)` as JSON; the
+    model's own fields say what it is when it is not registered yet."""
+
+    from_model: str = Field(description="The model whose checkpoint is copied; its run is stored on this server.")
+    from_project: str = Field(description="Its project.")
+    not_after_step: int | None = Field(None, ge=0, le=MAX_STEP,
+                                       description="Copy the last checkpoint at or before this step (None: the latest).")
+    base_model: str = Field(description="The forked model's base model; it must be the source's.")
+    config: Any = Field(None, description="The forked model's config object, stored with its run.")
+    internal_config: dict[str, Any] | None = Field(None, description="Its `TrainableModel(_internal_config=...)`.")
+
+    @field_validator("from_model", "from_project")
+    @classmethod
+    def _valid_name(cls, value: str, info: ValidationInfo) -> str:
+        return validate_name(value, info.field_name)
+
+
+class Forked(BaseModel):
+    step: int = Field(description="The forked model's step now: the source step copied (or, for a fork made "
+                                  "before, the step it has trained to since).")
+
+
+class RestartedReplicas(BaseModel):
+    restarted: list[int] = Field(description="Indices of the replicas started again, on the current weights.")
+
+
+class DeletedCheckpoints(BaseModel):
+    deleted: list[int]
+    kept: list[int]

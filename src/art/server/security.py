@@ -7,7 +7,7 @@ streams). It answers in OpenAI's error shape. The key is compared in constant ti
 logged or echoed: a key put in a URL's query string is refused (URLs end up in access logs,
 proxies and shell history), and the access log redacts such parameters anyway. A browser,
 which cannot send the header, logs in to /dashboard with a form and a cookie that opens
-/dashboard only (`art.server.dashboard_login`).
+/dashboard only (`art.dashboard.login`, handed to `BearerAuth` by `art.serve`).
 """
 
 from __future__ import annotations
@@ -17,11 +17,12 @@ import json
 import logging
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 from urllib.parse import parse_qsl
 
 from art.errors import ArtValueError
-from art.server import dashboard_login
 
 OPEN_PATHS = frozenset({"/health"})
 """Reachable without a key: liveness checks and load balancers must not need a secret."""
@@ -82,41 +83,46 @@ class RefuseQueryCredentials:
 
 
 class BearerAuth:
-    """Require `Authorization: Bearer <api_key>` on every HTTP request except `OPEN_PATHS`, which
-    learn whether the caller had the key (`scope["state"]["authorized"]`: /health shows details
-    only then), and the dashboard's login and logout.
+    """Require `Authorization: Bearer <api_key>` on every HTTP request except `OPEN_PATHS` and
+    `open_paths` (a login form must be postable by someone without the key). Those learn
+    whether the caller had the key (`scope["state"]["authorized"]`: /health shows details only
+    then).
 
-    Under /dashboard only, the login cookie (`dashboard_login.session_token`) stands in for the
-    header, and a browser opening the page without either gets the login form as its 401.
+    A browser cannot send the header: `session(scope)` says whether a request without it is let
+    in anyway (the dashboard's login cookie), and `login_form(scope)` gives the ASGI app that
+    answers it instead of the JSON 401 (the login form), or None.
     """
 
-    def __init__(self, app, *, api_key: str) -> None:
+    def __init__(self, app, *, api_key: str, open_paths: frozenset[str] = frozenset(),
+                 session: Callable[[dict[str, Any]], bool] | None = None,
+                 login_form: Callable[[dict[str, Any]], Any] | None = None) -> None:
         if not api_key:
             raise ValueError("BearerAuth needs a non-empty api_key")
         self.app = app
         self._expected = api_key.encode()
-        self._dashboard_session = dashboard_login.session_token(api_key).encode()
+        self._open_paths = OPEN_PATHS | open_paths
+        self._session = session
+        self._login_form = login_form
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        path = scope["path"]
         header = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
         scheme, _, token = header.partition(b" ")
         # compare_digest on bytes: constant time whatever the token holds.
         authorized = scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self._expected)
-        if authorized or path in OPEN_PATHS or path in dashboard_login.OPEN_PATHS:
+        if authorized or scope["path"] in self._open_paths:
             scope.setdefault("state", {})["authorized"] = authorized
             await self.app(scope, receive, send)
             return
-        if dashboard_login.is_dashboard_path(path):
-            if dashboard_login.has_session(scope["headers"], self._dashboard_session):
-                await self.app(scope, receive, send)
-                return
-            if dashboard_login.wants_login_form(scope):
-                await dashboard_login.login_form()(scope, receive, send)
-                return
+        if self._session is not None and self._session(scope):
+            await self.app(scope, receive, send)
+            return
+        form = self._login_form(scope) if self._login_form is not None else None
+        if form is not None:
+            await form(scope, receive, send)
+            return
         message = ("Incorrect API key provided." if header else
                    "Missing API key: send `Authorization: Bearer <key>` (art.RemoteBackend(api_key=...) "
                    "or the ART_API_KEY environment variable).")

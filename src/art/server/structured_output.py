@@ -5,8 +5,9 @@
   accepts (every schema is enforced, `strict` or not).
 - `tool_choice="required"` (or a named function) with tools: a Hermes `<tool_call>` block, a
   JSON object `{"name", "arguments"}` whose arguments follow that function's `parameters`,
-  which `art.server.tools` then parses into `message.tool_calls`. One call, unless the request
-  sets `parallel_tool_calls: true` (then one or more): left free, a small model keeps calling.
+  which `art.server.openai_format` then parses into `message.tool_calls`. One call, unless the
+  request sets `parallel_tool_calls: true` (then one or more): left free, a small model keeps
+  calling.
 
 JSON is generated compact (no optional whitespace): a free choice of whitespace lets a small
 model pad forever. Grammars are llguidance's (`art.engine.grammar` applies them).
@@ -18,14 +19,14 @@ import json
 from typing import Any
 
 from art.errors import ArtValueError
-from art.server.tools import CLOSE, OPEN
+from art.chat_template import CLOSE, OPEN
 
 COMPACT = {"whitespace_flexible": False}
 """llguidance's JSON options: no optional whitespace between tokens of the JSON."""
 AS_WRITTEN_BACK = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
-"""A forced tool call's JSON spaced exactly as `tools.call_block` writes it back into the next
-turn's prompt (json.dumps' separators), so that prompt extends the sampled ids and a multi-turn
-trajectory trains as one sequence."""
+"""A forced tool call's JSON spaced exactly as `art.chat_template.call_block` writes it back into
+the next turn's prompt (json.dumps' separators), so that prompt extends the sampled ids and a
+multi-turn trajectory trains as one sequence."""
 
 
 def grammar_for(response_format: dict[str, Any] | None, tools: list[dict[str, Any]] | None,

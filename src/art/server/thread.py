@@ -12,16 +12,35 @@ from __future__ import annotations
 import socket
 import threading
 import time
-
-import uvicorn
+from typing import TYPE_CHECKING
 
 from art.errors import BackendError
+
+if TYPE_CHECKING:
+    import uvicorn
 
 
 KEEP_ALIVE_S = 75
 """Idle keep-alive connections stay open this long. uvicorn's default (5 s) equals httpx's
 client-side expiry, so a request sent on a connection as the server closes it (after a
 training step longer than 5 s) failed with a ReadError; the client now always lets go first."""
+
+
+def url_for(host: str, port: int) -> str:
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def bind(host: str, port: int) -> tuple[socket.socket, int]:
+    """A socket bound (not yet listening) before anything starts, so port 0 gives the real port,
+    and a bind failure is an OSError in the caller's thread."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    return sock, sock.getsockname()[1]
 
 
 class ServerThread:
@@ -39,22 +58,18 @@ class ServerThread:
 
     @property
     def base_url(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}"
+        return url_for(self.host, self.port)
 
     def start(self) -> ServerThread:
         """Block until the server accepts connections; raise BackendError if it cannot."""
         if self._thread is not None:
             raise BackendError("server already started")
-        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        import uvicorn  # here, not at import: `bind` and `url_for` serve clients too (`art.backends.child`)
+
         try:
-            sock.bind((self.host, self.port))
+            sock, self.port = bind(self.host, self.port)
         except OSError as exc:
-            sock.close()
             raise BackendError(f"cannot bind {self.host}:{self.port}: {exc}") from exc
-        self.port = sock.getsockname()[1]
         config = uvicorn.Config(
             self.app, log_level="warning", timeout_graceful_shutdown=5, lifespan="auto",
             timeout_keep_alive=KEEP_ALIVE_S,

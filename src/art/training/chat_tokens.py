@@ -2,11 +2,10 @@
 
 GRPO never re-tokenises: it trains the ids the engine sampled (`art.training.sequences`). SFT
 rows are text, so the backend renders them with the model's chat template, the way the OpenAI
-routes render a prompt (`art.server.schemas.ChatMessage.for_template` and
-`art.server.tools.template_messages`: the same message normalisation, and for templates that do
-not know tools the same Hermes text for tool calls, results and the tool preamble). What SFT
-teaches is then exactly what serving later shows and parses. Those two helpers only rewrite
-dicts; nothing here knows HTTP.
+routes render a prompt (`art.chat_template`: `ChatMessage.for_template`, `template_messages` and
+`prompt_ids`: the same message normalisation, for templates that do not know tools the same
+Hermes text for tool calls, results and the tool preamble, and the same template call). What
+SFT teaches is then exactly what serving later shows and parses. Nothing here knows HTTP.
 
 The template rule. Let R(m, g) be the token ids of `apply_chat_template(m, tools,
 add_generation_prompt=g)`. The tokens of assistant message k are those from
@@ -25,12 +24,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import jinja2
 from pydantic import ValidationError
 
+from art.chat_template import ChatMessage, prompt_ids, template_messages
 from art.errors import ArtValueError, TrajectoryError
-from art.server.schemas import ChatMessage
-from art.server.tools import template_messages
 
 
 @dataclass
@@ -112,13 +109,5 @@ def _last_assistant(messages: list[dict[str, Any]]) -> int | None:
 def _render(tokenizer, messages: list[dict[str, Any]], tools, generation_prompt: bool, where: str) -> list[int]:
     """R(messages, generation_prompt): token ids, as the OpenAI routes compute a prompt's."""
     as_template, template_tools = template_messages(tokenizer, messages, tools, None)
-    try:
-        ids = tokenizer.apply_chat_template(as_template, tools=template_tools,
-                                            add_generation_prompt=generation_prompt, tokenize=True)
-    except (jinja2.TemplateError, TypeError, ValueError, KeyError, AttributeError, IndexError) as exc:
-        raise ArtValueError(f"the chat template rejected {where}: {type(exc).__name__}: {exc}", field=where) from exc
-    if not isinstance(ids, list):  # transformers 5 returns a BatchEncoding
-        ids = ids["input_ids"]
-    if ids and isinstance(ids[0], list):
-        ids = ids[0]
-    return [int(i) for i in ids]
+    return prompt_ids(tokenizer, as_template, template_tools, add_generation_prompt=generation_prompt, where=where)
+

@@ -1,4 +1,10 @@
-"""Tool calling for chat templates that know tools and for those that do not.
+"""How a conversation becomes token ids: the one rendering that serving, SFT and the probe share.
+
+The OpenAI routes render a request's messages into the prompt the engine samples after, and SFT
+renders a conversation into the ids it trains (`art.training.chat_tokens`); what SFT teaches is
+exactly what serving later shows only because both go through here: the same message
+normalisation (`ChatMessage.for_template`), the same tool handling, the same template call
+(`prompt_ids`).
 
 A request's `tools` reach the model in one of two ways. A chat template that supports tools
 (its source mentions `tools`, as Qwen's and Hermes' do) gets the messages unchanged and renders
@@ -6,27 +12,118 @@ the schemas itself. Any other template (SmolLM2's renders `<|im_start|>{role}\\n
 every role and ignores tools) gets the Hermes convention spelled out in plain text: a preamble
 with the schemas inside `<tools></tools>` at the head of the system message, earlier tool calls
 as `<tool_call>` JSON blocks in the assistant's content, and tool results as
-`<tool_response>` blocks. Either way the model answers in text, and `parse_tool_calls` turns its
-`<tool_call>` blocks into OpenAI's `message.tool_calls`.
+`<tool_response>` blocks. Either way the model answers in text, and
+`art.server.openai_format.parse_tool_calls` turns its `<tool_call>` blocks into OpenAI's
+`message.tool_calls`.
 
-This module only rewrites messages and parses text. It never touches token ids: the sampled ids
-and logprobs of a completion are returned for training exactly as sampled, whatever was parsed
-out of its text.
+This module knows nothing of HTTP, sampling or training: it validates messages, rewrites them
+and calls the template.
 """
 
 from __future__ import annotations
 
 import json
-import logging
-import re
-import secrets
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
-log = logging.getLogger(__name__)
+import jinja2
+from pydantic import BaseModel, ConfigDict, field_validator, model_validator
+
+from art.errors import ArtValueError
+from art.naming import echo
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
-_FENCE = re.compile(r"\A```(?:json)?\s*(.*?)\s*```\Z", re.DOTALL)
+"""The Hermes tags around a tool call, in the preamble and in the completions parsed back."""
+
+
+# -- messages ------------------------------------------------------------------------------
+
+
+class TextPart(BaseModel):
+    """A text content part; other part types (images, audio) are not supported."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    """One message of the conversation. Extra keys (e.g. `reasoning_content`) pass through."""
+
+    model_config = ConfigDict(extra="allow")
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _text_only(cls, value: Any) -> Any:
+        # One clear message instead of pydantic's per-union-member errors.
+        if value is None or isinstance(value, str):
+            return value
+        if not isinstance(value, list):
+            raise ValueError("content must be a string, a list of text parts, or null")
+        for part in value:
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind != "text" or not isinstance(part.get("text"), str):
+                raise ValueError(f"only text content parts ({{'type': 'text', 'text': ...}}) are supported, got {echo(kind)}")
+        return value
+
+    @field_validator("tool_calls")
+    @classmethod
+    def _tool_calls_shape(cls, value: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+        # OpenAI's shape: {"id", "type": "function", "function": {"name", "arguments": "<json>"}};
+        # arguments may also be a mapping (some clients send one).
+        problems = []
+        for i, call in enumerate(value or []):
+            function = call.get("function")
+            if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+                problems.append(f"tool_calls[{i}].function must be an object with a string name")
+            elif not isinstance(function.get("arguments", ""), (str, dict)):
+                problems.append(f"tool_calls[{i}].function.arguments must be a JSON string")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return value
+
+    @model_validator(mode="after")
+    def _content_required(self) -> ChatMessage:
+        # OpenAI: content may be omitted only by an assistant message that calls tools.
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise ValueError("content is required unless an assistant message has tool_calls")
+        return self
+
+    def for_template(self) -> dict[str, Any]:
+        """The dict a Hugging Face chat template expects: content as one string.
+
+        Text parts are joined with newlines (vLLM's convention); tool-call arguments are
+        parsed from JSON because many templates render them as a mapping (vLLM does the same).
+        """
+        out = self.model_dump(exclude_none=True)
+        if isinstance(self.content, list):
+            out["content"] = "\n".join(part.text for part in self.content)
+        elif self.content is None:
+            out["content"] = ""
+        if self.tool_calls:
+            out["tool_calls"] = [_parse_arguments(call) for call in self.tool_calls]
+        return out
+
+
+def _parse_arguments(call: dict[str, Any]) -> dict[str, Any]:
+    function = call.get("function")
+    if not isinstance(function, dict) or not isinstance(function.get("arguments"), str):
+        return call
+    try:
+        arguments = json.loads(function["arguments"])
+    except ValueError:
+        return call
+    return {**call, "function": {**function, "arguments": arguments}}
+
+
+# -- tools --------------------------------------------------------------------------------
 
 
 def tools_active(tools: list[dict[str, Any]] | None, tool_choice: str | dict[str, Any] | None) -> bool:
@@ -41,9 +138,6 @@ def tools_active(tools: list[dict[str, Any]] | None, tool_choice: str | dict[str
       schemas.
     """
     return bool(tools) and tool_choice != "none"
-
-
-# -- prompt --------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -167,98 +261,23 @@ def _history_as_text(messages: list[dict[str, Any]], tool_role: str) -> list[dic
     return out
 
 
-# -- completion ----------------------------------------------------------------------------
+# -- token ids -----------------------------------------------------------------------------
 
 
-def parse_tool_calls(text: str) -> tuple[str | None, list[dict[str, Any]]]:
-    """Split a completion into its content and OpenAI tool calls. Never raises.
-
-    Every `<tool_call>...</tool_call>` block whose body is a JSON object (whitespace and a
-    ```json fence around it are tolerated) with a string `name` and `arguments` given as an
-    object or a JSON string of one (absent means `{}`) becomes
-    `{"id": "call_<hex>", "type": "function", "function": {"name", "arguments": <JSON string>}}`.
-    The last block may lack `</tool_call>` (cut by EOS, a stop string or max_tokens) if its
-    JSON is complete. Blocks that do not parse stay in the content, which is the text outside
-    parsed blocks, stripped, or None when nothing is left.
-    """
+def prompt_ids(tokenizer, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, *,
+               add_generation_prompt: bool, where: str) -> list[int]:
+    """The token ids of `apply_chat_template(messages, tools)` (`template_messages`' output) as
+    a plain list. `where` names the messages in the ArtValueError a template's failure becomes."""
     try:
-        return _parse(text)
-    except Exception:  # noqa: BLE001 - a parsing bug must not lose the completion
-        log.exception("tool call parsing failed; the completion is returned as content")
-        return (text.strip() or None) if isinstance(text, str) else None, []
-
-
-def _parse(text: str) -> tuple[str | None, list[dict[str, Any]]]:
-    kept: list[str] = []
-    calls: list[dict[str, Any]] = []
-    pos = 0
-    while (start := text.find(OPEN, pos)) != -1:
-        body_start = start + len(OPEN)
-        close = text.find(CLOSE, body_start)
-        reopen = text.find(OPEN, body_start)
-        if close != -1 and (reopen == -1 or close < reopen):
-            body, end = text[body_start:close], close + len(CLOSE)
-        elif reopen == -1:  # the final block, cut off before its closing tag
-            body, end = text[body_start:], len(text)
-        else:  # an unclosed block followed by another one: malformed, stays content
-            kept.append(text[pos:reopen])
-            pos = reopen
-            continue
-        call = _call(body)
-        if call is None:
-            kept.append(text[pos:end])
-        else:
-            kept.append(text[pos:start])
-            calls.append(call)
-        pos = end
-    kept.append(text[pos:])
-    content = "".join(kept).strip()
-    return content or None, calls
-
-
-def _call(body: str) -> dict[str, Any] | None:
-    body = body.strip()
-    fenced = _FENCE.match(body)
-    if fenced:
-        body = fenced.group(1)
-    try:
-        obj = json.loads(body)
-    except (ValueError, RecursionError):  # RecursionError: absurdly deep nesting
-        return None
-    if not isinstance(obj, dict):
-        return None
-    name = obj.get("name")
-    arguments = obj.get("arguments", {})
-    if not isinstance(name, str) or not name.strip():
-        return None
-    if isinstance(arguments, str):
-        try:
-            arguments = json.loads(arguments) if arguments.strip() else {}
-        except ValueError:
-            return None
-    if not isinstance(arguments, dict):
-        return None
-    return {
-        "id": f"call_{secrets.token_hex(12)}",
-        "type": "function",
-        "function": {"name": name, "arguments": json.dumps(arguments, ensure_ascii=False)},
-    }
-
-
-def split_completion(text: str, active: bool) -> tuple[str | None, list[dict[str, Any]]]:
-    """(content, tool_calls) of a completion: `(text, [])` unless tools are active and it parses."""
-    if not active:
-        return text, []
-    content, calls = parse_tool_calls(text)
-    return (content, calls) if calls else (text, [])
-
-
-def stream_deltas(content: str | None, calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The stream deltas of a choice with tool calls: its content once, then each call whole
-    (OpenAI's `delta.tool_calls` shape: index, id, type, function name and arguments).
-    Empty without calls: such a choice streams its text token by token instead."""
-    if not calls:
-        return []
-    deltas: list[dict[str, Any]] = [{"content": content}] if content else []
-    deltas += [{"tool_calls": [{"index": j, **call}]} for j, call in enumerate(calls)]
-    return deltas
+        ids = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=add_generation_prompt,
+                                            tokenize=True)
+    except (jinja2.TemplateError, TypeError, ValueError, KeyError, AttributeError, IndexError) as exc:
+        # Templates are user-facing programs: whatever they raise on these messages is the
+        # messages' problem (or a model without a chat template), never the server's.
+        raise ArtValueError(f"the chat template rejected {where}: {type(exc).__name__}: {exc}", where) from exc
+    # transformers 5 returns a BatchEncoding (a dict); older versions a plain list.
+    if not isinstance(ids, list):
+        ids = ids["input_ids"]
+    if ids and isinstance(ids[0], list):
+        ids = ids[0]
+    return [int(i) for i in ids]

@@ -1,9 +1,9 @@
 """The app `art serve` runs: a `LocalService`, reachable over HTTP (the command is `art.cli`).
 
-The app is the OpenAI routes (`art.server.app`), the management routes
+The composition root: it wires the OpenAI routes (`art.server.app`), the management routes
 (`art.server.management`) and the dashboard (`art.dashboard`, under /dashboard), behind a
 bearer key and a request-size bound (`art.server.security`); with a key, a browser logs in to
-the dashboard with a form (`art.server.dashboard_login`). Unlike `LocalBackend`'s own
+the dashboard with a form (`art.dashboard.login`). None of those parts knows the others. Unlike `LocalBackend`'s own
 loopback server, this one is meant to be reached from other machines (the `art serve` command
 refuses a non-loopback address without a key).
 A restarted server loads stored runs again when a request names them
@@ -15,14 +15,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import socket
 from typing import TYPE_CHECKING
 
 from fastapi import FastAPI
 
-from art.dashboard import dashboard_router
+from art.dashboard import dashboard_router, login
 from art.server.app import create_app
-from art.server.dashboard_login import LOGIN_MAX_BYTES, LOGIN_PATH, login_router
 from art.server.management import management_router
 from art.server.security import BearerAuth, BodyLimit, RefuseQueryCredentials
 from art.server.watchdog import ENGINE_STALL_S, TRAINING_STEP_S, Watchdog
@@ -69,21 +67,10 @@ def create_serve_app(service: LocalService, *, api_key: str | None = None,
     app.include_router(management_router(service, heartbeat_s=heartbeat_s, model_roots=model_roots))
     app.include_router(dashboard_router(service.root, logout=bool(api_key)))  # /dashboard, behind the same key
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes,
-                       path_limits={"/v1/": max_chat_body_bytes, LOGIN_PATH: LOGIN_MAX_BYTES})
+                       path_limits={"/v1/": max_chat_body_bytes, login.LOGIN_PATH: login.LOGIN_MAX_BYTES})
     if api_key:
-        app.include_router(login_router(api_key))
-        app.add_middleware(BearerAuth, api_key=api_key)  # runs before any body is read
+        app.include_router(login.login_router(api_key))
+        app.add_middleware(BearerAuth, api_key=api_key, open_paths=login.OPEN_PATHS,  # runs before any body is read
+                           session=login.session_check(api_key), login_form=login.login_form_for)
     app.add_middleware(RefuseQueryCredentials)  # added last: runs first, even before the key check
     return app
-
-
-def url_for(host: str, port: int) -> str:
-    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
-
-
-def bind(host: str, port: int) -> tuple[socket.socket, int]:
-    """A listening socket bound before anything starts, so port 0 gives the real port."""
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    return sock, sock.getsockname()[1]

@@ -1,6 +1,7 @@
 """A browser's way into /dashboard on a keyed `art serve`: it cannot send `Authorization: Bearer`,
 so a login form posts the key once and gets a cookie that stands in for the header, on
-/dashboard paths only (`BearerAuth` asks `has_session`; /v1 and /art still need the header).
+/dashboard paths only (`art.server.security.BearerAuth` asks `session_check`; /v1 and /art still
+need the header).
 
 The cookie holds `session_token(key)`, an HMAC of the key, never the key itself: a leaked cookie
 opens the read-only dashboard but cannot be replayed as the API key, and it stops working
@@ -16,6 +17,8 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+from collections.abc import Callable
+from typing import Any
 from urllib.parse import parse_qs
 
 from fastapi import APIRouter, Request
@@ -75,6 +78,18 @@ def wants_login_form(scope) -> bool:
 def login_form(message: str | None = None) -> HTMLResponse:
     """The 401 that asks for the key (also an ASGI app, so `BearerAuth` can answer with it)."""
     return HTMLResponse(login_page.render(message), status_code=401, headers=_FORM_HEADERS)
+
+
+def session_check(api_key: str) -> Callable[[dict[str, Any]], bool]:
+    """`BearerAuth`'s `session` for a server keyed by `api_key`: a /dashboard request whose
+    cookie holds the key's `session_token`."""
+    token = session_token(api_key).encode()
+    return lambda scope: is_dashboard_path(scope["path"]) and has_session(scope["headers"], token)
+
+
+def login_form_for(scope) -> HTMLResponse | None:
+    """`BearerAuth`'s `login_form`: the form for a browser opening the page, None for the rest."""
+    return login_form() if wants_login_form(scope) else None
 
 
 def login_router(api_key: str) -> APIRouter:
