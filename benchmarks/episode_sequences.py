@@ -192,7 +192,8 @@ def main() -> None:
         trajectories = asyncio.run(run_episodes(args.episodes, args.seed, path))
     seconds = time.monotonic() - start
 
-    rows, reasons, example, extended_counts, finish, same_text = [], Counter(), None, [], Counter(), Counter()
+    rows, reasons, example, extended_counts = [], Counter(), None, []
+    finish, same_text, tokens = Counter(), Counter(), Counter()
     for number, trajectory in enumerate(trajectories):
         choices = choices_of(trajectory)
         finish.update(c.finish_reason for c in choices)
@@ -213,7 +214,10 @@ def main() -> None:
                 rendered_ids = list(items[brk.choice].prompt_token_ids)[at:at + 12]
                 example = (number, brk, sampled, rendered, sampled_ids, rendered_ids)
         extended = extended_trajectory(trajectory, stop_ids)
-        extended_count = None if extended is None else len(sequences_of_trajectory(extended, Counter()))
+        extended_sequences = None if extended is None else sequences_of_trajectory(extended, Counter())
+        extended_count = None if extended_sequences is None else len(extended_sequences)
+        tokens["as sampled"] += sum(len(s.token_ids) for s in sequences)
+        tokens["extended"] += sum(len(s.token_ids) for s in extended_sequences or [])
         if extended is not None:  # does the model see the same text as from the template's prompt?
             for ours, theirs in zip(choices_of(extended)[1:], choices[1:]):
                 same_text[tokenizer.decode(ours.prompt_token_ids) == tokenizer.decode(theirs.prompt_token_ids)] += 1
@@ -236,8 +240,9 @@ def main() -> None:
         "turns": sum(row[1] for row in rows), "finish_reasons": dict(finish),
         "sequences": sum(counts), "episodes_split": sum(c > 1 for c in counts),
         "share_split": round(sum(c > 1 for c in counts) / max(len(counts), 1), 3),
-        "break_reasons": dict(reasons),
+        "break_reasons": dict(reasons), "sequence_tokens": tokens["as sampled"],
         "extended_sequences": None if None in extended_counts else sum(extended_counts),
+        "extended_sequence_tokens": tokens["extended"],
         "extended_episodes_split": sum(c is not None and c > 1 for c in extended_counts),
         "extension_failed": sum(c is None for c in extended_counts),
         "extended_prompts_same_text": same_text[True], "extended_prompts_other_text": same_text[False],
