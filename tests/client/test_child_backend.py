@@ -20,9 +20,9 @@ import pytest
 import art
 from art.backends.child import LOG_NAME, ChildService
 from art.errors import BackendError
-from tests.test_training_loop import greedy_logprobs, one_step, rollout
+from tests.support.fakes import greedy_logprobs, one_step, rollout
 
-SRC = Path(__file__).resolve().parents[1] / "src"
+SRC = Path(__file__).resolve().parents[2] / "src"
 
 
 def stat(pid: int) -> list[str] | None:

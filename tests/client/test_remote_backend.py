@@ -6,10 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -20,20 +17,12 @@ import art
 from art.backends.local_service import LocalService
 from art.server.management import TrajectoryGroupPayload
 from art.server.serve import create_serve_app
-from tests.test_training_loop import rollout  # the same rollout as the local loop's test
+from tests.support.servers import gather, start_server, stop_server
 
 KEY = "test-key-123"
-SRC = Path(__file__).resolve().parents[1] / "src"
 
 
 # -- the loop both transports must pass ------------------------------------------------------
-
-
-async def gather(model, step: int) -> list[art.TrajectoryGroup]:
-    return await art.gather_trajectory_groups(
-        [art.TrajectoryGroup(rollout(model, seed=100 * step + i) for i in range(4)) for _ in range(2)],
-        pbar_desc=None,
-    )
 
 
 async def training_loop(backend: art.RemoteBackend, base_model: str, server_root: Path) -> None:
@@ -236,45 +225,6 @@ async def test_large_bodies_get_413(tmp_path):
 # -- over a real socket ---------------------------------------------------------------------
 
 
-def start_server(root: Path, log: Path, *args: str, env: dict | None = None,
-                 models_dir: Path | None = None) -> tuple[subprocess.Popen, str]:
-    """`python -m art serve --port 0 ...`; the URL comes from its first line, then /health.
-    `models_dir`: where the test's model folder lies (a server only loads paths under one)."""
-    if models_dir is not None:
-        args = (*args, "--models-dir", str(models_dir))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]), **(env or {})}
-    with open(log, "w") as out:  # a file, not a pipe: a full pipe would block the server
-        process = subprocess.Popen(
-            [sys.executable, "-m", "art", "serve", "--host", "127.0.0.1", "--port", "0", "--path", str(root), *args],
-            env=env, stdout=out, stderr=subprocess.STDOUT, text=True,
-        )
-    deadline = time.monotonic() + 60
-    url = None
-    while True:
-        text = log.read_text()
-        if url is None and "listening on http://" in text:
-            url = text.split("listening on ")[1].split()[0]
-        try:
-            if url is not None and httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return process, url
-        except httpx.TransportError:
-            pass
-        if process.poll() is not None or time.monotonic() > deadline:
-            process.kill()
-            raise AssertionError(f"art serve did not start:\n{log.read_text()}")
-        time.sleep(0.1)
-
-
-def stop_server(process: subprocess.Popen, log: Path) -> str:
-    process.terminate()
-    try:
-        process.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
-    return log.read_text()
-
-
 async def client_leaves_mid_step(backend: art.RemoteBackend, url: str, base_model: str) -> None:
     """A client that hangs up after `accepted` does not cancel the step: it completes and is saved."""
     model = art.TrainableModel(name="tiny", project="remote", base_model=base_model)
@@ -312,7 +262,7 @@ async def test_art_serve_subprocess(tiny_model_path, tmp_path, monkeypatch):
 
 
 async def test_remote_example_at_tiny_scale(tiny_model_path, tmp_path, monkeypatch):
-    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "examples"))
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "examples"))
     import remote_training
 
     local, app = serve_app(tmp_path / "server")

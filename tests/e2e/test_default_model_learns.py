@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "yes_no_maybe.py"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "yes_no_maybe.py"
 
 
 def load_example():

@@ -16,7 +16,7 @@ from art.backends.local import LocalBackend
 from art.backends.local_service import LocalService
 from art.errors import BackendError, StepConflictError
 from art.server.serve import create_serve_app
-from tests.test_remote_backend import gather, start_server
+from tests.support.servers import gather, start_server
 
 KEY = "restart-key-5150"
 CHECKPOINT_FILES = {"adapter_model.safetensors", "adapter_config.json", "optimizer.pt"}

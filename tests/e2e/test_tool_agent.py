@@ -18,7 +18,7 @@ import pytest
 import art
 from art.training.sequences import sequences_of_trajectory
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "tool_agent.py"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "tool_agent.py"
 LOOKUP = {
     "type": "function",
     "function": {

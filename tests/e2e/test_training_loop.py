@@ -7,31 +7,7 @@ import pytest
 import torch
 
 import art
-
-
-async def greedy_logprobs(model: art.TrainableModel, name: str) -> list[float]:
-    completion = await model.openai_client().chat.completions.create(
-        model=name, messages=[{"role": "user", "content": "Say something."}], max_tokens=6, temperature=0
-    )
-    return [entry.logprob for entry in completion.choices[0].logprobs.content]
-
-
-async def rollout(model: art.TrainableModel, seed: int) -> art.Trajectory:
-    messages = [{"role": "user", "content": "Pick a token."}]
-    completion = await model.openai_client().chat.completions.create(
-        model=model.get_inference_name(), messages=messages, max_tokens=4, seed=seed
-    )
-    choice = completion.choices[0]
-    return art.Trajectory(messages_and_choices=[*messages, choice], reward=float(choice.token_ids[0] % 2))
-
-
-async def one_step(model, step):
-    groups = await art.gather_trajectory_groups(
-        [art.TrajectoryGroup(rollout(model, seed=100 * step + i) for i in range(4)) for _ in range(2)],
-        pbar_desc=None,
-    )
-    await model.train(groups, config=art.TrainConfig(learning_rate=1e-2))
-
+from tests.support.fakes import greedy_logprobs, one_step, rollout
 
 
 async def test_train_two_steps_then_resume(tiny_model_path, tmp_path):

@@ -1,6 +1,6 @@
 """The backend on a CUDA GPU: bf16 serving against the reference, CUDA graph replay against eager
 decoding, memory errors. (Learning in bf16 with trainer/engine agreement is
-tests/test_mixed_precision.py; serving during a step is tests/test_concurrency.py; both run
+tests/training/test_mixed_precision.py; serving during a step is tests/server/test_concurrency.py; both run
 on CUDA too when there is one.)
 
 Skipped without CUDA (`benchmarks/gpu_check.sh` runs them on the H200). The same code runs on
@@ -22,7 +22,7 @@ from art.engine.config import EngineConfig
 from art.engine.llm_engine import LLMEngine
 from art.engine.static_runner import StaticRunner
 from art.errors import ArtValueError
-from tests.test_decoder import tiny_model
+from tests.support.models import tiny_model
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 BF16_TOLERANCE = weight_sync.HALF_TOLERANCE

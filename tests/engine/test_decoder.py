@@ -11,39 +11,7 @@ from art.engine.adapters import BASE, LIVE, AdapterSet
 from art.engine.config import EngineConfig
 from art.engine.decoder import unsupported_reason
 from art.engine.static_runner import StaticRunner
-
-VOCAB = 300
-
-
-def tiny_model(arch: str):
-    """A 2-layer random model of `arch` with two random LoRA adapters (the live one and "other")."""
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    extra = {
-        "llama": {},
-        "qwen2": {},  # q/k/v biases
-        "qwen3": {"head_dim": 16},  # per-head q/k norms
-        "mistral": {"sliding_window": 6},  # a window shorter than the test sequences
-    }[arch]
-    config = AutoConfig.for_model(arch, vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                                  tie_word_embeddings=True, **extra)
-    torch.manual_seed(0)
-    base = AutoModelForCausalLM.from_config(config)
-    with torch.no_grad():  # sharper attention, so a wrong position or mask shows (see test_packing)
-        for name, param in base.named_parameters():
-            if name.endswith(("q_proj.weight", "k_proj.weight")):
-                param.mul_(8)
-    lora = LoraConfig(task_type="CAUSAL_LM", r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"])
-    model = get_peft_model(base, lora)
-    model.add_adapter("other", lora)
-    generator = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "lora_" in name:
-                param.copy_(torch.randn(param.shape, generator=generator) * 0.3)
-    return model.eval()
+from tests.support.models import VOCAB, tiny_model
 
 
 def expected_logits(model, ids: list[int], adapter: str) -> torch.Tensor:

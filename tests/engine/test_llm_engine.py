@@ -10,14 +10,7 @@ from art.engine.base import AdapterRef, SamplingParams
 from art.engine.llm_engine import LLMEngine
 from art.engine.reference import ReferenceSampler
 from art.errors import ArtValueError
-
-
-def randomize_lora(model, seed):
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "lora_" in name and ".default." in name:
-                param.copy_(torch.randn(param.shape, generator=generator) * 0.2)
+from tests.support.fakes import randomize_lora
 
 
 @pytest.fixture(scope="module", params=[False, True], ids=["exact-batches", "bucketed-batches"])

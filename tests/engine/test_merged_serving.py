@@ -10,7 +10,7 @@ from art.engine.base import AdapterRef, SamplingParams
 from art.engine.llm_engine import LLMEngine
 from art.training.options import TrainOptions
 from art.training.trainer import Trainer
-from tests.test_engine import randomize_lora
+from tests.support.fakes import randomize_lora
 
 
 @pytest.fixture()

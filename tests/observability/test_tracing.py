@@ -1,7 +1,7 @@
 """OpenTelemetry tracing: two real training steps traced, in-process and across HTTP, and into a
 real trace server (Arize Phoenix) when its environment is installed (.ci/run installs it).
 
-Each traced run is a subprocess (tests/traced_training.py): OpenTelemetry's global tracer
+Each traced run is a subprocess (tests/support/traced_training.py): OpenTelemetry's global tracer
 provider is set once per process, and the rest of the suite runs with tracing off.
 """
 
@@ -23,14 +23,14 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from art.server.thread import ServerThread
 
-SCRIPT = Path(__file__).parent / "traced_training.py"
-PHOENIX = Path(os.environ.get("ART_PHOENIX_VENV", Path(__file__).parent.parent / ".venv-phoenix")) / "bin" / "phoenix"
+SCRIPT = Path(__file__).parents[1] / "support" / "traced_training.py"
+PHOENIX = Path(os.environ.get("ART_PHOENIX_VENV", Path(__file__).parents[2] / ".venv-phoenix")) / "bin" / "phoenix"
 PHASES = {"art.train.pack", "art.train.forward_backward", "art.train.optimizer", "art.train.checkpoint",
           "art.train.weight_sync_probe"}
 
 
 def run_traced(model: Path, root: Path, *args: str) -> None:
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent / "src")}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2] / "src")}
     result = subprocess.run([sys.executable, str(SCRIPT), str(model), str(root), *args], env=env,
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]

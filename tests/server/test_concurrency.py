@@ -15,7 +15,7 @@ from art import weight_sync
 from art.backends.local_service import LocalService
 from art.server.serve import create_serve_app
 from art.server.thread import ServerThread
-from tests.devices import DEVICES
+from tests.support.devices import DEVICES
 
 PROMPTS = [f"Count to {i}." for i in range(8)]
 

@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 import art
-from tests.test_remote_backend import gather, start_server, stop_server
+from tests.support.servers import gather, start_server, stop_server
 
 KEY = "sk-art-NEVER-LOG-ME-4242"
 

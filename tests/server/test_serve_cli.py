@@ -15,7 +15,7 @@ import pytest
 
 from art.cli import is_loopback
 
-SRC = Path(__file__).resolve().parents[1] / "src"
+SRC = Path(__file__).resolve().parents[2] / "src"
 
 
 def run(*args: str) -> subprocess.CompletedProcess:
@@ -60,7 +60,7 @@ def test_remote_client_imports_no_server_or_torch():
 
 def test_art_serve_with_ray_places_peers_in_ray(tmp_path):
     """`art serve --ray` starts a local Ray instance, says where replicas and ranks go, serves,
-    and stops cleanly on SIGTERM (the Ray placement itself: tests/test_ray_placement.py)."""
+    and stops cleanly on SIGTERM (the Ray placement itself: tests/service/test_ray_placement.py)."""
     pytest.importorskip("ray")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")])}
     env.pop("ART_API_KEY", None)

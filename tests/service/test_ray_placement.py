@@ -12,8 +12,8 @@ import art
 from art.engine.base import AdapterRef, SamplingParams
 from art.engine.replicas import ReplicaUnavailableError
 from art.ray_cluster import RayRankPeers, RayReplica
-from tests.test_data_parallel import rank_groups
-from tests.test_training_loop import greedy_logprobs, rollout
+from tests.support.fakes import greedy_logprobs, rollout
+from tests.support.ranks import rank_groups
 
 ray = pytest.importorskip("ray")
 

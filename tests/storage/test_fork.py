@@ -21,7 +21,7 @@ from art.server.thread import ServerThread
 from art.storage.checkpoints import CheckpointStore
 from art.storage.fork import copy_checkpoint, plan_fork
 from art.storage.layout import ModelDir
-from tests.test_training_loop import greedy_logprobs, one_step
+from tests.support.fakes import greedy_logprobs, one_step
 
 
 def run_dir(root: Path, project: str, name: str) -> Path:

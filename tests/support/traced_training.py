@@ -1,7 +1,7 @@
 """Two training steps with tracing on, in a fresh interpreter (OpenTelemetry's global tracer
 provider can be set only once per process, so the tests that trace run this as a subprocess).
 
-    python tests/traced_training.py MODEL_PATH ROOT (--memory SPANS_JSON | --otlp ENDPOINT | --langfuse HOST) [--remote]
+    python tests/support/traced_training.py MODEL_PATH ROOT (--memory SPANS_JSON | --otlp ENDPOINT | --langfuse HOST) [--remote]
         [--without-langfuse-sdk]
 
 --memory keeps the spans in an in-memory exporter and writes them as JSON; --otlp sends them to

@@ -7,7 +7,7 @@ import pytest
 import art
 from art.training.audit import audit
 from art.training.audit import main as audit_cli
-from tests.test_training_units import make_choice
+from tests.support.fakes import make_choice
 
 
 def test_audit_lists_trained_tokens_and_flags_a_rerendered_turn():

@@ -15,10 +15,9 @@ from art.training.data_parallel import Collective, RankPeers, RankSpec
 from art.training.options import TrainOptions
 from art.training.sharded import OPTIMIZER_FILE, ShardedTrainer
 from art.training.trainer import Trainer, plan_micro_batches, prepare_batch, split_mini_batches
-from tests.test_trainer_options import groups_of_choices
-from tests.test_data_parallel import (assert_same_tensor_updates, assert_same_updates, kill_a_rank_mid_step_then_train,
-                                      rank_groups)
-from tests.test_training_loop import greedy_logprobs
+from tests.support.fakes import greedy_logprobs, groups_of_choices
+from tests.support.ranks import (assert_same_tensor_updates, assert_same_updates, kill_a_rank_mid_step_then_train,
+                                 rank_groups)
 
 OPTIONS = TrainOptions(learning_rate=1e-3, mini_batches=2, micro_batch_tokens=32, packed_row_tokens=24)
 

@@ -322,7 +322,7 @@ def test_validation_lists_every_bad_field():
 # -- through the trainer --------------------------------------------------------------------
 
 def group_of(rewards, prompt=(1, 2)):
-    from tests.test_training_units import make_choice
+    from tests.support.fakes import make_choice
 
     return art.TrajectoryGroup([
         art.Trajectory(messages_and_choices=[make_choice(list(prompt), [3 + i, 4, 5 + i][: 2 + i % 2],

@@ -10,7 +10,7 @@ import torch
 
 import art
 from art import weight_sync
-from tests.devices import DEVICES
+from tests.support.devices import DEVICES
 
 
 @pytest.mark.parametrize("full_finetune", [False, True], ids=["lora", "full"])

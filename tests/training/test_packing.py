@@ -9,32 +9,10 @@ import torch
 from art.training import packing
 from art.training.loss import Normalizer, policy_loss_terms, token_logprobs
 from art.training.options import TrainOptions
-from art.training.sequences import Sequence
 from art.training.trainer import Trainer, plan_micro_batches, split_mini_batches
+from tests.support.fakes import make_groups, trainer_loss_and_grads
 
 MODES = ("shared_prefix", "packed", "padded")
-
-
-def make_groups(seed=0, groups=3, samples=4, turns=1):
-    """Groups whose samples share a prompt; multi-turn samples continue with a tool result and
-    a second completion. Advantages and sampler logprobs are arbitrary but fixed."""
-    rng = random.Random(seed)
-    out = []
-    for g in range(groups):
-        prompt = [rng.randrange(5, 900) for _ in range(rng.randrange(4, 12))]
-        group = []
-        for i in range(samples):
-            s = Sequence(group=g, advantage=rng.uniform(-1.5, 1.5))
-            s.extend(prompt, None)
-            for turn in range(turns):
-                if turn:
-                    s.extend([rng.randrange(5, 900) for _ in range(3)], None)  # a tool result
-                first = [prompt[0]] if i % 2 else []  # some samples start alike
-                completion = first + [rng.randrange(5, 900) for _ in range(rng.randrange(1, 9))]
-                s.extend(completion, [rng.uniform(-4.0, -0.1) for _ in completion])
-            group.append(s)
-        out += group
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -52,21 +30,6 @@ def lora_model(tiny_model_path):
             if "q_proj.base_layer" in name or "k_proj.weight" in name:
                 p.mul_(12)  # sharp attention, so a wrong position or a leaked token shows
     return model
-
-
-def trainer_loss_and_grads(model, sequences, options):
-    trainer = Trainer(model, SimpleNamespace(pad_token_id=0))
-    normalizer = Normalizer(options.loss_normalization, sum(s.num_trained for s in sequences), len(sequences),
-                            options.max_tokens_normalizer)
-    model.zero_grad()
-    total = 0.0
-    micro = plan_micro_batches(sequences, options)
-    for batch in micro:
-        terms = trainer._forward(batch, options, normalizer)
-        terms["loss"].backward()
-        total += float(terms["loss"].detach())
-    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
-    return total, grads, micro
 
 
 def reference_loss_and_grads(model, sequences, options):

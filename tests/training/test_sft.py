@@ -238,7 +238,7 @@ async def test_sft_over_art_serve(tiny_model_path, tmp_path):
 
 
 async def test_the_sft_then_rl_example_at_tiny_scale(tiny_model_path, tmp_path, monkeypatch):
-    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "examples"))
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "examples"))
     import sft_then_rl
 
     curves = await sft_then_rl.main(str(tmp_path), steps=1, group_size=2, prompts_per_step=1, per_prompt=1,

@@ -1,7 +1,6 @@
 """Trainer options beyond the loss: gradient checkpointing, mini-batches and epochs, full
 fine-tuning, and a pinned training curve that catches any silent change to the update."""
 
-import random
 from types import SimpleNamespace
 
 import pytest
@@ -10,9 +9,7 @@ import torch
 import art
 from art.training.options import TrainOptions
 from art.training.trainer import Trainer
-from tests.test_packing import make_groups, trainer_loss_and_grads
-from tests.test_training_loop import greedy_logprobs, one_step
-from tests.test_training_units import make_choice
+from tests.support.fakes import greedy_logprobs, groups_of_choices, make_groups, one_step, trainer_loss_and_grads
 
 
 def lora_model(path, seed=0):
@@ -23,23 +20,6 @@ def lora_model(path, seed=0):
     return get_peft_model(AutoModelForCausalLM.from_pretrained(path),
                           LoraConfig(task_type="CAUSAL_LM", r=4, lora_alpha=8,
                                      target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "down_proj"]))
-
-
-def groups_of_choices(seed=0, groups=2, samples=4):
-    """TrajectoryGroups of fixed token ids; the reward favours even first tokens."""
-    rng = random.Random(seed)
-    out = []
-    for _ in range(groups):
-        prompt = [rng.randrange(5, 900) for _ in range(6)]
-        trajectories = []
-        for i in range(samples):
-            completion = [rng.randrange(5, 900) for _ in range(3 + i)]
-            logprobs = [rng.uniform(-7.0, -6.0) for _ in completion]
-            trajectories.append(art.Trajectory(
-                messages_and_choices=[{"role": "user", "content": "x"}, make_choice(prompt, completion, logprobs)],
-                reward=float(completion[0] % 2 == 0) + 0.1 * i))
-        out.append(art.TrajectoryGroup(trajectories))
-    return out
 
 
 def test_gradient_checkpointing_gives_the_same_loss_and_gradients(tiny_model_path):

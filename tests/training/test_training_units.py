@@ -5,9 +5,8 @@ from collections import Counter
 
 import pytest
 import torch
-from openai.types.chat.chat_completion import Choice, ChoiceLogprobs
+from openai.types.chat.chat_completion import Choice
 from openai.types.chat.chat_completion_message import ChatCompletionMessage
-from openai.types.chat.chat_completion_token_logprob import ChatCompletionTokenLogprob
 
 import art
 from art.training.advantages import group_advantages
@@ -17,18 +16,7 @@ from art.training.sequences import (
     ASSISTANT_DICT, NO_LOGPROBS, NO_TOKEN_IDS, SEQUENCE_BREAK, sequences_of_trajectory,
 )
 from art.training.trainer import EQUAL_REWARDS, prepare_batch
-
-
-def make_choice(prompt_ids, completion_ids, logprobs=None, with_logprobs=True):
-    logprobs = logprobs or [-0.5] * len(completion_ids)
-    content = [ChatCompletionTokenLogprob(token=str(t), logprob=lp, bytes=None, top_logprobs=[])
-               for t, lp in zip(completion_ids, logprobs)]
-    return Choice(
-        index=0, finish_reason="stop",
-        message=ChatCompletionMessage(role="assistant", content="x"),
-        logprobs=ChoiceLogprobs(content=content) if with_logprobs else None,
-        prompt_token_ids=list(prompt_ids), token_ids=list(completion_ids),
-    )
+from tests.support.fakes import make_choice
 
 
 def test_group_advantages_scaled_and_centred():
