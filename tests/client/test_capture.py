@@ -20,6 +20,8 @@ import art
 from art.errors import CaptureError
 from art.training.sequences import SEQUENCE_BREAK, sequences_of_trajectory
 
+pytestmark = pytest.mark.integration
+
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "auto_capture.py"
 SYSTEM = {"role": "system", "content": "Answer briefly."}
 PICK = {"type": "function", "function": {

@@ -22,6 +22,8 @@ from art.backends.child import LOG_NAME, ChildService
 from art.errors import BackendError
 from tests.support.fakes import greedy_logprobs, one_step, rollout
 
+pytestmark = pytest.mark.integration
+
 SRC = Path(__file__).resolve().parents[2] / "src"
 
 

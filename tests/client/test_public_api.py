@@ -2,6 +2,8 @@
 
 import types
 
+import pytest
+
 import art
 
 
@@ -15,6 +17,7 @@ def test_all_lists_every_public_name():
     from art.utils import iterate_dataset  # noqa: F401
 
 
+@pytest.mark.integration
 async def test_seed_guide_snippets_run_as_written(tiny_model_path, tmp_path, monkeypatch):
     """The seed's three snippets, with only the backend path and model name changed, and the
     real `weave` package (the `tracing` extra): `@weave.op` works without `weave.init`."""

@@ -243,6 +243,7 @@ async def client_leaves_mid_step(backend: art.RemoteBackend, url: str, base_mode
     assert step + 1 in await backend.list_checkpoints(model)
 
 
+@pytest.mark.integration
 async def test_art_serve_subprocess(tiny_model_path, tmp_path, monkeypatch):
     root = tmp_path / "server"
     log = tmp_path / "serve.log"

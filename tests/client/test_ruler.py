@@ -139,6 +139,7 @@ def test_answers_in_prose_or_fences_parse_and_scores_are_clamped():
 # -- against a scripted judge ---------------------------------------------------------------
 
 
+@pytest.mark.integration
 async def test_errors_are_retried_counted_and_clamping_reported(judge, tmp_path):
     judge.answers = ["not json at all", answer(0.5, 0.5, 0.5, ids=["1", "1", "2"]), 503, answer(1.7, 0.2, 0.6)]
     stats = RulerStats()
@@ -159,6 +160,7 @@ async def test_errors_are_retried_counted_and_clamping_reported(judge, tmp_path)
     assert (again.cache_hits, again.judge_calls, len(judge.requests)) == (1, 0, 4)
 
 
+@pytest.mark.integration
 async def test_retries_are_bounded_then_raised_or_swallowed(judge):
     judge.answers = ["nope"] * 3
     with pytest.raises(JudgeError, match="3 tries"):
@@ -171,6 +173,7 @@ async def test_retries_are_bounded_then_raised_or_swallowed(judge):
     assert len(judge.requests) == 5
 
 
+@pytest.mark.integration
 async def test_score_group_keeps_art_semantics(judge):
     judge.answers = [answer(0.9, 0.1)]
     original = group("maybe", "yes", rewards=[0.25, 0.75])
@@ -186,6 +189,7 @@ async def test_score_group_keeps_art_semantics(judge):
     assert judged.trajectories[0].messages_and_choices[-1].token_ids == [9001, 9002]
 
 
+@pytest.mark.integration
 async def test_a_cache_hit_makes_no_judge_call(judge, tmp_path):
     judge.answers = [answer(0.2, 0.8)]
     g = group("a", "b")
@@ -206,6 +210,7 @@ async def test_a_cache_hit_makes_no_judge_call(judge, tmp_path):
     assert len(judge.requests) == 4
 
 
+@pytest.mark.integration
 async def test_a_judge_without_structured_output_is_asked_for_plain_json():
     scripted = ScriptedJudge(refuse_schemas=True)
     with ServerThread(scripted.app) as server:
@@ -241,6 +246,7 @@ def long_tiny_model(tiny_model_path, tmp_path_factory):
     return out
 
 
+@pytest.mark.integration
 async def test_our_server_judges_with_structured_output_and_a_free_judge_fails_as_counted(long_tiny_model, tmp_path):
     backend = art.LocalBackend(path=str(tmp_path))
     judge = art.TrainableModel(name="judge", project="ruler", base_model=str(long_tiny_model))
@@ -277,6 +283,7 @@ async def rollout(model: art.TrainableModel, seed: int) -> art.Trajectory:
     return art.Trajectory(messages_and_choices=[*messages, completion.choices[0]], reward=0.0)
 
 
+@pytest.mark.integration
 async def test_the_seed_loop_trains_two_steps_on_ruler_rewards(long_tiny_model, tmp_path):
     """ART's documented loop: RULER as gather_trajectory_groups' after_each, judged by the base
     model served next to the policy (its id, no adapter)."""

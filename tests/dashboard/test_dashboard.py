@@ -72,6 +72,7 @@ def get(url: str, **kwargs) -> httpx.Response:
     return httpx.get(url, timeout=30, **kwargs)
 
 
+@pytest.mark.integration
 def test_runs_history_and_steps(run, dashboard):
     root = run[2]
     page = get(f"{dashboard}/dashboard")
@@ -94,6 +95,7 @@ def test_runs_history_and_steps(run, dashboard):
     assert get(f"{dashboard}/dashboard/api/runs/dash/tiny/steps").json() == {"train": [0, 1], "val": [2]}
 
 
+@pytest.mark.integration
 def test_a_steps_groups_trajectories_and_advantages(run, dashboard):
     step = get(f"{dashboard}/dashboard/api/runs/dash/tiny/steps/train/1").json()
     assert [len(g["trajectories"]) for g in step["groups"]] == [4, 4] and step["scale_rewards"] is True
@@ -117,6 +119,7 @@ def test_a_steps_groups_trajectories_and_advantages(run, dashboard):
     assert messages[2]["role"] == "tool" and messages[2]["tool_call_id"] == "call_1" and messages[2]["content"] == "rain"
 
 
+@pytest.mark.integration
 def test_token_rows_carry_trained_flags_advantages_and_both_logprobs(run, dashboard):
     """The trainer's logprobs are the ones the training step recorded; the sampler and the
     trainer hold the same weights at that step, so on the CPU they agree closely."""
@@ -145,6 +148,7 @@ def test_token_rows_carry_trained_flags_advantages_and_both_logprobs(run, dashbo
     assert tokens["has_text"] and "".join(t["text"] for t in context).count("Pick a token.") == 1
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("path, field", [
     ("/runs/a%5Cb/tiny/history", "project"),
     ("/runs/%2E%2E/tiny/history", "project"),
@@ -163,6 +167,7 @@ def test_bad_input_is_a_400_naming_the_field(dashboard, path, field):
     assert response.json()["error"]["param"] == field
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("path", ["/api/runs/dash/nope/history", "/api/runs/dash/tiny/steps/train/7",
                                   "/api/runs/dash/tiny/steps/train/1/trajectories/8/tokens", "/static/..%2Froutes.py",
                                   "/api/runs/..%2F..%2Fetc/tiny/history", "/api/runs/dash/tiny/steps/..%2F..%2F/1",
@@ -185,6 +190,7 @@ def keyed(run):
         yield server.base_url
 
 
+@pytest.mark.integration
 def test_art_serve_puts_the_dashboard_behind_its_key(keyed):
     for path in ("/dashboard", "/dashboard/api/runs", "/dashboard/static/dashboard.js"):
         assert get(keyed + path).status_code == 401
@@ -202,6 +208,7 @@ def login_cookie(response: httpx.Response) -> tuple[str, set[str]]:
     return value, set(attributes)
 
 
+@pytest.mark.integration
 def test_without_a_credential_the_page_is_a_login_form_and_the_api_stays_json(keyed):
     for path in ("/dashboard", "/dashboard/"):
         form = get(keyed + path, headers=AS_BROWSER)
@@ -219,6 +226,7 @@ def test_without_a_credential_the_page_is_a_login_form_and_the_api_stays_json(ke
     assert bookmarked.status_code == 303 and bookmarked.headers["location"] == "/dashboard/"
 
 
+@pytest.mark.integration
 def test_the_login_form_sets_a_cookie_that_opens_the_dashboard_only(keyed):
     wrong = httpx.post(keyed + "/dashboard/login", data={"key": "dash-kez"}, timeout=30)
     assert wrong.status_code == 401 and "wrong key" in wrong.text and "set-cookie" not in wrong.headers
@@ -251,6 +259,7 @@ def test_the_login_form_sets_a_cookie_that_opens_the_dashboard_only(keyed):
     assert get(keyed + "/dashboard/api/runs", headers={"Cookie": f"art_dashboard={KEY}"}).status_code == 401
 
 
+@pytest.mark.integration
 def test_logout_clears_the_cookie(keyed):
     with httpx.Client(base_url=keyed, headers=AS_BROWSER, timeout=30) as browser:  # keeps cookies as a browser does
         assert browser.post("/dashboard/login", data={"key": KEY}).status_code == 303
@@ -264,6 +273,7 @@ def test_logout_clears_the_cookie(keyed):
         assert "/dashboard/login" in browser.get("/dashboard/").text
 
 
+@pytest.mark.integration
 def test_the_key_never_travels_in_the_url_and_the_login_body_is_bounded(keyed):
     for method, path in (("GET", f"/dashboard?key={KEY}"), ("GET", f"/dashboard/api/runs?key={KEY}"),
                          ("POST", f"/dashboard/login?key={KEY}")):
@@ -273,6 +283,7 @@ def test_the_key_never_travels_in_the_url_and_the_login_body_is_bounded(keyed):
     assert big.status_code == 413 and "set-cookie" not in big.headers
 
 
+@pytest.mark.integration
 async def test_the_cookie_is_secure_when_the_login_came_over_https(run):
     local = LocalService(str(run[2]))
     app = create_serve_app(local, api_key=KEY, watchdog_s=None)
@@ -282,6 +293,7 @@ async def test_the_cookie_is_secure_when_the_login_came_over_https(run):
             assert "Secure" in attributes, path
 
 
+@pytest.mark.integration
 def test_without_a_key_there_is_no_login(run):
     local = LocalService(str(run[2]))
     with ServerThread(create_serve_app(local, watchdog_s=None)) as server:
@@ -291,12 +303,14 @@ def test_without_a_key_there_is_no_login(run):
         assert httpx.post(server.base_url + "/dashboard/login", data={"key": KEY}).status_code in (404, 405)
 
 
+@pytest.mark.integration
 def test_local_backends_own_server_serves_the_dashboard(run):
     backend = run[0]
     runs = get(f"{backend.server_url}/dashboard/api/runs").json()["runs"]
     assert [(r["project"], r["name"], r["step"]) for r in runs] == [("dash", "tiny", 2)]
 
 
+@pytest.mark.integration
 def test_status_is_training_while_a_checkpoint_is_written_or_history_grows(tmp_path):
     run_dir = tmp_path / "p" / "models" / "m"
     (run_dir / "checkpoints" / "0000").mkdir(parents=True)
@@ -365,6 +379,7 @@ def keep(shots: list[Path]) -> None:
             shutil.copy(shot, Path(SHOTS) / shot.name)
 
 
+@pytest.mark.integration
 async def test_the_page_shows_curves_samples_tokens_and_a_new_step_live(run, dashboard, tmp_path):
     from selenium.webdriver.common.by import By
 
@@ -422,6 +437,7 @@ async def test_the_page_shows_curves_samples_tokens_and_a_new_step_live(run, das
 
 
 
+@pytest.mark.integration
 def test_a_browser_logs_in_to_a_keyed_server_with_the_form(keyed, tmp_path):
     from selenium.webdriver.common.by import By
 

@@ -25,6 +25,7 @@ def test_reward_function_orders_the_answers():
     assert len(set(example.make_prompts())) == len(example.make_prompts()) == 24
 
 
+@pytest.mark.integration
 @pytest.mark.slow
 async def test_default_model_reward_rises(tmp_path):
     example = load_example()

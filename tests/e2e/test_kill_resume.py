@@ -6,6 +6,10 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
+pytestmark = pytest.mark.integration
+
 SCRIPT = textwrap.dedent("""
     import asyncio, sys
     import art

@@ -47,6 +47,7 @@ def kill(process) -> None:
     process.wait(timeout=30)
 
 
+@pytest.mark.integration
 async def test_kill_9_mid_step_then_restart_on_the_same_path(tiny_model_path, tmp_path, monkeypatch):
     root, port = tmp_path / "server", free_port()
     monkeypatch.setenv("ART_API_KEY", KEY)
@@ -167,6 +168,7 @@ async def test_a_retried_train_call_is_never_applied_twice(tiny_model_path, tmp_
     await local.close()
 
 
+@pytest.mark.integration
 async def test_racing_train_calls_for_the_same_step(tiny_model_path, tmp_path):
     """Both pass the route's early check; the model's training lock lets only one train."""
     backend = LocalBackend(path=str(tmp_path))

@@ -78,6 +78,7 @@ def check_mask(trajectory: art.Trajectory, tokenizer) -> None:
             assert f"<tool_response>\n{message['content']}\n</tool_response>" in context
 
 
+@pytest.mark.integration
 async def test_two_tool_turns_through_the_server_train_only_the_assistant_tokens(tiny_model_path, tmp_path):
     from transformers import AutoTokenizer
 
@@ -115,6 +116,7 @@ async def test_two_tool_turns_through_the_server_train_only_the_assistant_tokens
         await backend.close()
 
 
+@pytest.mark.integration
 async def test_the_examples_episodes_train_every_assistant_turn_and_nothing_else(tiny_model_path, tmp_path):
     """examples/tool_agent.py's own rollout, on the tiny model: a forced `calculate` call, the
     tool's result, a free answer; the trajectory keeps the Choices and the tool messages."""
@@ -149,6 +151,7 @@ def test_the_examples_reward_and_tool():
     assert example.first_number("The answer is 408.") == "408" and example.first_number("none") is None
 
 
+@pytest.mark.integration
 @pytest.mark.slow
 async def test_the_tool_agent_learns_on_the_default_model(tmp_path):
     """Fixed seed, 3 measured steps and 2 updates (about 3 minutes). The forced call's

@@ -9,6 +9,8 @@ import torch
 import art
 from tests.support.fakes import greedy_logprobs, one_step, rollout
 
+pytestmark = pytest.mark.integration
+
 
 async def test_train_two_steps_then_resume(tiny_model_path, tmp_path):
     backend = art.LocalBackend(path=str(tmp_path))

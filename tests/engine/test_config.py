@@ -104,6 +104,7 @@ def test_scale_out_keys_are_checked():
         assert info.value.field == field
 
 
+@pytest.mark.integration
 async def test_an_art_script_config_registers_and_serves(tiny_model_path, tmp_path):
     """ART's development-script `_internal_config` died at register with a TypeError before."""
     backend = art.LocalBackend(path=str(tmp_path))

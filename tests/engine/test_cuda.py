@@ -88,6 +88,7 @@ def test_graph_replay_equals_eager_decoding():
     torch.testing.assert_close(runs[False][0], runs[True][0], atol=1e-3, rtol=0)
 
 
+@pytest.mark.integration
 async def test_kv_cache_that_does_not_fit_names_the_knob(tiny_model_path, tmp_path):
     backend = art.LocalBackend(path=str(tmp_path))
     model = art.TrainableModel(name="big", project="p", base_model=str(tiny_model_path),

@@ -87,6 +87,7 @@ async def ask(client, prompt: str, max_tokens: int = 4, **kwargs):
         model="rep", messages=[{"role": "user", "content": prompt}], max_tokens=max_tokens, **kwargs)
 
 
+@pytest.mark.integration
 async def test_two_replicas_serve_train_and_survive_a_kill(tiny_model_path, tmp_path):
     backend = art.LocalBackend(path=str(tmp_path))
     model = art.TrainableModel(name="rep", project="p", base_model=str(tiny_model_path),

@@ -23,6 +23,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from art.server.thread import ServerThread
 
+pytestmark = pytest.mark.integration
+
 SCRIPT = Path(__file__).parents[1] / "support" / "traced_training.py"
 PHOENIX = Path(os.environ.get("ART_PHOENIX_VENV", Path(__file__).parents[2] / ".venv-phoenix")) / "bin" / "phoenix"
 PHASES = {"art.train.pack", "art.train.forward_backward", "art.train.optimizer", "art.train.checkpoint",

@@ -12,6 +12,8 @@ import weave
 import art
 from art.observability import weave_sink
 
+pytestmark = pytest.mark.integration
+
 
 @pytest.fixture
 def inits(monkeypatch):

@@ -56,6 +56,7 @@ def create(client, **kwargs):
     return client.chat.completions.create(**args)
 
 
+@pytest.mark.integration
 def test_health_and_models(server, client):
     assert httpx.get(server.base_url + "/health").json()["status"] == "ok"
     models = client.models.list()
@@ -63,6 +64,7 @@ def test_health_and_models(server, client):
     assert models.data[0].owned_by == "art"
 
 
+@pytest.mark.integration
 def test_choices_carry_token_ids_and_logprobs(client, tokenizer):
     response = create(client, n=2, seed=1, max_tokens=12)
     prompt = template_ids(tokenizer, MESSAGES)
@@ -92,11 +94,13 @@ def test_choices_carry_token_ids_and_logprobs(client, tokenizer):
     assert response.usage.completion_tokens == total
 
 
+@pytest.mark.integration
 def test_n_choices(client):
     response = create(client, n=3)
     assert [c.index for c in response.choices] == [0, 1, 2]
 
 
+@pytest.mark.integration
 def test_seed_reproducible(client):
     a, b = (create(client, n=2, seed=1234, temperature=1.0) for _ in range(2))
     ids = lambda r: [c.model_extra["token_ids"] for c in r.choices]  # noqa: E731
@@ -104,11 +108,13 @@ def test_seed_reproducible(client):
     assert [c.message.content for c in a.choices] == [c.message.content for c in b.choices]
 
 
+@pytest.mark.integration
 def test_greedy_deterministic(client):
     a, b = (create(client, temperature=0) for _ in range(2))
     assert a.choices[0].model_extra["token_ids"] == b.choices[0].model_extra["token_ids"]
 
 
+@pytest.mark.integration
 def test_stop_cuts_text(client, tokenizer):
     # The same seed samples the same tokens, so the second run is the first one cut short.
     full = create(client, seed=3, max_tokens=16).choices[0]
@@ -121,6 +127,7 @@ def test_stop_cuts_text(client, tokenizer):
     assert stop not in cut.message.content
 
 
+@pytest.mark.integration
 def test_top_logprobs(client):
     choice = create(client, temperature=0, logprobs=True, top_logprobs=3).choices[0]
     for entry in choice.logprobs.content:
@@ -132,6 +139,7 @@ def test_top_logprobs(client):
         assert math.isclose(entry.top_logprobs[0].logprob, entry.logprob, rel_tol=1e-5, abs_tol=1e-6)
 
 
+@pytest.mark.integration
 async def test_stream_matches_non_stream(server):
     async with openai.AsyncOpenAI(base_url=server.base_url + "/v1", api_key="x", max_retries=0) as ac:
         args = {"model": MODEL, "messages": MESSAGES, "max_tokens": 10, "n": 2, "seed": 7}
@@ -180,6 +188,7 @@ def test_deltas_keep_multibyte_characters(tokenizer):
     assert "".join(_deltas(tokenizer, ids, text[:9])) == text[:9]
 
 
+@pytest.mark.integration
 def test_errors_are_openai_shaped_and_server_survives(server, client):
     with pytest.raises(openai.NotFoundError):
         create(client, model="nope")
@@ -254,6 +263,7 @@ async def test_engine_failure_is_a_500_with_a_request_id_not_the_exception(token
         assert (await http.get("/health")).json()["status"] == "ok"
 
 
+@pytest.mark.integration
 def test_idle_keep_alive_connection_outlives_the_clients_expiry(server):
     """A connection idle for longer than httpx's 5 s keep-alive expiry is still open: the
     client always drops it first, so no request is sent on a socket the server is closing

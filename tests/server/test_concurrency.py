@@ -17,6 +17,8 @@ from art.server.serve import create_serve_app
 from art.server.thread import ServerThread
 from tests.support.devices import DEVICES
 
+pytestmark = pytest.mark.integration
+
 PROMPTS = [f"Count to {i}." for i in range(8)]
 
 

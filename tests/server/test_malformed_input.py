@@ -386,6 +386,7 @@ async def test_every_malformed_request_is_a_4xx_naming_the_field_and_changes_not
     assert response.status_code == 200 and last["type"] == "result" and last["step"] == 1, last
 
 
+@pytest.mark.integration
 async def test_the_event_loop_stays_responsive_while_a_5mb_prompt_is_refused(tiny_model_path, tmp_path):
     """Templating and tokenising 5 MB take seconds; they run off the event loop, so /health (and
     every other request) is answered meanwhile. Before, each /health waited for all of it."""

@@ -10,6 +10,8 @@ import pytest
 import art
 from tests.support.servers import gather, start_server, stop_server
 
+pytestmark = pytest.mark.integration
+
 KEY = "sk-art-NEVER-LOG-ME-4242"
 
 

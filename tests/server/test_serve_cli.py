@@ -25,6 +25,7 @@ def run(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, *args], env=env, capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("host", ["0.0.0.0", "::", "gpu-box.example"])
 def test_open_bind_without_a_key_is_refused(host, tmp_path):
     result = run("-m", "art", "serve", "--host", host, "--port", "0", "--path", str(tmp_path / "runs"))
@@ -38,6 +39,7 @@ def test_loopback_hosts():
     assert not any(is_loopback(h) for h in ("0.0.0.0", "::", "10.0.0.1", "example.com"))
 
 
+@pytest.mark.integration
 def test_help_and_console_script():
     result = run("-m", "art", "serve", "--help")
     assert result.returncode == 0 and "--api-key" in result.stdout and "ART_API_KEY" in result.stdout
@@ -46,6 +48,7 @@ def test_help_and_console_script():
         assert subprocess.run([str(script), "--help"], capture_output=True, text=True, timeout=60).returncode == 0
 
 
+@pytest.mark.integration
 def test_remote_client_imports_no_server_or_torch():
     code = (
         "import sys, art\n"
@@ -58,6 +61,7 @@ def test_remote_client_imports_no_server_or_torch():
     assert result.returncode == 0, result.stderr
 
 
+@pytest.mark.integration
 def test_art_serve_with_ray_places_peers_in_ray(tmp_path):
     """`art serve --ray` starts a local Ray instance, says where replicas and ranks go, serves,
     and stops cleanly on SIGTERM (the Ray placement itself: tests/service/test_ray_placement.py)."""

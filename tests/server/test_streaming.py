@@ -19,6 +19,8 @@ from art.server.app import create_app
 from art.server.registry import SingleModelRegistry
 from art.server.thread import ServerThread
 
+pytestmark = pytest.mark.integration
+
 MODEL = "tiny"
 MESSAGES = [{"role": "user", "content": "Tell a long story."}]
 LONG = 256

@@ -120,6 +120,7 @@ def client(setup):
             yield c
 
 
+@pytest.mark.integration
 def test_response_format_json_schema_through_the_openai_client(client):
     response = client.chat.completions.create(
         model=MODEL, messages=ASK, n=8, temperature=1.0, max_tokens=48,
@@ -131,6 +132,7 @@ def test_response_format_json_schema_through_the_openai_client(client):
         assert len(choice.logprobs.content) == len(choice.model_extra["token_ids"])
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("tool_choice,names", [
     ("required", {"get_weather", "get_time"}),
     ({"type": "function", "function": {"name": "get_time"}}, {"get_time"}),
@@ -146,6 +148,7 @@ def test_forced_tool_calls(client, tool_choice, names):
         assert arguments in ({"city": "Paris"}, {"city": "Rome"}, {"zone": "UTC"}, {"zone": "CET"})
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("extra,param", [
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "foo"}}}},
      "response_format"),

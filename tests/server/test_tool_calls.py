@@ -308,6 +308,7 @@ def client(tiny_model_path, tokenizer):
             yield c
 
 
+@pytest.mark.integration
 def test_server_prompt_has_the_preamble_and_returns_ids(client, tokenizer):
     response = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, max_tokens=6, seed=0)
     prompt = response.model_extra["prompt_token_ids"]
@@ -322,6 +323,7 @@ def test_server_prompt_has_the_preamble_and_returns_ids(client, tokenizer):
     assert plain.model_extra["prompt_token_ids"] == tokenizer.apply_chat_template(ASK, add_generation_prompt=True)["input_ids"]
 
 
+@pytest.mark.integration
 def test_server_takes_a_tool_conversation_and_streams(client, tokenizer):
     messages = [
         *ASK,
@@ -338,6 +340,7 @@ def test_server_takes_a_tool_conversation_and_streams(client, tokenizer):
     assert "<tool_response>\nsunny\n</tool_response>" in tokenizer.decode(prompt)
 
 
+@pytest.mark.integration
 def test_server_rejects_bad_tool_requests(client):
     with pytest.raises(openai.BadRequestError) as bad:
         client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, tool_choice="sometimes")

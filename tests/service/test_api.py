@@ -40,6 +40,7 @@ def test_both_services_implement_every_method_of_the_protocol(implementation):
         assert list(inspect.signature(ours).parameters) == list(inspect.signature(protocol).parameters), name
 
 
+@pytest.mark.integration
 def test_both_backends_are_the_one_adapter():
     assert issubclass(art.LocalBackend, ServiceBackend) and issubclass(art.RemoteBackend, ServiceBackend)
     assert isinstance(art.LocalBackend(path="unused").service, LocalService)

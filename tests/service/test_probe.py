@@ -13,6 +13,8 @@ from art import weight_sync
 from art.errors import WeightSyncError
 from art.storage.layout import ModelDir
 
+pytestmark = pytest.mark.integration
+
 
 async def rollout(model: art.TrainableModel, seed: int) -> art.Trajectory:
     messages = [{"role": "user", "content": "Pick a token."}]

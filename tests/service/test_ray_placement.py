@@ -15,6 +15,8 @@ from art.ray_cluster import RayRankPeers, RayReplica
 from tests.support.fakes import greedy_logprobs, rollout
 from tests.support.ranks import rank_groups
 
+pytestmark = pytest.mark.integration
+
 ray = pytest.importorskip("ray")
 
 

@@ -11,6 +11,8 @@ import art
 from art.backends.local_service import LocalService
 from art.errors import ArtValueError
 
+pytestmark = pytest.mark.integration
+
 
 async def test_an_oom_during_a_step_rolls_back_and_names_the_knob(tiny_model_path, tmp_path, monkeypatch):
     backend = art.LocalBackend(path=str(tmp_path))

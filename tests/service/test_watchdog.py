@@ -10,11 +10,14 @@ import socket
 import time
 
 import httpx
+import pytest
 
 import art
 from art.backends.local_service import LocalService
 from art.server.serve import create_serve_app
 from art.server.thread import ServerThread
+
+pytestmark = pytest.mark.integration
 
 MESSAGES = [{"role": "user", "content": "Say something."}]
 

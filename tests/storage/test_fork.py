@@ -88,6 +88,7 @@ def test_a_failed_copy_leaves_the_target_unchanged(tmp_path):
 # -- locally: LocalBackend ------------------------------------------------------------------
 
 
+@pytest.mark.integration
 async def test_fork_serves_the_source_step_locally(tiny_model_path, tmp_path):
     backend = art.LocalBackend(path=str(tmp_path))
     a = art.TrainableModel(name="a", project="runs", base_model=str(tiny_model_path))
@@ -155,6 +156,7 @@ class CountingTransport(httpx.AsyncHTTPTransport):
         return await super().handle_async_request(request)
 
 
+@pytest.mark.integration
 async def test_fork_and_single_upload_over_art_serve(tiny_model_path, tmp_path):
     local = LocalService(tmp_path / "server")
     with ServerThread(create_serve_app(local)) as server:

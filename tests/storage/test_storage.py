@@ -28,6 +28,7 @@ def test_checkpoint_appears_only_when_complete(tmp_path):
         store.write(1, lambda folder: None)
 
 
+@pytest.mark.integration
 def test_process_killed_mid_write_leaves_no_half_checkpoint(tmp_path):
     script = textwrap.dedent(f"""
         import os, time

@@ -29,6 +29,7 @@ def test_audit_lists_trained_tokens_and_flags_a_rerendered_turn():
     assert "BREAK at choice 2" in text and "3 trained tokens in 2 sequence(s)" in text
 
 
+@pytest.mark.integration
 async def test_audit_cli_on_a_logged_run_matches_trainer_logprobs(tiny_model_path, tmp_path, capsys):
     backend = art.LocalBackend(path=str(tmp_path))
     model = art.TrainableModel(name="audited", project="audit", base_model=str(tiny_model_path))

@@ -35,6 +35,7 @@ def micro_batch_counts(groups, rank: int) -> list[int]:
     return [len(plan_micro_batches(Collective(rank, 2).shard(part), OPTIONS)) for part in parts]
 
 
+@pytest.mark.integration
 def test_two_sharded_ranks_make_the_single_process_update(tiny_model_path, tmp_path):
     """Two updates of two optimizer steps each; the first batch gives the ranks unequal numbers
     of micro-batches, so filler passes must keep their collectives in step without adding to
@@ -78,6 +79,7 @@ def test_two_sharded_ranks_make_the_single_process_update(tiny_model_path, tmp_p
     assert probe == pytest.approx(single.probe_logprobs([1, 2, 3, 4], [5, 6, 7]), abs=1e-5)
 
 
+@pytest.mark.integration
 async def test_the_backend_serves_what_the_sharded_ranks_train_and_survives_a_dead_rank(tiny_model_path, tmp_path):
     backend = art.LocalBackend(path=str(tmp_path))
     model = art.TrainableModel(name="fsdp", project="p", base_model=str(tiny_model_path),
@@ -118,6 +120,7 @@ def bf16_rank(path: str, connection) -> None:
                      metrics["loss"], metrics["grad_norm"]))
 
 
+@pytest.mark.integration
 def test_sharded_ranks_gather_weights_in_the_compute_dtype(tiny_model_path):
     """Item 20 of the GPU review: in bfloat16, FSDP2 gathers each unit's weights in bfloat16 (half
     of float32's traffic) and sums gradients in float32 into float32 shards, with no autocast; in

@@ -12,6 +12,8 @@ import art
 from art import weight_sync
 from tests.support.devices import DEVICES
 
+pytestmark = pytest.mark.integration
+
 
 @pytest.mark.parametrize("full_finetune", [False, True], ids=["lora", "full"])
 @pytest.mark.parametrize("device", DEVICES)

@@ -50,6 +50,7 @@ def test_shards_cover_the_batch_once_and_balance_tokens():
     assert all(Collective(rank, 2).shard(one_group) for rank in range(2))
 
 
+@pytest.mark.integration
 def test_two_ranks_make_the_single_process_update(tiny_model_path, tmp_path):
     """Two optimizer steps per update (mini_batches=2) and two updates: the second would differ
     if the peer's weights or optimizer state had drifted from rank 0's."""
@@ -78,6 +79,7 @@ def test_two_ranks_make_the_single_process_update(tiny_model_path, tmp_path):
     assert len(parallel.last_trainer_logprobs) == len(single.last_trainer_logprobs)  # rank 1's rows gathered
 
 
+@pytest.mark.integration
 def test_a_peer_that_dies_before_joining_fails_the_start_at_once(tiny_model_path, monkeypatch):
     """A peer that cannot even start (here a malformed ART_RANK_THREADS) would leave rank 0 in
     the group's rendezvous until STEP_TIMEOUT (30 minutes); the start fails as soon as it ends."""
@@ -108,6 +110,7 @@ def join_then_die_holding_sockets(port: int, connection) -> None:
     os._exit(1)
 
 
+@pytest.mark.integration
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="the peer holds its sockets open in a forked child")
 def test_a_peer_that_dies_mid_collective_ends_rank_0s_wait_at_once():
     """Rank 0 waits in an all-reduce its peer never joins, and the peer dies: the watcher ends
@@ -141,6 +144,7 @@ def test_a_peer_that_dies_mid_collective_ends_rank_0s_wait_at_once():
         peer.join(10)
 
 
+@pytest.mark.integration
 async def test_a_rank_killed_mid_step_costs_that_step_only(tiny_model_path, tmp_path):
     backend = art.LocalBackend(path=str(tmp_path))
     model = art.TrainableModel(name="dp", project="p", base_model=str(tiny_model_path),

@@ -111,6 +111,7 @@ def test_assistant_turn_choice_weights_and_errors_naming_the_field(tokenizer, ti
     assert info.value.field == "messages[1].weight"
 
 
+@pytest.mark.integration
 def test_learning_rate_schedules_and_option_errors():
     assert create_lr_schedule(4, 1e-3, "constant") == [1e-3] * 4
     linear = create_lr_schedule(5, 1e-3, "linear", warmup_steps=1)
@@ -152,6 +153,7 @@ def yes_no_rows(n: int) -> list[dict]:
                           {"role": "assistant", "content": words[i % 3]}]} for i in range(n)]
 
 
+@pytest.mark.integration
 async def test_sft_loss_falls_counts_one_step_per_call_and_resumes(tiny_model_path, tmp_path, tokenizer):
     path = tmp_path / "data.jsonl"
     path.write_text("".join(json.dumps(row) + "\n" for row in yes_no_rows(3)))
@@ -237,6 +239,7 @@ async def test_sft_over_art_serve(tiny_model_path, tmp_path):
     await local.close()
 
 
+@pytest.mark.integration
 async def test_the_sft_then_rl_example_at_tiny_scale(tiny_model_path, tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "examples"))
     import sft_then_rl

@@ -81,6 +81,7 @@ def test_several_optimizer_steps_with_tis_need_precalculated_logprobs():
         TrainOptions.build(None, {"packing": "tight"})
 
 
+@pytest.mark.integration
 async def test_full_finetune_trains_every_weight_and_resumes(tiny_model_path, tmp_path):
     backend = art.LocalBackend(path=str(tmp_path))
     model = art.TrainableModel(name="full", project="ft", base_model=str(tiny_model_path),
@@ -117,6 +118,7 @@ async def test_full_finetune_trains_every_weight_and_resumes(tiny_model_path, tm
     await backend2.close()
 
 
+@pytest.mark.integration
 async def test_full_finetune_with_peft_args_names_the_conflict(tiny_model_path, tmp_path):
     backend = art.LocalBackend(path=str(tmp_path))
     model = art.TrainableModel(name="both", project="ft", base_model=str(tiny_model_path),
