@@ -12,7 +12,7 @@
 #           ours_lora (unmerged) and ours_lora_merged, a JSON line per shape             <= 110 s
 #   rl      benchmarks/vs_trl.py --device cuda: our RL step vs TRL's GRPOTrainer on a random-weight
 #           SmolLM2 (random_weights.py), the letter_e reward (step times)         the time left
-#   tests   pytest -m gpu tests/test_cuda.py test_mixed_precision.py test_concurrency.py   <= 60 s
+#   tests   pytest -m gpu tests/engine/test_cuda.py training/test_mixed_precision.py server/test_concurrency.py <= 60 s
 #   summary one line of the numbers that matter, from gpu_check.jsonl
 #
 # Prepare on the development machine (package registries reachable) before each GPU run:
@@ -195,7 +195,7 @@ stage rl "${caps[3]}" "${reserves[3]}" bash -c \
 
 # -- 4. the gpu-marked tests (skipped on a CPU) ----------------------------------------------------
 stage tests "${caps[4]}" "${reserves[4]}" $py -m pytest -v -rfE -m gpu -p no:cacheprovider \
-  tests/test_cuda.py tests/test_mixed_precision.py tests/test_concurrency.py
+  tests/engine/test_cuda.py tests/training/test_mixed_precision.py tests/server/test_concurrency.py
 
 # -- summary ----------------------------------------------------------------------------------------
 $py - "$jsonl" "$commit" "$(( $(date +%s) - start ))" <<'PY' | tee -a "$jsonl"

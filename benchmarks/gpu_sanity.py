@@ -177,7 +177,7 @@ def free(cuda: bool) -> None:
 
 # -- one training step ------------------------------------------------------------------------
 def write_tiny(folder: Path) -> Path:
-    """A 2-layer random Llama with SmolLM2's tokenizer and chat template (as tests/conftest.py)."""
+    """A 2-layer random Llama with SmolLM2's tokenizer and chat template (as tests/support/models.py)."""
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
     if os.environ.get("ART_TEST_TOKENIZER"):

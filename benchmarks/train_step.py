@@ -5,7 +5,7 @@ applied) x 8 samples, completions of up to 48 tokens (half of them the full 48, 
 shorter), LoRA r=8 on all linear projections. The baseline is our own trainer with
 `packing="padded"` (what every peer does: each sample its own padded row, prompt included);
 ours is `packing="shared_prefix"` at a few row lengths (the default is 512). Both apply the
-same update (tests/test_packing.py checks loss and gradients match), so only the time differs.
+same update (tests/training/test_packing.py checks loss and gradients match), so only the time differs.
 Padded rows hold one sequence each and go to the model without a mask (SDPA's causal path);
 packed rows carry a [rows, 1, W, W] mask, whose size is reported. Also times the host side:
 building each layout's inputs, and the finiteness check of the trained weights after an

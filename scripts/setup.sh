@@ -26,13 +26,13 @@ pip install -q -e ".[backend,examples,test,tracing]"
 # The peer tests/training/test_peer_losses.py checks the loss against (the `peer` extra). verl, tensordict and
 # pyvers go in with --no-deps: verl's own requirements pull ray[default], hydra and an older transformers.
 pip install -q ray==2.60.0 omegaconf==2.3.0 codetiming==1.4.0 cloudpickle==3.1.3 orjson==3.13.0 && pip install -q --no-deps verl==0.9.1 tensordict==0.10.0 pyvers==0.1.0
-# A real trace server for the tracing tests, Arize Phoenix (OTLP receiver + SQLite), in its own
+# A real trace server for tests/observability/test_tracing.py, Arize Phoenix (OTLP receiver + SQLite), in its own
 # environment since it pins its own web stack (~1 min, ~850 MB).
 if [ ! -x .venv-phoenix/bin/phoenix ]; then
     python3 -m venv .venv-phoenix && .venv-phoenix/bin/pip install -q arize-phoenix==20.26.1
 fi
-# Debian's headless Chromium and its driver for the dashboard's browser test (through selenium
-# from the test extra).
+# Debian's headless Chromium and its driver for the dashboard's browser test
+# (tests/dashboard/test_dashboard.py, through selenium from the test extra).
 if ! { command -v chromium >/dev/null && command -v chromedriver >/dev/null; }; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver
 fi

@@ -1,0 +1,87 @@
+"""The `art` command: `art serve` refuses an open bind without a key; the client stays light."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from art.cli import is_loopback
+
+SRC = Path(__file__).resolve().parents[2] / "src"
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    """`python *args` with our sources and without ART_API_KEY."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")])}
+    env.pop("ART_API_KEY", None)
+    return subprocess.run([sys.executable, *args], env=env, capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "gpu-box.example"])
+def test_open_bind_without_a_key_is_refused(host, tmp_path):
+    result = run("-m", "art", "serve", "--host", host, "--port", "0", "--path", str(tmp_path / "runs"))
+    assert result.returncode == 2
+    assert "refusing" in result.stderr and "ART_API_KEY" in result.stderr and "--api-key" in result.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def test_loopback_hosts():
+    assert all(is_loopback(h) for h in ("127.0.0.1", "127.0.0.2", "::1", "localhost"))
+    assert not any(is_loopback(h) for h in ("0.0.0.0", "::", "10.0.0.1", "example.com"))
+
+
+@pytest.mark.integration
+def test_help_and_console_script():
+    result = run("-m", "art", "serve", "--help")
+    assert result.returncode == 0 and "--api-key" in result.stdout and "ART_API_KEY" in result.stdout
+    script = Path(sys.executable).parent / "art"
+    if script.exists():  # installed by `pip install -e .` ([project.scripts])
+        assert subprocess.run([str(script), "--help"], capture_output=True, text=True, timeout=60).returncode == 0
+
+
+@pytest.mark.integration
+def test_remote_client_imports_no_server_or_torch():
+    code = (
+        "import sys, art\n"
+        "backend = art.Backend(base_url='http://127.0.0.1:9', api_key='sekrit-42')\n"
+        "assert type(backend) is art.RemoteBackend and 'sekrit-42' not in repr(backend)\n"
+        "heavy = sorted(m for m in ('torch', 'transformers', 'peft', 'fastapi', 'uvicorn') if m in sys.modules)\n"
+        "assert not heavy, f'imported {heavy}'\n"
+    )
+    result = run("-c", code)
+    assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.integration
+def test_art_serve_with_ray_places_peers_in_ray(tmp_path):
+    """`art serve --ray` starts a local Ray instance, says where replicas and ranks go, serves,
+    and stops cleanly on SIGTERM (the Ray placement itself: tests/service/test_ray_placement.py)."""
+    pytest.importorskip("ray")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")])}
+    env.pop("ART_API_KEY", None)
+    server = subprocess.Popen([sys.executable, "-m", "art", "serve", "--port", "0", "--path", str(tmp_path), "--ray"],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        line = server.stdout.readline()  # the first line, once Ray is up and the port is bound
+        assert "replicas and ranks in ray" in line, line
+        url = re.search(r"listening on (\S+)", line).group(1)
+        for _ in range(100):
+            try:
+                assert httpx.get(f"{url}/health", timeout=5).json()["status"] == "ok"
+                break
+            except httpx.ConnectError:
+                time.sleep(0.1)
+        else:
+            raise AssertionError("the server never answered /health")
+    finally:
+        server.send_signal(signal.SIGTERM)
+        assert server.wait(timeout=60) is not None
