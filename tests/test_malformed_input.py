@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
-from art.backends.local_service import LocalService
+from art.service.local import LocalService
 from art.server.serve import create_serve_app
 
 KEY = "malformed-key-1"

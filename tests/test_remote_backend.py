@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 import art
-from art.backends.local_service import LocalService
+from art.service.local import LocalService
 from art.server.management import TrajectoryGroupPayload
 from art.server.serve import create_serve_app
 from tests.test_training_loop import rollout  # the same rollout as the local loop's test

@@ -14,7 +14,7 @@ import pytest
 
 from art.engine.base import Completion
 from art.server.app import _IncrementalText, create_app
-from art.server.registry import SingleModelRegistry
+from tests.support.registry import SingleModelRegistry
 from art.server.thread import ServerThread
 
 MODEL = "tiny"

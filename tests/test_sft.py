@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 import art
-from art.backends.local_service import LocalService
+from art.service.local import LocalService
 from art.server.serve import create_serve_app
 from art.training.chat_tokens import chat_template_input, render_chat
 from art.training.sft import switch_optimizer_mode

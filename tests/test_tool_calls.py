@@ -17,7 +17,7 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from art.engine.base import Completion
 from art.engine.base import all_tokens
 from art.server.app import _ChunkWriter, _choice, _TokenText, create_app
-from art.server.registry import SingleModelRegistry
+from tests.support.registry import SingleModelRegistry
 from art.server.schemas import ChatCompletionRequest
 from art.server.thread import ServerThread
 from art.server.tools import parse_tool_calls, template_info, template_messages, tool_preamble

@@ -12,7 +12,7 @@ import time
 import httpx
 
 import art
-from art.backends.local_service import LocalService
+from art.service.local import LocalService
 from art.server.serve import create_serve_app
 from art.server.thread import ServerThread
 
@@ -40,7 +40,7 @@ async def wait_for_warnings(caplog, count: int, timeout: float = 10.0) -> list[l
     the thread is still stuck, so its stack shows where)."""
     deadline = time.monotonic() + timeout
     while True:
-        records = [r for r in caplog.records if r.levelno == logging.WARNING and r.name == "art.server.watchdog"]
+        records = [r for r in caplog.records if r.levelno == logging.WARNING and r.name == "art.service.watchdog"]
         if len(records) >= count:
             return records
         assert time.monotonic() < deadline, f"the watchdog logged {len(records)} warnings, not {count}"
@@ -48,7 +48,7 @@ async def wait_for_warnings(caplog, count: int, timeout: float = 10.0) -> list[l
 
 
 async def test_stuck_engine_and_training_step_are_reported(tiny_model_path, tmp_path, caplog):
-    caplog.set_level(logging.INFO, logger="art.server.watchdog")
+    caplog.set_level(logging.INFO, logger="art.service.watchdog")
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     local = LocalService(str(tmp_path))
@@ -91,7 +91,7 @@ async def test_stuck_engine_and_training_step_are_reported(tiny_model_path, tmp_
                 (stuck,) = health["stuck"]
                 assert stuck["what"] == "training step" and stuck["model"] == "p/dog"
                 assert "art/engine/llm_engine.py:" in stuck["where"] and stuck["where"].endswith(" in paused")
-                assert any("model_service.py" in frame and "_train" in frame for frame in stuck["stack"])
+                assert any("service/update.py" in frame and "_step" in frame for frame in stuck["stack"])
                 warnings = await wait_for_warnings(caplog, 2)
             finally:
                 service.lock.release()

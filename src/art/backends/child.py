@@ -339,7 +339,7 @@ def main() -> None:
 
     import uvicorn
 
-    from art.backends.local_service import LocalService
+    from art.service.local import LocalService
     from art.server.serve import create_serve_app
     from art.server.thread import KEEP_ALIVE_S
 

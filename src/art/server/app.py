@@ -14,7 +14,7 @@ takes the server down.
 
 A backend whose models may be known only on disk (`art serve` after a restart) passes
 `recover`: a model name that does not resolve is offered to it once, and resolved again if it
-loaded the model. A `watchdog` (`art.server.watchdog`) turns /health "degraded" while
+loaded the model. A `watchdog` (`art.service.watchdog`) turns /health "degraded" while
 something is stuck.
 """
 
@@ -34,12 +34,12 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from art.engine.base import Completion, SampledTokens, SamplingParams, stream_completions
+from art.engine.base import Completion, SampledTokens, SamplingParams, ServedModel, stream_completions
 from art.errors import (ArtError, ArtValueError, BackendUnavailableError, ContextLengthError, ModelNotFoundError,
                         StepCancelledError, StepConflictError)
 from art.naming import echo
 from art.observability import tracing
-from art.server.registry import ModelRegistry, ServedModel
+from art.server.registry import ModelRegistry
 from art.server.schemas import ChatCompletionRequest
 from art.server.structured_output import grammar_for
 from art.server.tools import split_completion, stream_deltas, template_messages, tools_active

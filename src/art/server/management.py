@@ -80,7 +80,7 @@ from art.trajectories import ExceptionRecord, Trajectory, TrajectoryGroup
 from art.types import TrainConfig, TrainSFTConfig
 
 if TYPE_CHECKING:
-    from art.backends.local_service import LocalService
+    from art.service.local import LocalService
 
 log = logging.getLogger(__name__)
 
@@ -341,7 +341,7 @@ def management_router(service: LocalService, *, heartbeat_s: float = 10.0,
     @router.get("/models", response_model=list[ModelInfo], summary="List registered models")
     @_answer_errors
     async def list_models() -> list[ModelInfo]:
-        return [await info(spec) for spec in service.specs()]
+        return [await info(spec) for spec in await service.specs()]
 
     @router.get("/models/{project}/{name}/step", response_model=StepInfo, summary="Latest step")
     @_answer_errors
