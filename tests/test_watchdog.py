@@ -101,5 +101,5 @@ async def test_stuck_engine_and_training_step_are_reported(tiny_model_path, tmp_
     assert [r.getMessage().split(" has been stuck")[0] for r in warnings] == [
         "watchdog: the engine of p/dog", "watchdog: the training step of p/dog"]
     assert "in _loop" in engine_log and "with self.lock" in engine_log  # the stack, source lines included
-    assert "in paused" in warnings[1].getMessage() and "in _train" in warnings[1].getMessage()
+    assert "in paused" in warnings[1].getMessage() and "in _step" in warnings[1].getMessage()
     assert sum("moving again" in r.getMessage() for r in caplog.records) == 2

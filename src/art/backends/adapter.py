@@ -1,5 +1,7 @@
 """`ServiceBackend`: what `art.Model` and user code call, over any service (`art.service`).
 
+`Backend` is the part of it `art.Model` relies on, so a model's backend is typed, not probed.
+
 `LocalBackend` and `RemoteBackend` are this class over a `LocalService` or a `RemoteService`;
 they add only where the OpenAI endpoint lives. Here `art.Model` objects become `ModelSpec`s
 and keys, and the three sources of training options are resolved, once, before any service
@@ -9,7 +11,7 @@ sees them.
 from __future__ import annotations
 
 import sys
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable, Protocol
 
 from art.errors import ArtValueError, TrajectoryError
 from art.service import ModelKey, ModelSpec, Progress, Service, TrainResult, resolve_train_options
@@ -17,6 +19,9 @@ from art.storage.layout import validate_name
 from art.training.sft_options import resolve_sft_options
 from art.trajectories import Trajectory
 from art.types import TrainConfig, TrainSFTConfig
+
+if TYPE_CHECKING:
+    import httpx
 
 
 def model_key(model) -> ModelKey:
@@ -41,6 +46,34 @@ def sft_trajectories(items: Iterable) -> list[Trajectory]:
     return out
 
 
+class Backend(Protocol):
+    """What `art.Model` calls on the backend it is registered with (`ServiceBackend` implements it)."""
+
+    async def register(self, model) -> None:
+        ...
+
+    def openai_http_client(self, model) -> httpx.AsyncClient | None:
+        """The httpx client `model.openai_client()` should use (None: its own, over the network)."""
+        ...
+
+    async def get_step(self, model) -> int:
+        ...
+
+    async def log(self, model, *, split: str, step: int, metrics: dict, groups: list) -> None:
+        ...
+
+    async def train(self, model, trajectory_groups: Iterable, *, config: TrainConfig | None = None,
+                    _config: dict | None = None, **options: Any) -> TrainResult:
+        ...
+
+    async def train_sft(self, model, trajectories: Iterable, *, config: TrainSFTConfig | None = None,
+                        _config: dict | None = None, **options: Any) -> TrainResult:
+        ...
+
+    async def delete_checkpoints(self, model, best_checkpoint_metric: str = "val/reward") -> list[int]:
+        ...
+
+
 class ServiceBackend:
     service: Service
 
@@ -51,7 +84,7 @@ class ServiceBackend:
         """(base URL of the OpenAI routes, the key they take) for registered models."""
         raise NotImplementedError
 
-    def openai_http_client(self, model):
+    def openai_http_client(self, model) -> httpx.AsyncClient | None:
         """The httpx client `model.openai_client()` should use (None: its own, over the network)."""
         return None
 

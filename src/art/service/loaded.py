@@ -12,7 +12,6 @@ exception: rank processes hold the trained weights, and the engine's copy loads 
 from __future__ import annotations
 
 import asyncio
-import logging
 import threading
 
 from art.engine.base import AdapterRef, ServedModel
@@ -21,8 +20,6 @@ from art.naming import echo, model_part, parse_served_name
 from art.storage import CheckpointStore, ModelDir
 from art.training.options import TrainOptions
 from art.training.validate import check_groups
-
-log = logging.getLogger(__name__)
 
 
 class LoadedModel:

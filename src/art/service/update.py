@@ -50,7 +50,7 @@ async def run_update(loaded: LoadedModel, work, step_fn: StepFn, options, *, exp
                 _show_options(loaded, options)
             with tracing.span("art.train_step", {"art.model": f"{loaded.project}/{loaded.name}",
                                                  "art.step_from": loaded.step}) as current:
-                result = await asyncio.to_thread(_step_watched, loaded, work, step_fn, options, progress)  # context copied
+                result = await asyncio.to_thread(_step, loaded, work, step_fn, options, progress)  # context copied
                 result.metrics.update(await _probe_and_publish(loaded, rollback_to=result.step - 1))
                 if current is not None:
                     tracing.set_attributes(current, {"art.step": result.step, **{
@@ -84,50 +84,46 @@ async def load_fork(loaded: LoadedModel, plan) -> int:
         return loaded.step
 
 
-def _step_watched(loaded: LoadedModel, work, step_fn: StepFn, options, progress) -> TrainResult:
-    """`_step`, visible to the watchdog while it runs."""
-    loaded.training_since, loaded.training_thread = time.monotonic(), threading.get_ident()
-    try:
-        return _step(loaded, work, step_fn, options, progress)
-    finally:
-        loaded.training_since = loaded.training_thread = None
-
-
 def _step(loaded: LoadedModel, work, step_fn: StepFn, options, progress) -> TrainResult:
-    """Pause → step → checkpoint → `weights_updated`; on any failure, back to the saved step."""
+    """Pause → step → checkpoint → `weights_updated`; on any failure, back to the saved step.
+    The watchdog sees it running (`training_since`, `training_thread`)."""
 
     def on_optimizer_step(done: int, total: int, metrics: dict) -> None:
         progress({"type": "gradient_step", "step": loaded.step + 1, "done": done, "total": total, "metrics": metrics})
 
-    # Running requests finish on the old weights; new ones wait for the new weights.
-    with loaded.engine.paused():
-        out_of_memory = False
-        try:
-            metrics = step_fn(work, options, desc=f"train step {loaded.step + 1}",
-                              on_optimizer_step=on_optimizer_step if progress else None,
-                              should_stop=loaded.cancelled.is_set)
-            with tracing.span("art.train.checkpoint", {"art.step": loaded.step + 1}):
-                loaded.store.write(loaded.step + 1, loaded.trainer.save)
-                if loaded.trainer.last_trainer_logprobs:  # beside the trajectories of the step they trained on
-                    write_trainer_logprobs(loaded.dir, loaded.step, loaded.trainer.last_trainer_logprobs)
-        except torch.cuda.OutOfMemoryError as exc:
-            exc.__traceback__ = None  # its frames hold the step's activations
-            out_of_memory = True
-        except BaseException:
-            _restore_saved(loaded)
-            raise
-        if out_of_memory:
-            _restore_saved(loaded)
-            if torch.cuda.is_available():
-                cuda_graphs.empty_cache()  # never during another model's graph capture
-            raise ArtValueError(
-                f"the training step ran out of GPU memory and was rolled back (the model stays at step "
-                f"{loaded.step} and keeps serving). Lower micro_batch_tokens (now {options.micro_batch_tokens}) "
-                f"or packed_row_tokens (now {options.packed_row_tokens}), or set gradient_checkpointing=True",
-                field="micro_batch_tokens")
-        loaded.step += 1
-        loaded.engine.weights_updated(loaded.step)
-    return TrainResult(loaded.step, metrics)
+    loaded.training_since, loaded.training_thread = time.monotonic(), threading.get_ident()
+    try:
+        # Running requests finish on the old weights; new ones wait for the new weights.
+        with loaded.engine.paused():
+            out_of_memory = False
+            try:
+                metrics = step_fn(work, options, desc=f"train step {loaded.step + 1}",
+                                  on_optimizer_step=on_optimizer_step if progress else None,
+                                  should_stop=loaded.cancelled.is_set)
+                with tracing.span("art.train.checkpoint", {"art.step": loaded.step + 1}):
+                    loaded.store.write(loaded.step + 1, loaded.trainer.save)
+                    if loaded.trainer.last_trainer_logprobs:  # beside the trajectories of the step they trained on
+                        write_trainer_logprobs(loaded.dir, loaded.step, loaded.trainer.last_trainer_logprobs)
+            except torch.cuda.OutOfMemoryError as exc:
+                exc.__traceback__ = None  # its frames hold the step's activations
+                out_of_memory = True
+            except BaseException:
+                _restore_saved(loaded)
+                raise
+            if out_of_memory:
+                _restore_saved(loaded)
+                if torch.cuda.is_available():
+                    cuda_graphs.empty_cache()  # never during another model's graph capture
+                raise ArtValueError(
+                    f"the training step ran out of GPU memory and was rolled back (the model stays at step "
+                    f"{loaded.step} and keeps serving). Lower micro_batch_tokens (now {options.micro_batch_tokens}) "
+                    f"or packed_row_tokens (now {options.packed_row_tokens}), or set gradient_checkpointing=True",
+                    field="micro_batch_tokens")
+            loaded.step += 1
+            loaded.engine.weights_updated(loaded.step)
+        return TrainResult(loaded.step, metrics)
+    finally:
+        loaded.training_since = loaded.training_thread = None
 
 
 def _load_forked(loaded: LoadedModel, plan) -> None:
