@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from art import base_models
+from art.base_models import load_policy, reference_loader
 from art.engine.adapters import AdapterSet
 from art.engine.llm_engine import LLMEngine
 from art.service.api import ModelSpec
@@ -57,7 +57,7 @@ def load_model(root, spec: ModelSpec, placement: str = "processes") -> LoadedMod
     lora = settings.lora  # None under full fine-tuning
     on_ray = (settings.placement or placement) == "ray"
     torch.manual_seed(settings.seed)  # reproducible adapter init at step 0
-    model, tokenizer = base_models.load_policy(base_model, lora, dtype=dtype, device=device,
+    model, tokenizer = load_policy(base_model, lora, dtype=dtype, device=device,
                                                trainable=not settings.fsdp)
     lock = threading.RLock()
     adapters = AdapterSet(model)
@@ -85,7 +85,7 @@ def load_model(root, spec: ModelSpec, placement: str = "processes") -> LoadedMod
         trainer = ShardedTrainer(model, peers, lock=lock, device=device, dtype=dtype)
     else:
         trainer = Trainer(model, tokenizer, lock=lock, device=device, dtype=dtype, peers=peers,
-                          load_reference=base_models.reference_loader(base_model, lora, dtype=dtype, device=device))
+                          load_reference=reference_loader(base_model, lora, dtype=dtype, device=device))
     store = CheckpointStore(directory.checkpoints)
     latest = store.latest_step()
     if latest is None:
