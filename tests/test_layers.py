@@ -34,7 +34,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("art.trajectories", "art.storage"),
     ("art.engine", "art.training"),
     ("art.service", "art.ray_cluster"),
-    ("art.server", "art.capture", "art.gather", "art.rewards", "art.model", "art.utils"),
+    ("art.server", "art.capture", "art.gather", "art.rewards", "art.model", "art.utils", "art.backends.base"),
     ("art.dashboard",),
     ("art.backends", "art.serve"),
     ("art.cli", "art.dev", "art.local", "art.__main__", "art"),

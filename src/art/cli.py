@@ -110,7 +110,7 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         import uvicorn
 
-        from art.backends.local_service import LocalService
+        from art.service.local import LocalService
         from art.server.security import default_model_roots, redact_access_log
         from art.serve import create_serve_app
         from art.server.thread import KEEP_ALIVE_S, bind, url_for

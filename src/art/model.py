@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 from openai import AsyncOpenAI, DefaultAsyncHttpxClient
@@ -21,6 +21,9 @@ from art.storage.layout import ModelDir, validate_name
 from art.storage.run_log import write_log
 from art.trajectories import Trajectory, TrajectoryGroup
 from art.types import TrainConfig, TrainSFTConfig
+
+if TYPE_CHECKING:
+    from art.backends.base import Backend
 
 
 class Model(BaseModel):
@@ -40,14 +43,14 @@ class Model(BaseModel):
     inference_base_url: str | None = None
     inference_model_name: str | None = None
 
-    _backend: Any = PrivateAttr(default=None)
+    _backend: Backend | None = PrivateAttr(default=None)
     _client: AsyncOpenAI | None = PrivateAttr(default=None)
 
     def model_post_init(self, __context: Any) -> None:
         validate_name(self.name, "name")
         validate_name(self.project, "project")
 
-    async def register(self, backend) -> None:
+    async def register(self, backend: Backend) -> None:
         """Bind to a backend; afterwards `openai_client()` talks to it. With `WANDB_API_KEY` set
         and Weave installed, Weave starts tracing the project (`art.observability.weave_sink`)."""
         await backend.register(self)
@@ -68,7 +71,7 @@ class Model(BaseModel):
                 timeout=httpx.Timeout(timeout=1800.0, connect=10.0),
                 max_retries=0,
                 # A backend that reaches its server through a custom transport supplies the client.
-                http_client=getattr(self._backend, "openai_http_client", lambda model: None)(self)
+                http_client=(self._backend.openai_http_client(self) if self._backend is not None else None)
                 or DefaultAsyncHttpxClient(event_hooks={"request": [tracing.inject_headers]}),
             )
         return self._client
@@ -168,7 +171,7 @@ class TrainableModel(Model):
         """Keep the latest checkpoint and the best by `best_checkpoint_metric`; delete the rest."""
         return await self._require_backend().delete_checkpoints(self, best_checkpoint_metric)
 
-    def _require_backend(self):
+    def _require_backend(self) -> Backend:
         if self._backend is None:
             raise ArtValueError(f"model {self.name!r} is not registered: `await model.register(backend)` first")
         return self._backend

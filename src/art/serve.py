@@ -7,7 +7,7 @@ the dashboard with a form (`art.dashboard.login`). None of those parts knows the
 loopback server, this one is meant to be reached from other machines (the `art serve` command
 refuses a non-loopback address without a key).
 A restarted server loads stored runs again when a request names them
-(`LocalService.spec`), and a watchdog thread (`art.server.watchdog`) reports a stuck
+(`LocalService.spec`), and a watchdog thread (`art.service.watchdog`) reports a stuck
 engine loop or training step in the log and on /health.
 """
 
@@ -23,10 +23,10 @@ from art.dashboard import dashboard_router, login
 from art.server.app import create_app
 from art.server.management import management_router
 from art.server.security import BearerAuth, BodyLimit, RefuseQueryCredentials
-from art.server.watchdog import ENGINE_STALL_S, TRAINING_STEP_S, Watchdog
+from art.service.watchdog import ENGINE_STALL_S, TRAINING_STEP_S, Watchdog
 
 if TYPE_CHECKING:
-    from art.backends.local_service import LocalService
+    from art.service.local import LocalService
 
 log = logging.getLogger(__name__)
 

@@ -14,9 +14,10 @@ import httpx
 import pytest
 
 import art
-from art.backends.local_service import LocalService
 from art.serve import create_serve_app
 from art.server.schemas import TrajectoryGroupPayload
+from art.service import ModelSpec
+from art.service.local import LocalService
 from tests.support.servers import gather, start_server, stop_server
 
 KEY = "test-key-123"
@@ -150,6 +151,13 @@ async def test_prompted_baseline_logs_on_the_server(tmp_path):
         (row,) = await backend.get_history(baseline)
     assert row["step"] == 0 and row["val/reward"] == 0.5
     assert (tmp_path / "server" / "remote" / "models" / "gpt-baseline" / "trajectories" / "val" / "0000.jsonl").exists()
+
+
+async def test_the_remote_service_lists_the_servers_models(tmp_path):
+    _, app = serve_app(tmp_path / "server")
+    async with art.RemoteBackend("http://testserver", transport=httpx.ASGITransport(app)) as backend:
+        await art.Model(name="listed", project="remote", inference_base_url="http://127.0.0.1:9/v1").register(backend)
+        assert await backend.service.specs() == [ModelSpec(project="remote", name="listed")]
 
 
 # -- auth, limits, names ------------------------------------------------------------------

@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 import art
-from art.backends.local_service import LocalService
+from art.service.local import LocalService
 from art.cli import main as cli_main
 from art.dashboard.app import create_dashboard_app
 from art.dashboard.runs import TRAINING_WINDOW_S, list_runs

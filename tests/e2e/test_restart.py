@@ -13,7 +13,7 @@ import pytest
 
 import art
 from art.backends.local import LocalBackend
-from art.backends.local_service import LocalService
+from art.service.local import LocalService
 from art.errors import BackendError, StepConflictError
 from art.serve import create_serve_app
 from tests.support.servers import gather, start_server

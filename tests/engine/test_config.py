@@ -12,7 +12,7 @@ import art
 from art.engine import config as engine_config
 from art.engine.config import EngineConfig
 from art.errors import ArtValueError
-from art.internal_config import parse_internal_config
+from art.service.settings import parse_internal_config
 
 # What ART's own development scripts pass (art/dev engine args, Unsloth init args, trainer args).
 ART_SCRIPT_CONFIG = {

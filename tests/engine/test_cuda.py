@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import art
-from art import weight_sync
+from art.service import probe
 from art.engine.adapters import LIVE, AdapterSet
 from art.engine.base import AdapterRef, SamplingParams
 from art.engine.config import EngineConfig
@@ -25,7 +25,7 @@ from art.errors import ArtValueError
 from tests.support.models import tiny_model
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
-BF16_TOLERANCE = weight_sync.HALF_TOLERANCE
+BF16_TOLERANCE = probe.HALF_TOLERANCE
 
 
 def cuda_lora_model(tiny_model_path):

@@ -15,7 +15,7 @@ import pytest
 from art.engine.base import Completion
 from art.server.app import create_app
 from art.server.openai_format import IncrementalText
-from art.server.registry import SingleModelRegistry
+from tests.support.registry import SingleModelRegistry
 from art.server.thread import ServerThread
 
 MODEL = "tiny"

@@ -11,9 +11,9 @@ import openai
 import pytest
 
 import art
-from art import weight_sync
-from art.backends.local_service import LocalService
 from art.serve import create_serve_app
+from art.service import probe
+from art.service.local import LocalService
 from art.server.thread import ServerThread
 from tests.support.devices import DEVICES
 
@@ -83,4 +83,4 @@ async def test_64_requests_during_a_training_step(tiny_model_path, tmp_path, dev
                 [e.logprob for e in expected.logprobs.content], abs=1e-4), (i, step)
         else:  # bf16: batches of other shapes round differently; the first token's context is the same
             assert abs(got.logprobs.content[0].logprob - expected.logprobs.content[0].logprob) <= \
-                weight_sync.HALF_TOLERANCE, (i, step)
+                probe.HALF_TOLERANCE, (i, step)

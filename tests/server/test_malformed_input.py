@@ -18,8 +18,8 @@ from typing import Any
 import httpx
 import pytest
 
-from art.backends.local_service import LocalService
 from art.serve import create_serve_app
+from art.service.local import LocalService
 
 KEY = "malformed-key-1"
 AUTH = {"Authorization": f"Bearer {KEY}"}

@@ -17,8 +17,8 @@ from schemathesis import GenerationMode  # noqa: E402
 from schemathesis.checks import not_a_server_error  # noqa: E402
 
 import art  # noqa: E402
-from art.backends.local_service import LocalService  # noqa: E402
 from art.serve import create_serve_app  # noqa: E402
+from art.service.local import LocalService  # noqa: E402
 from art.service import ModelSpec  # noqa: E402
 
 KEY = "fuzz-key-987"

@@ -16,7 +16,7 @@ import pytest
 from art.engine.llm_engine import TTFT_WINDOW
 from art.engine.replicas import ReplicaSet
 from art.server.app import create_app
-from art.server.registry import SingleModelRegistry
+from tests.support.registry import SingleModelRegistry
 from art.server.thread import ServerThread
 
 pytestmark = pytest.mark.integration

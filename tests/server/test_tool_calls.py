@@ -19,7 +19,7 @@ from art.engine.base import Completion
 from art.engine.base import all_tokens
 from art.server.app import create_app
 from art.server.openai_format import ChunkWriter, TokenText, parse_tool_calls, response_choice
-from art.server.registry import SingleModelRegistry
+from tests.support.registry import SingleModelRegistry
 from art.server.schemas import ChatCompletionRequest
 from art.server.thread import ServerThread
 

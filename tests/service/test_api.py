@@ -9,7 +9,7 @@ import pytest
 
 import art
 from art.backends.adapter import ServiceBackend
-from art.backends.local_service import LocalService
+from art.service.local import LocalService
 from art.backends.remote import RemoteService
 from art.errors import ArtValueError, ModelNotFoundError
 from art.service import ModelSpec, Service, resolve_train_options
@@ -33,7 +33,7 @@ def test_options_merge_in_order_and_a_bad_one_names_where_it_came_from():
 @pytest.mark.parametrize("implementation", [LocalService, RemoteService])
 def test_both_services_implement_every_method_of_the_protocol(implementation):
     methods = [name for name, _ in inspect.getmembers(Service, inspect.isfunction) if not name.startswith("_")]
-    assert {"register", "train", "log", "step", "checkpoints", "delete_checkpoints", "history"} <= set(methods)
+    assert {"register", "specs", "train", "log", "step", "checkpoints", "delete_checkpoints", "history"} <= set(methods)
     for name in methods:
         ours, protocol = getattr(implementation, name), getattr(Service, name)
         assert inspect.iscoroutinefunction(ours), name
@@ -64,7 +64,7 @@ async def test_the_local_service_answers_by_key_without_loading_anything(tmp_pat
     service = LocalService(tmp_path)
     baseline = ModelSpec(project="p", name="baseline", inference_base_url="http://x/v1")
     assert await service.register(baseline) == 0
-    assert service.specs() == [baseline]
+    assert await service.specs() == [baseline]
     await service.log(("p", "baseline"), split="val", step=0, metrics={"val/reward": 0.5}, groups=[])
     await service.log(("p", "never-registered"), split="val", step=1, metrics={"val/reward": 0.25}, groups=[])
     assert [row["val/reward"] for row in await service.history(("p", "baseline"))] == [0.5]
@@ -78,4 +78,4 @@ async def test_the_local_service_answers_by_key_without_loading_anything(tmp_pat
     with pytest.raises(ArtValueError) as info:
         await service.register(ModelSpec(project="p", name="t", trainable=True))
     assert info.value.field == "base_model"
-    assert ("p", "t") not in {spec.key for spec in service.specs()}
+    assert ("p", "t") not in {spec.key for spec in await service.specs()}

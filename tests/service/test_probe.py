@@ -9,7 +9,7 @@ import re
 import pytest
 
 import art
-from art import weight_sync
+from art.service import probe
 from art.errors import WeightSyncError
 from art.storage.layout import ModelDir
 
@@ -48,7 +48,7 @@ async def test_probe_passes_then_catches_stale_serving_and_rolls_back(tiny_model
 
     # Fault 1, a poisoned prefix cache: the probe prompt's KV computed with step 1's weights is
     # filed under step 2's key (what a cache not keyed by weights would do).
-    prompt = weight_sync.probe_prompt(service.tokenizer)
+    prompt = probe.probe_prompt(service.tokenizer)
     length, stale = service.engine.prefix_cache.longest("default@1", prompt)
     assert length == len(prompt) and stale is not None  # the probe of step 1 left it there
     service.engine.prefix_cache.put("default@2", prompt, stale)
@@ -57,8 +57,8 @@ async def test_probe_passes_then_catches_stale_serving_and_rolls_back(tiny_model
     message = str(failed.value)
     assert "engine served logprobs" in message and "trainer computes" in message and "rolled back" in message
     served, trained = served_numbers(message)
-    assert len(served) == len(trained) == weight_sync.PROBE_TOKENS
-    assert max(abs(a - b) for a, b in zip(served, trained)) > weight_sync.TOLERANCE
+    assert len(served) == len(trained) == probe.PROBE_TOKENS
+    assert max(abs(a - b) for a, b in zip(served, trained)) > probe.TOLERANCE
     # Rolled back: step, checkpoints on disk and served weights are those of step 1 again.
     assert await model.get_step() == 1 and service.store.steps() == [0, 1]
     assert sorted(p.name for p in checkpoints.iterdir()) == ["0000", "0001"]
@@ -75,7 +75,7 @@ async def test_probe_passes_then_catches_stale_serving_and_rolls_back(tiny_model
     # With the fault gone the same update trains, passes the probe and advances.
     result = await backend.train(model, await groups(model, 1), learning_rate=1.0)
     assert result.step == 2 and await model.get_step() == 2
-    assert result.metrics[weight_sync.METRIC] < 1e-4
+    assert result.metrics[probe.METRIC] < 1e-4
     await backend.close()
 
 
@@ -99,7 +99,7 @@ async def test_probe_catches_a_stale_merged_copy(tiny_model_path, tmp_path, monk
 
     result = await backend.train(model, await ranked_groups(0), learning_rate=1.0)
     assert "nothing_to_train" not in result.metrics
-    assert result.metrics[weight_sync.METRIC] <= weight_sync.tolerance_for(service.trainer.dtype)
+    assert result.metrics[probe.METRIC] <= probe.tolerance_for(service.trainer.dtype)
 
     monkeypatch.setattr(service.engine.runner, "weights_changed", lambda **_: None)
     with pytest.raises(WeightSyncError, match="rolled back"):

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import art
-from art.backends.local_service import LocalService
+from art.service.local import LocalService
 from art.errors import ArtValueError
 
 pytestmark = pytest.mark.integration
@@ -129,7 +129,7 @@ async def test_cancelled_steps_roll_back(tiny_model_path, tmp_path):
                         if json.loads(line)["type"] == "gradient_step":
                             break  # leave mid-step
             for _ in range(200):  # the server notices the disconnect and the step unwinds
-                if service.training_since is None and not service._train_calls:
+                if service.training_since is None and not service.train_calls:
                     break
                 await asyncio.sleep(0.05)
             assert await model.get_step() == 0 and service.store.steps() == [0]

@@ -13,8 +13,8 @@ import httpx
 import pytest
 
 import art
-from art.backends.local_service import LocalService
 from art.serve import create_serve_app
+from art.service.local import LocalService
 from art.server.thread import ServerThread
 
 pytestmark = pytest.mark.integration
@@ -43,7 +43,7 @@ async def wait_for_warnings(caplog, count: int, timeout: float = 10.0) -> list[l
     the thread is still stuck, so its stack shows where)."""
     deadline = time.monotonic() + timeout
     while True:
-        records = [r for r in caplog.records if r.levelno == logging.WARNING and r.name == "art.server.watchdog"]
+        records = [r for r in caplog.records if r.levelno == logging.WARNING and r.name == "art.service.watchdog"]
         if len(records) >= count:
             return records
         assert time.monotonic() < deadline, f"the watchdog logged {len(records)} warnings, not {count}"
@@ -51,7 +51,7 @@ async def wait_for_warnings(caplog, count: int, timeout: float = 10.0) -> list[l
 
 
 async def test_stuck_engine_and_training_step_are_reported(tiny_model_path, tmp_path, caplog):
-    caplog.set_level(logging.INFO, logger="art.server.watchdog")
+    caplog.set_level(logging.INFO, logger="art.service.watchdog")
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     local = LocalService(str(tmp_path))
@@ -94,7 +94,7 @@ async def test_stuck_engine_and_training_step_are_reported(tiny_model_path, tmp_
                 (stuck,) = health["stuck"]
                 assert stuck["what"] == "training step" and stuck["model"] == "p/dog"
                 assert "art/engine/llm_engine.py:" in stuck["where"] and stuck["where"].endswith(" in paused")
-                assert any("model_service.py" in frame and "_train" in frame for frame in stuck["stack"])
+                assert any("service/update.py" in frame and "_step" in frame for frame in stuck["stack"])
                 warnings = await wait_for_warnings(caplog, 2)
             finally:
                 service.lock.release()
@@ -104,5 +104,5 @@ async def test_stuck_engine_and_training_step_are_reported(tiny_model_path, tmp_
     assert [r.getMessage().split(" has been stuck")[0] for r in warnings] == [
         "watchdog: the engine of p/dog", "watchdog: the training step of p/dog"]
     assert "in _loop" in engine_log and "with self.lock" in engine_log  # the stack, source lines included
-    assert "in paused" in warnings[1].getMessage() and "in _train" in warnings[1].getMessage()
+    assert "in paused" in warnings[1].getMessage() and "in _step" in warnings[1].getMessage()
     assert sum("moving again" in r.getMessage() for r in caplog.records) == 2

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 import art
-from art.backends.local_service import LocalService
+from art.service.local import LocalService
 from art.errors import ArtValueError
 from art.serve import create_serve_app
 from art.server.thread import ServerThread

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import art
 import art.tracing
-from art.backends.local_service import LocalService
+from art.service.local import LocalService
 
 
 async def rollout(model: art.TrainableModel, seed: int) -> art.Trajectory:

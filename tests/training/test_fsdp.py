@@ -149,7 +149,7 @@ def test_sharded_ranks_gather_weights_in_the_compute_dtype(tiny_model_path):
 
 
 def test_fsdp_needs_full_fine_tuning():
-    from art.internal_config import parse_internal_config
+    from art.service.settings import parse_internal_config
 
     with pytest.raises(art.ArtValueError) as error:
         parse_internal_config({"trainer_ranks": 2, "fsdp": True})

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import art
-from art import weight_sync
+from art.service import probe
 from tests.support.devices import DEVICES
 
 pytestmark = pytest.mark.integration
@@ -56,7 +56,7 @@ async def test_bf16_training_agrees_with_serving_and_learns(tiny_model_path, tmp
             [art.TrajectoryGroup(rollout(1000 * step + 10 * g + i) for i in range(8)) for g in range(4)],
             pbar_desc=None)
         result = await backend.train(model, groups, learning_rate=1e-3 if full_finetune else 5e-2)
-        assert result.metrics[weight_sync.METRIC] <= weight_sync.HALF_TOLERANCE
+        assert result.metrics[probe.METRIC] <= probe.HALF_TOLERANCE
         if device == "cuda":
             assert result.metrics["peak_gpu_memory_gb"] > 0
     after = await target_mass()

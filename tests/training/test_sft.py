@@ -10,8 +10,8 @@ import httpx
 import pytest
 
 import art
-from art.backends.local_service import LocalService
 from art.serve import create_serve_app
+from art.service.local import LocalService
 from art.training.chat_tokens import chat_template_input, render_chat
 from art.training.sft import switch_optimizer_mode
 from art.utils.sft import create_lr_schedule, create_sft_dataset_iterator, iterate_file, train_sft_from_file

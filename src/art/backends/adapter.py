@@ -1,5 +1,7 @@
 """`ServiceBackend`: what `art.Model` and user code call, over any service (`art.service`).
 
+It implements `art.backends.base.Backend`, the part of it `art.Model` relies on.
+
 `LocalBackend` and `RemoteBackend` are this class over a `LocalService` or a `RemoteService`;
 they add only where the OpenAI endpoint lives. Here `art.Model` objects become `ModelSpec`s
 and keys, and the three sources of training options are resolved, once, before any service
@@ -9,7 +11,7 @@ sees them.
 from __future__ import annotations
 
 import sys
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 from art.errors import ArtValueError, TrajectoryError
 from art.service import ModelKey, ModelSpec, Progress, Service, TrainResult, resolve_train_options
@@ -17,6 +19,9 @@ from art.storage.layout import validate_name
 from art.training.sft_options import resolve_sft_options
 from art.trajectories import Trajectory
 from art.types import TrainConfig, TrainSFTConfig
+
+if TYPE_CHECKING:
+    import httpx
 
 
 def model_key(model) -> ModelKey:
@@ -51,7 +56,7 @@ class ServiceBackend:
         """(base URL of the OpenAI routes, the key they take) for registered models."""
         raise NotImplementedError
 
-    def openai_http_client(self, model):
+    def openai_http_client(self, model) -> httpx.AsyncClient | None:
         """The httpx client `model.openai_client()` should use (None: its own, over the network)."""
         return None
 

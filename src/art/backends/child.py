@@ -332,8 +332,8 @@ def main() -> None:
 
     import uvicorn
 
-    from art.backends.local_service import LocalService
     from art.serve import create_serve_app
+    from art.service.local import LocalService
     from art.server.thread import KEEP_ALIVE_S
 
     service = LocalService(settings["root"], placement=settings["placement"])

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from art.backends.adapter import ServiceBackend
 from art.backends.child import ChildService
-from art.backends.local_service import LocalService
+from art.service.local import LocalService
 
 
 class LocalBackend(ServiceBackend):

@@ -74,6 +74,12 @@ class RemoteService:
             self._steps[spec.key] = step
         return step if isinstance(step, int) else 0
 
+    async def specs(self) -> list[ModelSpec]:
+        """What `GET /art/models` lists: each model's project, name, trainable and base_model
+        (its config and internal config stay on the server)."""
+        return [ModelSpec(project=info["project"], name=info["name"], trainable=info["trainable"],
+                          base_model=info["base_model"]) for info in await self._request("GET", "/art/models")]
+
     async def step(self, key: ModelKey) -> int:
         step = (await self._request("GET", _path(key, "step")))["step"]
         self._steps[key] = step

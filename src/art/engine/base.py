@@ -49,6 +49,19 @@ class AdapterRef:
     """The step asked for; None means whatever the live adapter holds when sampling starts."""
 
 
+@dataclass(frozen=True)
+class ServedModel:
+    """The result of resolving a request's `model` field."""
+
+    name: str
+    """The name as the client asked for it (echoed in the response's `model`)."""
+    engine: Engine
+    adapter: AdapterRef | None
+    """None serves the bare base model."""
+    step: int
+    """Training step of the weights that serve it (0 for the base model)."""
+
+
 @dataclass
 class Completion:
     """One sampled completion. Lists are aligned: one entry per completion token."""

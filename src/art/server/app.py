@@ -14,7 +14,7 @@ a failure in one request is answered with a 500 and never takes the server down.
 
 A backend whose models may be known only on disk (`art serve` after a restart) passes
 `recover`: a model name that does not resolve is offered to it once, and resolved again if it
-loaded the model. A `watchdog` (`art.server.watchdog`) turns /health "degraded" while
+loaded the model. A `watchdog` (`art.service.watchdog`) turns /health "degraded" while
 something is stuck.
 """
 
@@ -31,13 +31,13 @@ from fastapi.responses import StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from art.chat_template import prompt_ids, template_messages, tools_active
-from art.engine.base import SamplingParams, stream_completions
+from art.engine.base import SamplingParams, ServedModel, stream_completions
 from art.errors import ArtError, ContextLengthError, ModelNotFoundError
 from art.observability import tracing
 from art.server.errors import error_object, error_response, install_error_handlers
 from art.server.openai_format import (ChunkWriter, TokenText, request_attributes, response_attributes,
                                       response_choice, response_head, token_usage)
-from art.server.registry import ModelRegistry, ServedModel
+from art.server.registry import ModelRegistry
 from art.server.schemas import ChatCompletionRequest
 from art.server.structured_output import grammar_for
 

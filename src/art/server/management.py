@@ -174,7 +174,7 @@ def management_router(service: Service, *, heartbeat_s: float = 10.0,
     @router.get("/models", response_model=list[ModelInfo], summary="List registered models")
     @_answer_errors
     async def list_models() -> list[ModelInfo]:
-        return [await info(spec) for spec in service.specs()]
+        return [await info(spec) for spec in await service.specs()]
 
     @router.get("/models/{project}/{name}/step", response_model=StepInfo, summary="Latest step")
     @_answer_errors

@@ -22,7 +22,7 @@ from typing import Any
 
 from art.chat_template import CLOSE, OPEN
 from art.engine.base import Completion, SampledTokens
-from art.server.registry import ServedModel
+from art.engine.base import ServedModel
 from art.server.schemas import ChatCompletionRequest
 
 log = logging.getLogger(__name__)

@@ -13,7 +13,7 @@ mix two lineages under one name. Forking the same source step into B again is a 
 script that forks before registering can be run again after B has trained.
 
 This module only plans and copies files; loading the weights into a registered B is
-`ModelService.load_fork`'s job. No torch here.
+`art.service.update.load_fork`'s job. No torch here.
 """
 
 from __future__ import annotations

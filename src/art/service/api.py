@@ -1,6 +1,6 @@
 """The service API every backend speaks: register, train, log, step, checkpoints, history.
 
-One protocol, three faces. `LocalService` (`art.backends.local_service`) implements it in this
+One protocol, three faces. `LocalService` (`art.service.local`) implements it in this
 process over the loaded models; the management routes (`art.server.management`) put it on HTTP;
 `RemoteService` (`art.backends.remote`) implements it again as that HTTP API's client. The
 ART-facing classes users hold, `LocalBackend` and `RemoteBackend`, are one thin adapter
@@ -95,6 +95,10 @@ class Service(Protocol):
 
     async def register(self, spec: ModelSpec) -> int:
         """Load (or find) the model; returns its latest step (0 for a fresh or non-trainable one)."""
+        ...
+
+    async def specs(self) -> list[ModelSpec]:
+        """The models registered so far (on a server, the stored runs it loaded again included)."""
         ...
 
     async def step(self, key: ModelKey) -> int:

@@ -1,6 +1,6 @@
 """`LocalService`: the service API (`art.service`) over models loaded in this process.
 
-It holds one `ModelService` (weights, engine, trainer, checkpoints) per trainable model, the
+It holds one `LoadedModel` (weights, engine, trainer, checkpoints) per trainable model, the
 specs of every registered model, and the storage root. `LocalBackend` adapts it for
 `art.Model`; `art serve` puts it behind the management and OpenAI routes. It is also what the
 OpenAI routes resolve a request's `model` with (`served_model_names`, `resolve`).
@@ -17,16 +17,21 @@ import logging
 import math
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from art.engine.base import ServedModel
 from art.errors import ArtValueError, BackendError, ModelNotFoundError
 from art.naming import echo, model_part
-from art.server.registry import ServedModel
-from art.service import ModelKey, ModelSpec, Progress, TrainResult
+from art.service.api import ModelKey, ModelSpec, Progress, TrainResult
+from art.service.watchdog import Activity
 from art.storage.history import read_history
 from art.storage.layout import ModelDir, stored_runs, validate_name
 from art.storage.run_log import write_log
 from art.training.options import TrainOptions
 from art.training.sft_options import SFTOptions
+
+if TYPE_CHECKING:
+    from art.service.loaded import LoadedModel
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +43,7 @@ class LocalService:
         self.root = Path(root)
         self.placement = placement
         self._specs: dict[ModelKey, ModelSpec] = {}
-        self._loaded: dict[ModelKey, object] = {}  # ModelService, imported lazily (torch)
+        self._loaded: dict[ModelKey, LoadedModel] = {}  # imported lazily (torch)
         self._locks: dict[ModelKey, asyncio.Lock] = {}
 
     # -- registration ---------------------------------------------------------------------
@@ -51,12 +56,10 @@ class LocalService:
             if not spec.base_model:
                 raise ArtValueError(f"{spec.project}/{spec.name}: a trainable model needs a base_model",
                                     field="base_model")
-            from art.model_service import ModelService  # heavy: torch, transformers
+            from art.service.build import load_model  # heavy: torch, transformers
 
             try:
-                self._loaded[spec.key] = await asyncio.to_thread(
-                    ModelService, self.root, name=spec.name, project=spec.project, base_model=spec.base_model,
-                    internal_config=spec.internal_config, user_config=spec.config, placement=self.placement)
+                self._loaded[spec.key] = await asyncio.to_thread(load_model, self.root, spec, self.placement)
             except ArtValueError:
                 raise
             except OSError as exc:  # mostly transformers' "no such model": name what was asked for
@@ -69,7 +72,7 @@ class LocalService:
         self._specs[spec.key] = spec
         return self._loaded[spec.key].step if spec.key in self._loaded else 0
 
-    def specs(self) -> list[ModelSpec]:
+    async def specs(self) -> list[ModelSpec]:
         """The models registered so far (recovered ones included)."""
         return list(self._specs.values())
 
@@ -112,14 +115,14 @@ class LocalService:
                 f"projects ({', '.join(p for p, _ in keys)}): register the one you mean with `await model.register(backend)`")
         return bool(keys) and await self.spec(keys[0]) is not None
 
-    def loaded(self, key: ModelKey):
-        """The `ModelService` of a registered trainable model (for tools and tests that look inside)."""
+    def loaded(self, key: ModelKey) -> LoadedModel:
+        """The `LoadedModel` of a registered trainable model (for tools and tests that look inside)."""
         service = self._loaded.get(key)
         if service is None:
             raise ModelNotFoundError(f"model {key[0]}/{key[1]} is not registered with this backend")
         return service
 
-    async def _trainable(self, key: ModelKey):
+    async def _trainable(self, key: ModelKey) -> LoadedModel:
         spec = await self.spec(key)
         if spec is None:
             raise ModelNotFoundError(f"model {key[0]}/{key[1]} is not registered and no run of it is stored under "
@@ -136,13 +139,26 @@ class LocalService:
 
     async def train(self, key: ModelKey, groups: list, options: TrainOptions, *, expected_step: int | None = None,
                     progress: Progress | None = None) -> TrainResult:
-        service = await self._trainable(key)
-        return await service.train(list(groups), options, progress=progress, expected_step=expected_step)
+        from art.service.update import run_update
+
+        loaded = await self._trainable(key)
+        groups = list(groups)
+        loaded.check_groups(groups)  # a 400 naming the trajectory before anything moves
+        return await run_update(loaded, groups, loaded.trainer.step, options, expected_step=expected_step,
+                                progress=progress)
 
     async def train_sft(self, key: ModelKey, trajectories: list, options: SFTOptions, *,
                         expected_step: int | None = None, progress: Progress | None = None) -> TrainResult:
-        service = await self._trainable(key)
-        return await service.train_sft(list(trajectories), options, progress=progress, expected_step=expected_step)
+        """Supervised fine-tuning (`art.training.sft`) in the same transaction as `train`: one
+        call, one optimizer step per batch, one checkpoint (the step counter advances by one,
+        as in ART), then the weight-sync probe. The trajectories are rendered first, so bad
+        input is refused before anything moves."""
+        from art.service.update import run_update
+
+        loaded = await self._trainable(key)
+        plan = await asyncio.to_thread(loaded.prepare_sft, list(trajectories), options)
+        return await run_update(loaded, plan, loaded.fit_sft, options, expected_step=expected_step,
+                                progress=progress)
 
     async def check_training_input(self, key: ModelKey, groups: list) -> None:
         service = await self._trainable(key)
@@ -175,9 +191,9 @@ class LocalService:
 
     async def fork_checkpoint(self, spec: ModelSpec, source: ModelKey, *, not_after_step: int | None = None) -> int:
         """The source run must be stored under this service's root. A registered model loads
-        and serves the forked step at once (`ModelService.load_fork`); one not loaded here gets
+        and serves the forked step at once (`art.service.update.load_fork`); one not loaded here gets
         the checkpoint on disk and loads it when it registers."""
-        from art.internal_config import parse_internal_config
+        from art.service.settings import parse_internal_config
         from art.storage.fork import plan_fork
 
         if not spec.trainable or not spec.base_model:
@@ -200,7 +216,9 @@ class LocalService:
             plan = await asyncio.to_thread(plan_fork, self.root, source, spec.key, base_model=base_model, lora=lora,
                                            not_after_step=not_after_step)
             if loaded is not None:
-                return await loaded.load_fork(plan)
+                from art.service.update import load_fork
+
+                return await load_fork(loaded, plan)
             return await asyncio.to_thread(_fork_on_disk, ModelDir(self.root, *spec.key), spec, plan)
 
     async def close(self) -> None:
@@ -235,11 +253,9 @@ class LocalService:
         """Engine load per model, shown by GET /health."""
         return {f"{project}/{name}": service.stats() for (project, name), service in self._loaded.items()}
 
-    def activities(self) -> list:
-        """What a watchdog (`art.server.watchdog`) checks: each model's engine loop (seconds
+    def activities(self) -> list[Activity]:
+        """What a watchdog (`art.service.watchdog`) checks: each model's engine loop (seconds
         without progress while it has work) and its running training step (seconds running)."""
-        from art.server.watchdog import Activity
-
         now, out = time.monotonic(), []
         for (project, name), service in list(self._loaded.items()):
             engine = service.engine
