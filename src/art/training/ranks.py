@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 
 import art.base_models
-from art.devices import device_for, local_gpus, process_threads
+from art.devices import device_for, local_gpus, process_threads, use_device
 from art.errors import ArtError, ArtValueError, BackendError, StepCancelledError, from_wire, to_wire
 from art.training.collective import STEP_TIMEOUT, STOP_KEY, Collective, host_store, join_default_group, start_group
 from art.training.fsdp import mixed_precision, shard_model
@@ -78,11 +78,10 @@ def build_trainer(spec: RankSpec, collective: Collective) -> Trainer:
 
 def peer_main(rank: int, world: int, port: int, spec: RankSpec, connection) -> None:
     """A peer process: join the group, build the model, then run the backend's commands."""
-    device = torch.device(device_for(spec.device, rank, local_gpus(spec.device), "trainer_ranks"))
-    if device.type == "cuda":  # first: the CUDA context, NCCL's streams and every kernel on this rank's GPU
-        torch.cuda.set_device(device)
+    device = device_for(spec.device, rank, local_gpus(spec.device), "trainer_ranks")
+    use_device(device)  # first: the CUDA context, NCCL's streams and every kernel on this rank's GPU
     torch.set_num_threads(process_threads(RANK_THREADS))
-    collective = (join_default_group if spec.sharded else start_group)(rank, world, device, port=port)
+    collective = (join_default_group if spec.sharded else start_group)(rank, world, torch.device(device), port=port)
     try:
         worker = RankWorker(build_trainer(spec, collective), rank, connection.send)
     except BaseException as exc:
