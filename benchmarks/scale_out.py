@@ -71,13 +71,15 @@ def build(base_model: str, peers=None):
 
     from art import base_models
     from art.training.options import LORA_DEFAULTS
+    from art.training.ranks import LeadTrainer
     from art.training.trainer import Trainer
 
     base, tokenizer = base_models.load(base_model, dtype=torch.float32, device="cpu")
     torch.manual_seed(0)
     model = get_peft_model(base, LoraConfig(task_type="CAUSAL_LM", **LORA_DEFAULTS))
     model.eval()
-    return Trainer(model, tokenizer, peers=peers), tokenizer
+    trainer = Trainer(model, tokenizer)
+    return (trainer if peers is None else LeadTrainer(trainer, peers)), tokenizer
 
 
 async def rollouts(model, prompts: list[str], samples: int, max_tokens: int) -> tuple[float, list[int]]:
@@ -143,7 +145,7 @@ def main(args: argparse.Namespace) -> None:
 
 def bench_trainer(args: argparse.Namespace) -> dict:
     import art
-    from art.training.data_parallel import RankPeers, RankSpec
+    from art.training.ranks import RankPeers, RankSpec
     from art.training.options import LORA_DEFAULTS, TrainOptions
 
     os.environ["ART_RANK_THREADS"] = str(args.threads)  # the peer process reads it

@@ -56,9 +56,9 @@ def workload(tokenizer, seed: int = 0, prompts: int = 4, samples: int = 8, max_t
 def time_updates(trainer, sequences, layouts: dict, repeats: int) -> dict[str, dict]:
     """Median and best seconds of forward + backward over the whole batch (no optimizer step) for
     each layout, the layouts interleaved so that a change in machine load hits them alike; and
-    of building its inputs on the host (`Trainer.batch_inputs`), with the mask's size."""
+    of building its inputs on the host (`MicroBatch.to_tensors`), with the mask's size."""
     from art.training.loss import Normalizer
-    from art.training.trainer import plan_micro_batches
+    from art.training.batch import plan_micro_batches
 
     plans = {name: plan_micro_batches(sequences, options) for name, options in layouts.items()}
     seconds: dict[str, list[float]] = {name: [] for name in layouts}
@@ -73,21 +73,21 @@ def time_updates(trainer, sequences, layouts: dict, repeats: int) -> dict[str, d
             seconds[name].append(time.perf_counter() - start)
             start = time.perf_counter()
             for batch in plans[name]:
-                trainer.batch_inputs(batch)
+                batch.to_tensors(trainer.pad_id, trainer.device, trainer.dtype)
             host[name].append(time.perf_counter() - start)
             print(f"{name}: {seconds[name][-1]:.2f} s, inputs {host[name][-1] * 1e3:.1f} ms", flush=True)
     return {name: {"seconds": round(statistics.median(seconds[name]), 2), "best_seconds": round(min(seconds[name]), 2),
                    "inputs_ms": round(statistics.median(host[name]) * 1e3, 1),
                    "best_inputs_ms": round(min(host[name]) * 1e3, 1),
-                   "mask_mb": round(sum(mask_bytes(trainer.batch_inputs(m)) for m in plans[name]) / 2**20, 2),
+                   "mask_mb": round(sum(mask_bytes(m.to_tensors(trainer.pad_id, trainer.device, trainer.dtype)) for m in plans[name]) / 2**20, 2),
                    "tokens_computed": sum(m.tokens_computed for m in plans[name]),
                    "rows": sum(len(m.rows) for m in plans[name]), "micro_batches": len(plans[name])}
             for name in layouts}
 
 
-def mask_bytes(inputs: dict) -> int:
+def mask_bytes(inputs) -> int:
     """Bytes of the attention mask given to the model (0 on the plain causal path)."""
-    mask = inputs["attention"]
+    mask = inputs.attention
     return 0 if mask is None else mask.numel() * mask.element_size()
 
 

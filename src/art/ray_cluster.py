@@ -8,10 +8,10 @@ That is one machine after a local `ray.init()`, or many after `ray start --head`
 
 Ray places processes; torch.distributed still carries the gradients (the split verl uses).
 Rank 0's TCPStore listens on this node's address, and the rank actors join it. Sharded
-(`fsdp`, `art.training.sharded`), every rank is an actor, and the backend holds the store.
+(`fsdp`, `art.training.fsdp`), every rank is an actor, and the backend holds the store.
 The actors build their models with the same functions as the local processes (`build_engine`,
-`build_trainer`) and answer in the same shape, so `ReplicaSet` and the trainer cannot tell
-them apart. Peers read checkpoints from the backend's path (a rank's restore, a fully
+`build_trainer`) and answer in the same shape: `RayReplica` is a `CalledReplica` and `RayRanks`
+a transport of `RankPeers`, so `ReplicaSet` and the trainer cannot tell them apart. Peers read checkpoints from the backend's path (a rank's restore, a fully
 fine-tuned replica's weights): on several nodes that path must be shared storage.
 """
 
@@ -24,11 +24,13 @@ import time
 
 import torch
 
-from art.engine.replicas import (CalledReplica, ReplicaSpec, ReplicaUnavailableError, error_payload, revive_error,
-                                 use_device)
+from art.devices import process_threads, use_device
+from art.engine.replica_process import (CalledReplica, ReplicaSpec, build_engine, error_payload, load_weights,
+                                        revive_error)
+from art.engine.router import ReplicaUnavailableError
 from art.errors import ArtValueError, BackendError
-from art.training.data_parallel import (STEP_TIMEOUT, STOP_KEY, RankPeers, RankSpec, host_store,
-                                        join_default_group, obey, peer_error, rank_threads, start_group)
+from art.training.collective import Collective, join_default_group, start_group
+from art.training.ranks import RANK_THREADS, RankSpec, RankWorker, build_trainer
 
 log = logging.getLogger(__name__)
 
@@ -66,8 +68,6 @@ class ReplicaActor:
     """Runs in a Ray worker: one replica's engine; every answer is ("ok", value) or ("error", payload)."""
 
     def __init__(self, index: int, spec: ReplicaSpec) -> None:
-        from art.engine.replicas import build_engine
-
         device = actor_device(spec.engine.device)
         use_device(device)
         torch.set_num_threads(spec.threads)
@@ -83,8 +83,6 @@ class ReplicaActor:
             return "error", error_payload(exc)
 
     async def load(self, step: int, weights):
-        from art.engine.replicas import load_weights
-
         try:
             return "ok", await asyncio.to_thread(load_weights, self.engine, step, weights)
         except Exception as exc:
@@ -152,65 +150,66 @@ class RankActor:
     def __init__(self, rank: int, world: int, spec: RankSpec) -> None:
         self.device = torch.device(actor_device(spec.device))
         use_device(str(self.device))
-        torch.set_num_threads(rank_threads())
+        torch.set_num_threads(process_threads(RANK_THREADS))
         self.rank, self.world, self.spec = rank, world, spec
-        self.trainer = None
+        self.worker: RankWorker | None = None
+        self._answers: list = []
 
     def join(self, host: str, port: int):
         """Join the group, then build the model (returns once both are done)."""
-        from art.training.data_parallel import build_trainer
-
         try:
             join = join_default_group if self.spec.sharded else start_group
             collective = join(self.rank, self.world, self.device, port=port, host=host)
-            self.trainer = build_trainer(self.spec, collective)
+            self.worker = RankWorker(build_trainer(self.spec, collective), self.rank, self._answers.append)
             return "ok", os.getpid()
         except Exception as exc:
             return "error", f"rank {self.rank} could not start: {type(exc).__name__}: {exc}"
 
     def command(self, name: str, *args) -> list:
-        """Run one command as a local peer obeys it (`data_parallel.obey`); every answer it gave,
+        """Run one command as a local peer does (`RankWorker.call`); every answer it gave,
         progress events first (they reach the backend when the command is done)."""
-        answers: list = []
-        obey(self.trainer, self.rank, name, args, answers.append)
-        return answers
+        self._answers.clear()
+        self.worker.call(name, *args)
+        return list(self._answers)
 
 
-class RayRankPeers(RankPeers):
-    """Ranks 1..N-1 (sharded: all N) as Ray actors: `RankPeers` with Ray as the transport."""
+class RayRanks:
+    """Ranks 1..N-1 (sharded: all N) as Ray actors: a transport of `RankPeers`
+    (`RankPeers(world, spec, RayRanks)`), as `ProcessRanks` is for local processes."""
 
-    def __init__(self, world: int, spec: RankSpec) -> None:
-        super().__init__(world, spec)
-        self._actors: list = []
+    def __init__(self, world: int, spec: RankSpec, first: int) -> None:
+        self.world, self.spec, self.first = world, spec, first
+        self.actors: list = []
         self._refs: list = []
         self.pids: list[int] = []
 
-    def start(self):
+    def host(self) -> str:
+        """This node's address, where the group's store listens for the actors."""
+        return ensure_ray().util.get_node_ip_address()
+
+    def start(self, store, join) -> Collective | None:
+        """Create the rank actors and let them join the group on `store`, rank 0 with `join()`
+        (None when sharded) meanwhile; returns what `join` returned, once every rank is ready."""
         ray = ensure_ray()
-        self.close()
         host = ray.util.get_node_ip_address()
-        self._store = store = host_store(self.world + (self.first == 0), host)
         actor_class = ray.remote(RankActor)
-        self._actors = [actor_class.options(num_cpus=1, num_gpus=_gpus(self.spec.device)).remote(rank, self.world,
-                                                                                               self.spec)
-                        for rank in range(self.first, self.world)]
-        joins = [actor.join.remote(host, store.port) for actor in self._actors]
-        if self.first:
-            self.collective = start_group(0, self.world, torch.device(self.spec.device), store=store)
+        self.actors = [actor_class.options(num_cpus=1, num_gpus=_gpus(self.spec.device)).remote(rank, self.world,
+                                                                                              self.spec)
+                       for rank in range(self.first, self.world)]
+        joins = [actor.join.remote(host, store.port) for actor in self.actors]
+        collective = join() if join is not None else None
         answers = ray.get(joins, timeout=START_TIMEOUT_S)
         failed = [detail for kind, detail in answers if kind != "ok"]
         if failed:
             self.close()
             raise BackendError(f"trainer ranks could not start in Ray: {failed[0]}")
         self.pids = [pid for _, pid in answers]
-        self.healthy = True
-        log.info("trainer ranks %d-%d started as Ray actors", self.first, self.world - 1)
-        return self.collective
+        return collective
 
-    def _all_alive(self) -> bool:
-        return bool(self._actors)
+    def alive(self) -> bool:
+        return bool(self.actors)
 
-    def _dead(self) -> tuple[int, None] | None:
+    def dead(self) -> tuple[int, None] | None:
         """(rank, None) of an actor that died during the running command, or None (the
         `PeerWatcher` asks during a step)."""
         import ray
@@ -222,60 +221,51 @@ class RayRankPeers(RankPeers):
                 ray.get(ref)
             except ray.exceptions.RayActorError:
                 return refs.index(ref) + self.first, None
-            except Exception:  # an answer, not a death: `_answers` reads it
+            except Exception:  # an answer, not a death: `replies` reads it
                 pass
         return None
 
-    def _send(self, *message) -> None:
-        self._refs = [actor.command.remote(*message) for actor in self._actors]
+    def send(self, *message) -> None:
+        self._refs = [actor.command.remote(*message) for actor in self.actors]
 
-    def _answers(self, expected: str, *, what: str, timeout: float | None = None, on_progress=None,
-                 should_stop=None) -> list:
-        """Each actor's answer, in rank order (raises the first error once all answered). An actor
-        that died ends the wait for the others: they may wait for it in a collective for ever."""
+    def replies(self, what: str, deadline: float, on_progress=None, poll=None) -> list:
+        """Each actor's reply to the last command, in rank order: its (kind, detail), or the
+        BackendError of a rank that died or did not answer by `deadline`. An actor that died
+        ends the wait for the others: they may wait for it in a collective for ever."""
         import ray
 
-        deadline = time.monotonic() + (timeout if timeout is not None else STEP_TIMEOUT.total_seconds())
         pending, died = list(self._refs), None
         while pending and died is None and time.monotonic() < deadline:
             done, pending = ray.wait(pending, num_returns=1, timeout=0.2)
-            if should_stop is not None and should_stop():
-                self._store.set(STOP_KEY, "1")
+            if poll is not None:
+                poll()
             for ref in done:
                 try:
                     ray.get(ref)
                 except ray.exceptions.RayActorError:
                     died = self._refs.index(ref) + self.first
-        first, results = None, []
+        out: list = []
         for rank, ref in enumerate(self._refs, start=self.first):
             if ref in pending:
-                self.healthy = False
-                first = first or BackendError(f"trainer rank {died} died during {what}" if died is not None
-                                              else f"trainer rank {rank} did not answer {what} in time")
+                out.append(BackendError(f"trainer rank {died} died during {what}" if died is not None
+                                        else f"trainer rank {rank} did not answer {what} in time"))
                 continue
             try:
-                *progress, (kind, detail) = ray.get(ref)
+                *progress, answer = ray.get(ref)
             except ray.exceptions.RayActorError:
-                self.healthy = False
-                first = first or BackendError(f"trainer rank {rank} died during {what}")
+                out.append(BackendError(f"trainer rank {rank} died during {what}"))
                 continue
             for _, event in progress:
                 if on_progress is not None:
                     on_progress(*event)
-            if kind != "ok":
-                first = first or peer_error(detail, rank, what)
-            results.append(detail)
+            out.append(answer)
         self._refs = []
-        if first is not None:
-            raise first
-        return results
+        return out
 
     def close(self) -> None:
-        if self._actors:
+        if self.actors:
             import ray
 
-            for actor in self._actors:
+            for actor in self.actors:
                 ray.kill(actor)
-        self._actors, self._refs, self._store = [], [], None
-        self.collective = self.collective.__class__()
-        self.healthy = False
+        self.actors, self._refs = [], []

@@ -14,8 +14,10 @@ import torch
 import art
 from art.engine.base import AdapterRef, SamplingParams
 from art.errors import BackendUnavailableError
-from art.engine.replicas import (BALANCE, PrefixRouter, Replica, ReplicaSet, ReplicaSpec, ReplicaUnavailableError,
-                                 replica_device, use_device)
+from art.devices import device_for, use_device
+from art.engine.replica_process import ReplicaSpec
+from art.engine.replicas import ReplicaSet
+from art.engine.router import BALANCE, PrefixRouter, Replica, ReplicaUnavailableError
 
 SYSTEM = list(range(1000, 1040))  # a chat template's common head: every prompt starts with it
 
@@ -59,11 +61,11 @@ def test_affinity_yields_to_load_and_dead_replicas_get_nothing():
 
 
 def test_each_replica_gets_a_gpu_of_its_own_and_more_replicas_than_gpus_are_refused(monkeypatch):
-    assert [replica_device("cpu", i, 0) for i in range(3)] == ["cpu"] * 3
-    assert [replica_device("cuda", i, 4) for i in range(4)] == ["cuda:0", "cuda:1", "cuda:2", "cuda:3"]
-    assert [replica_device("cuda:2", i, 4) for i in range(4)] == ["cuda:2", "cuda:3", "cuda:0", "cuda:1"]
+    assert [device_for("cpu", i, 0, "engine_replicas") for i in range(3)] == ["cpu"] * 3
+    assert [device_for("cuda", i, 4, "engine_replicas") for i in range(4)] == ["cuda:0", "cuda:1", "cuda:2", "cuda:3"]
+    assert [device_for("cuda:2", i, 4, "engine_replicas") for i in range(4)] == ["cuda:2", "cuda:3", "cuda:0", "cuda:1"]
     with pytest.raises(art.ArtValueError, match="engine_replicas=3 needs a GPU per replica") as error:
-        replica_device("cuda:1", 2, 2)  # not a second replica on a GPU that already serves one
+        device_for("cuda:1", 2, 2, "engine_replicas")  # not a second replica on a GPU that already serves one
     assert error.value.field == "engine_replicas" and "this machine has 2" in str(error.value)
 
     # The set refuses before it starts any process, as RankPeers.start does for trainer_ranks.

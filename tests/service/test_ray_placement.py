@@ -10,8 +10,8 @@ import pytest
 
 import art
 from art.engine.base import AdapterRef, SamplingParams
-from art.engine.replicas import ReplicaUnavailableError
-from art.ray_cluster import RayRankPeers, RayReplica
+from art.engine.router import ReplicaUnavailableError
+from art.ray_cluster import RayRanks, RayReplica
 from tests.support.fakes import greedy_logprobs, rollout
 from tests.support.ranks import rank_groups
 
@@ -34,7 +34,7 @@ async def test_replicas_and_ranks_as_ray_actors(local_ray, tiny_model_path, tmp_
     await model.register(backend)
     service = backend.service.loaded(("p", "ray"))
     replica, peers = service.replicas.replicas[1], service.trainer.peers
-    assert isinstance(replica, RayReplica) and isinstance(peers, RayRankPeers) and peers.healthy
+    assert isinstance(replica, RayReplica) and isinstance(peers.transport, RayRanks) and peers.healthy
 
     async def groups(step):
         return await art.gather_trajectory_groups(
@@ -53,17 +53,17 @@ async def test_replicas_and_ranks_as_ray_actors(local_ray, tiny_model_path, tmp_
 
     # The rank actor dies after the first of two optimizer steps: that step rolls back, the next trains.
     before = await greedy_logprobs(model, "ray")
-    first_rank = list(peers.pids)
+    first_rank = list(peers.transport.pids)
 
     def kill_rank(event):
         if event["type"] == "gradient_step" and event["done"] == 1:
-            ray.kill(peers._actors[0])
+            ray.kill(peers.transport.actors[0])
 
     with pytest.raises(art.BackendError, match="rolled back"):
         await backend.train(model, await groups(1), learning_rate=1e-2, mini_batches=2, progress=kill_rank)
     assert await model.get_step() == 1 and await backend.list_checkpoints(model) == [0, 1]
     assert await greedy_logprobs(model, "ray") == pytest.approx(before, abs=1e-6)
-    assert peers.healthy and peers.pids != first_rank
+    assert peers.healthy and peers.transport.pids != first_rank
     assert (await backend.train(model, await groups(1), learning_rate=1e-2, mini_batches=2)).step == 2
 
     # The replica actor dies: a request it holds fails with a retryable 503; restart brings it back.
@@ -78,7 +78,7 @@ async def test_replicas_and_ranks_as_ray_actors(local_ray, tiny_model_path, tmp_
     again = (await replica.generate(prompt, params, AdapterRef("ray", None, None)))[0]
     assert again.step == 2 and again.replica == 1
     await backend.close()
-    assert not peers._actors and replica.actor is None
+    assert not peers.transport.actors and replica.actor is None
 
 
 async def test_sharded_ranks_as_ray_actors(local_ray, tiny_model_path, tmp_path):
@@ -90,7 +90,7 @@ async def test_sharded_ranks_as_ray_actors(local_ray, tiny_model_path, tmp_path)
                                _internal_config={"full_finetune": True, "trainer_ranks": 2, "fsdp": True})
     await model.register(backend)
     peers = backend.service.loaded(("p", "fsdp")).trainer.peers
-    assert isinstance(peers, RayRankPeers) and len(peers.pids) == 2
+    assert isinstance(peers.transport, RayRanks) and len(peers.transport.pids) == 2
 
     before = await greedy_logprobs(model, "fsdp")
     events: list = []
@@ -101,11 +101,11 @@ async def test_sharded_ranks_as_ray_actors(local_ray, tiny_model_path, tmp_path)
     trained = await greedy_logprobs(model, "fsdp")
     assert max(abs(a - b) for a, b in zip(trained, before)) > 1e-3
 
-    ray.kill(peers._actors[1])
+    ray.kill(peers.transport.actors[1])
     with pytest.raises(art.BackendError, match="rolled back"):
         await backend.train(model, await rank_groups(model, 1), learning_rate=1e-2)
     assert await model.get_step() == 1 and await backend.list_checkpoints(model) == [0, 1]
     assert await greedy_logprobs(model, "fsdp") == pytest.approx(trained, abs=1e-6)
     assert (await backend.train(model, await rank_groups(model, 1), learning_rate=1e-2)).step == 2
     await backend.close()
-    assert not peers._actors
+    assert not peers.transport.actors

@@ -13,7 +13,8 @@ from openai.types.chat.chat_completion_token_logprob import ChatCompletionTokenL
 import art
 from art.training.loss import Normalizer
 from art.training.sequences import Sequence
-from art.training.trainer import Trainer, plan_micro_batches
+from art.training.batch import plan_micro_batches
+from art.training.trainer import Trainer
 
 
 def make_choice(prompt_ids, completion_ids, logprobs=None, with_logprobs=True):

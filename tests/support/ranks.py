@@ -84,11 +84,11 @@ async def kill_a_rank_mid_step_then_train(backend, model, peers, victim: int) ->
     is rolled back (step, checkpoints and served logprobs as before), the peers are started
     again, and the next call trains. The model is at step 1."""
     before = await greedy_logprobs(model, model.name)
-    first_pid = peers._processes[victim].pid
+    first_pid = peers.transport.processes[victim].pid
 
     def kill_after_first_optimizer_step(event):
         if event["type"] == "gradient_step" and event["done"] == 1:
-            peers._processes[victim].kill()
+            peers.transport.processes[victim].kill()
 
     with pytest.raises(art.BackendError, match="rolled back"):
         await backend.train(model, await rank_groups(model, 1), learning_rate=1e-2, mini_batches=2,
@@ -96,9 +96,9 @@ async def kill_a_rank_mid_step_then_train(backend, model, peers, victim: int) ->
     assert await model.get_step() == 1
     assert await backend.list_checkpoints(model) == [0, 1]  # no half-written step 2
     assert await greedy_logprobs(model, model.name) == pytest.approx(before, abs=1e-6)  # rolled back
-    assert peers.healthy and peers._processes[victim].pid != first_pid  # started again at the roll back
+    assert peers.healthy and peers.transport.processes[victim].pid != first_pid  # started again at the roll back
 
     result = await backend.train(model, await rank_groups(model, 1), learning_rate=1e-2, mini_batches=2)
     assert result.step == 2 and result.metrics["optimizer_steps"] == 2
     await backend.close()
-    assert not peers._processes
+    assert not peers.transport.processes

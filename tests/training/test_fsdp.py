@@ -1,4 +1,4 @@
-"""Full fine-tuning sharded over trainer ranks with FSDP2 (`art.training.sharded`): two gloo
+"""Full fine-tuning sharded over trainer ranks with FSDP2 (`art.training.fsdp`): two gloo
 ranks, each holding half of the weights, gradients and AdamW state, make the update one process
 makes; the backend serves what they trained, and a rank that dies costs that step only."""
 
@@ -11,10 +11,12 @@ import torch
 from safetensors.torch import load_file
 
 import art
-from art.training.data_parallel import Collective, RankPeers, RankSpec
+from art.training.collective import Collective
+from art.training.ranks import RankPeers, RankSpec, ShardedTrainer
 from art.training.options import TrainOptions
-from art.training.sharded import OPTIMIZER_FILE, ShardedTrainer
-from art.training.trainer import Trainer, plan_micro_batches, prepare_batch, split_mini_batches
+from art.training.batch import plan_micro_batches, prepare_batch, split_mini_batches
+from art.training.fsdp import OPTIMIZER_FILE
+from art.training.trainer import Trainer
 from tests.support.fakes import greedy_logprobs, groups_of_choices
 from tests.support.ranks import (assert_same_tensor_updates, assert_same_updates, kill_a_rank_mid_step_then_train,
                                  rank_groups)
@@ -87,7 +89,7 @@ async def test_the_backend_serves_what_the_sharded_ranks_train_and_survives_a_de
     await model.register(backend)
     service = backend.service.loaded(("p", "fsdp"))
     peers = service.trainer.peers
-    assert [p.is_alive() for p in peers._processes] == [True, True]  # rank 0 too: a process of its own
+    assert [p.is_alive() for p in peers.transport.processes] == [True, True]  # rank 0 too: a process of its own
     assert not any(p.requires_grad for p in service.model.parameters())  # the backend keeps a served copy only
 
     before = await greedy_logprobs(model, "fsdp")
@@ -104,7 +106,8 @@ async def test_the_backend_serves_what_the_sharded_ranks_train_and_survives_a_de
 def bf16_rank(path: str, connection) -> None:
     """A one-rank sharded trainer computing in bfloat16 (CUDA's default dtype, here on the CPU):
     what its forward sees, and what one step does to its float32 shards."""
-    from art.training.data_parallel import build_trainer, host_store, join_default_group
+    from art.training.collective import host_store, join_default_group
+    from art.training.ranks import build_trainer
     from art.training.options import TrainOptions
 
     store = host_store(2)  # the backend's: one rank, plus the holder
@@ -128,7 +131,7 @@ def test_sharded_ranks_gather_weights_in_the_compute_dtype(tiny_model_path):
     import math
     import multiprocessing
 
-    from art.training.sharded import mixed_precision
+    from art.training.fsdp import mixed_precision
 
     assert mixed_precision(torch.float32).param_dtype is None
     policy = mixed_precision(torch.bfloat16)

@@ -15,7 +15,7 @@ import art
 from art.training.advantages import balance_advantage, group_advantages, reward_std
 from art.training.loss import Normalizer, policy_loss_terms
 from art.training.options import TrainOptions
-from art.training.trainer import prepare_batch
+from art.training.batch import prepare_batch
 
 L = math.log
 MASK = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
@@ -280,7 +280,7 @@ def test_token_entropy_from_the_same_logits_as_the_logprob():
 def test_regularizers_act_on_groups_with_equal_rewards_too():
     """Without KL or entropy terms a group whose rewards are all equal trains nothing and is
     skipped; with either, its samples are kept at advantage 0 so the regularizer acts on them."""
-    from art.training.trainer import EQUAL_REWARDS
+    from art.training.batch import EQUAL_REWARDS
 
     groups = [group_of([1.0, 0.0]), group_of([0.5, 0.5, 0.5], prompt=(2, 1, 1))]
     plain, issues, stats = prepare_batch(groups, TrainOptions())

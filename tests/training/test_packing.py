@@ -9,7 +9,8 @@ import torch
 from art.training import packing
 from art.training.loss import Normalizer, policy_loss_terms, token_logprobs
 from art.training.options import TrainOptions
-from art.training.trainer import Trainer, plan_micro_batches, split_mini_batches
+from art.training.batch import plan_micro_batches, split_mini_batches
+from art.training.trainer import Trainer
 from tests.support.fakes import make_groups, trainer_loss_and_grads
 
 MODES = ("shared_prefix", "packed", "padded")
@@ -109,10 +110,10 @@ def test_slots_reproduce_every_sequence_with_its_positions(mode):
 
 def masked_inputs(trainer, batch):
     """`batch`'s inputs as they were before the causal path: the 4D mask, padding at position 0."""
-    inputs = trainer.batch_inputs(batch)
+    inputs = batch.to_tensors(trainer.pad_id, trainer.device, trainer.dtype)
     real = torch.tensor([[c < len(r.token_ids) for c in range(batch.width)] for r in batch.rows])
-    return {**inputs, "attention": packing.attention_mask(batch.rows, batch.width, torch.float32),
-            "positions": inputs["positions"] * real}
+    return inputs._replace(attention=packing.attention_mask(batch.rows, batch.width, torch.float32),
+                           positions=inputs.positions * real)
 
 
 @pytest.mark.parametrize("mode", ["padded", "packed"])
@@ -134,13 +135,13 @@ def test_one_sequence_rows_take_the_causal_path_with_the_masked_logprobs(lora_mo
     assert len({len(r.token_ids) for r in batch.rows}) > 1  # right padding is part of what is checked
     monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", recording)
     with torch.no_grad():
-        plain = trainer.token_logprobs(trainer.batch_inputs(batch))
+        plain = trainer.token_logprobs(batch.to_tensors(trainer.pad_id, trainer.device, trainer.dtype))
         assert set(calls) == {(mode == "padded", mode == "padded")}
         masked = trainer.token_logprobs(masked_inputs(trainer, batch))
     difference = float((plain - masked).abs().max())
     assert difference < 1e-5, difference
     if mode == "padded":
-        assert trainer.batch_inputs(batch)["attention"] is None
+        assert batch.to_tensors(trainer.pad_id, trainer.device, trainer.dtype).attention is None
 
 
 def test_mini_batches_keep_groups_together_and_cover_the_batch():

@@ -1,4 +1,4 @@
-"""Data-parallel training (`art.training.data_parallel`): two gloo ranks make the update one
+"""Data-parallel training (`art.training.ranks`): two gloo ranks make the update one
 process makes, and a rank that dies mid-step costs that step only."""
 
 from __future__ import annotations
@@ -12,10 +12,11 @@ import pytest
 import torch
 
 import art
-from art.training.data_parallel import (WATCH_INTERVAL_S, Collective, PeerLost, PeerWatcher, RankPeers, RankSpec,
-                                        host_store, start_group)
+from art.training.batch import prepare_batch
+from art.training.collective import Collective, PeerLost, host_store, start_group
 from art.training.options import TrainOptions
-from art.training.trainer import Trainer, prepare_batch
+from art.training.ranks import WATCH_INTERVAL_S, LeadTrainer, PeerWatcher, RankPeers, RankSpec
+from art.training.trainer import Trainer
 from tests.support.fakes import groups_of_choices
 from tests.support.ranks import (assert_same_tensor_updates, assert_same_updates, kill_a_rank_mid_step_then_train,
                                  rank_groups)
@@ -23,13 +24,14 @@ from tests.support.ranks import (assert_same_tensor_updates, assert_same_updates
 LORA = {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "down_proj"]}
 
 
-def tiny_trainer(path, peers=None) -> Trainer:
+def tiny_trainer(path, peers=None) -> Trainer | LeadTrainer:
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch.manual_seed(0)
     model = get_peft_model(AutoModelForCausalLM.from_pretrained(path), LoraConfig(task_type="CAUSAL_LM", **LORA))
-    return Trainer(model, AutoTokenizer.from_pretrained(path), peers=peers)
+    trainer = Trainer(model, AutoTokenizer.from_pretrained(path))
+    return trainer if peers is None else LeadTrainer(trainer, peers)
 
 
 def state(trainer: Trainer) -> tuple[dict, dict]:

@@ -15,7 +15,7 @@ from art.training.options import TrainOptions
 from art.training.sequences import (
     ASSISTANT_DICT, NO_LOGPROBS, NO_TOKEN_IDS, SEQUENCE_BREAK, sequences_of_trajectory,
 )
-from art.training.trainer import EQUAL_REWARDS, prepare_batch
+from art.training.batch import EQUAL_REWARDS, prepare_batch
 from tests.support.fakes import make_choice
 
 

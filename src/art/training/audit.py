@@ -126,9 +126,9 @@ def main(argv: list[str] | None = None) -> int:
     trajectory = Trajectory.from_logging(json.loads(lines[args.index]))
     tokenizer = model = None
     if args.model:
-        from art import base_models
+        from art.base_models import load
 
-        model, tokenizer = base_models.load(args.model)
+        model, tokenizer = load(args.model)
     print(audit(trajectory, tokenizer=tokenizer, model=model).format(trained_only=args.trained_only))
     return 0
 

@@ -22,6 +22,7 @@ exists; the padding's outputs are never read. Other micro-batches get an additiv
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 
@@ -58,6 +59,21 @@ class Row:
     """How many sequences the row holds (1: plain causal attention over it is exact)."""
 
 
+class BatchTensors(NamedTuple):
+    """A micro-batch on the training device: packed rows for the trunk, and per-sequence tensors
+    for the loss, where position t holds token t+1 (the way `policy_loss_terms` reads them)."""
+
+    ids: torch.Tensor  # [rows, width] token ids, right-padded
+    positions: torch.Tensor  # [rows, width] position ids
+    sources: tuple[torch.Tensor, torch.Tensor]  # ([trained], [trained]): (row, column) predicting each trained token
+    targets: torch.Tensor  # [trained] the trained tokens' ids
+    scatter: tuple[torch.Tensor, torch.Tensor]  # ([trained], [trained]): (sequence, position) of each trained token
+    mask: torch.Tensor  # [sequences, tokens-1] 1.0 where the token is trained
+    sampler: torch.Tensor  # [sequences, tokens-1] the sampler's logprobs, 0 where not trained
+    advantages: torch.Tensor  # [sequences]
+    attention: torch.Tensor | None  # [rows, 1, width, width] additive mask; None when every row is one sequence
+
+
 @dataclass
 class MicroBatch:
     """Rows for one forward pass and where each of its sequences' tokens sit in them."""
@@ -80,6 +96,37 @@ class MicroBatch:
     def causal(self) -> bool:
         """Every row is one sequence, so plain causal attention over it is exact."""
         return one_sequence_per_row(self.rows)
+
+    def to_tensors(self, pad_id: int, device: torch.device, dtype: torch.dtype) -> BatchTensors:
+        """The batch's tensors on `device` (`BatchTensors`; the attention mask in `dtype`).
+        Assembled on the host from Python lists, then copied once. `attention` is None when every
+        row holds one sequence (the model's causal path), else the additive 4D mask."""
+        ids, positions = row_tensors(self.rows, pad_id)
+        length = max(len(s.token_ids) for s in self.sequences) - 1
+        mask, sampler = [], []  # [sequences][length]
+        out_row, out_col, src_row, src_col, targets = [], [], [], [], []
+        for i, (s, slots) in enumerate(zip(self.sequences, self.slots)):
+            trained = [t for t in range(1, len(s.token_ids)) if s.trained[t]]
+            out_row += [i] * len(trained)
+            out_col += [t - 1 for t in trained]
+            src_row += [slots[t - 1][0] for t in trained]
+            src_col += [slots[t - 1][1] for t in trained]
+            targets += [s.token_ids[t] for t in trained]
+            padding = [0.0] * (length + 1 - len(s.token_ids))
+            mask.append([1.0 if on else 0.0 for on in s.trained[1:]] + padding)
+            sampler.append([lp if on else 0.0 for on, lp in zip(s.trained[1:], s.sampler_logprobs[1:])] + padding)
+
+        def on_device(values: list, dtype: torch.dtype | None = None) -> torch.Tensor:
+            return torch.tensor(values, dtype=dtype, device=HOST).to(device)
+
+        return BatchTensors(
+            ids=ids.to(device), positions=positions.to(device),
+            sources=(on_device(src_row), on_device(src_col)), targets=on_device(targets),
+            scatter=(on_device(out_row), on_device(out_col)), mask=on_device(mask, torch.float),
+            sampler=on_device(sampler, torch.float), advantages=on_device([s.advantage for s in self.sequences]),
+            # one sequence per row: no mask, so SDPA runs its causal kernels
+            attention=None if self.causal else attention_mask(self.rows, ids.shape[1], dtype, device),
+        )
 
 
 def one_sequence_per_row(rows: list[Row]) -> bool:

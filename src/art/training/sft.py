@@ -124,7 +124,7 @@ def fit(trainer, plan: Plan, options: SFTOptions, *, desc: str = "sft", on_optim
         should_stop=None, quiet: bool = False) -> dict[str, float]:
     """One optimizer step per batch of `plan` on `trainer`'s model; the step's metrics.
     `on_optimizer_step(done, total, metrics)` follows each step (the HTTP stream's events)."""
-    if trainer.peers is not None:
+    if hasattr(trainer, "peers"):  # a handle on a group of ranks (`art.training.ranks`)
         raise ArtValueError("SFT does not support data-parallel or sharded (fsdp) trainer ranks yet; register the "
                             "model with trainer_ranks=1 and without fsdp for SFT", field="trainer_ranks")
     if any(getattr(module, "merged", False) for module in trainer.model.modules()):
@@ -146,9 +146,9 @@ def fit(trainer, plan: Plan, options: SFTOptions, *, desc: str = "sft", on_optim
             for part in micro:
                 if should_stop is not None and should_stop():
                     raise StepCancelledError("the SFT step was cancelled before it finished; it is rolled back")
-                inputs = trainer.batch_inputs(part)
+                inputs = part.to_tensors(trainer.pad_id, trainer.device, trainer.dtype)
                 logprobs = trainer.token_logprobs(inputs)  # [sequences, tokens-1], 0 where not trained
-                share = -(logprobs * inputs["mask"]).sum() / tokens  # this micro-batch's part of the mean
+                share = -(logprobs * inputs.mask).sum() / tokens  # this micro-batch's part of the mean
                 share.backward()
                 loss += share.detach()
                 computed += part.tokens_computed

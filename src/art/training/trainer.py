@@ -22,24 +22,22 @@ from typing import Callable
 import torch
 from tqdm.auto import tqdm
 
-from art.errors import ArtError, ArtValueError, BackendError, StepCancelledError
+from art.errors import ArtValueError, StepCancelledError
 from art.observability import tracing
 
-from art.training.advantages import balance_advantage, group_advantages, reward_std, rewards_differ
-from art.training import packing
-from art.training.data_parallel import Collective, RankPeers
-from art.training import sharded
+from art.training import fsdp
+from art.training.batch import describe, plan_micro_batches, prepare_batch, split_mini_batches
+from art.training.collective import Collective
 from art.training.logprobs import gathered_logprobs, sequence_logprobs
 from art.training.loss import Normalizer, policy_loss_terms
 from art.training.options import ADAMW_BETAS, ADAMW_WEIGHT_DECAY, TrainOptions
-from art.training import sequences
-from art.training.packing import HOST, MicroBatch, attention_mask, row_tensors
-from art.training.sequences import SEQUENCE_BREAK, Sequence, sequences_of_trajectory
+from art.training.packing import BatchTensors, MicroBatch
+from art.training.sequences import SEQUENCE_BREAK, Sequence
 from art.training.sft import enter_rl_mode
+from art.weights import load_full_weights, read_adapter, write_adapter
 
 log = logging.getLogger(__name__)
 
-EQUAL_REWARDS = "group_rewards_all_equal"
 OPTIMIZER_FILE = "optimizer.pt"
 
 
@@ -47,16 +45,16 @@ class Trainer:
     def __init__(self, model, tokenizer, *, lock: threading.RLock | None = None,
                  load_reference: Callable[[], torch.nn.Module] | None = None,
                  device: torch.device | str | None = None, dtype: torch.dtype | None = None,
-                 collective: Collective | None = None, peers: RankPeers | None = None, gather=None) -> None:
+                 collective: Collective | None = None, gather=None) -> None:
         """`model`: a PeftModel whose live adapter is trained, or a plain model trained whole
         (full fine-tuning), already on `device` (default: where its weights are). `dtype`: the
         compute dtype (default: the weights'); float32 weights computed in a lower dtype run
         under autocast. `load_reference` gives the frozen base model the KL term (beta > 0)
         needs under full fine-tuning; it is loaded on first use. With LoRA the reference is
-        the same model with the adapter disabled. Data parallel (`art.training.data_parallel`):
-        `collective` is this rank's view of the group; rank 0 passes `peers` instead, the other
-        ranks it keeps in step. `gather` computes `gathered_logprobs` (a sharded rank's goes
-        through FSDP's root unit: `art.training.sharded.ShardedScorer`)."""
+        the same model with the adapter disabled. Data parallel (`art.training.ranks`):
+        `collective` is this rank's view of the group (`art.training.collective`). `gather`
+        computes `gathered_logprobs` (a sharded rank's goes through FSDP's root unit:
+        `art.training.fsdp.ShardedScorer`)."""
         self.model = model
         self.gather = gather or gathered_logprobs
         first = next(model.parameters())
@@ -74,8 +72,7 @@ class Trainer:
         )
         self.last_trainer_logprobs: list[dict] = []
         """The last step's `trainer_logprob_rows`, for the run's storage."""
-        self.peers = peers
-        self.collective = collective or (peers.collective if peers is not None else Collective())
+        self.collective = collective or Collective()
 
     # -- the update -----------------------------------------------------------------------
     def step(self, groups, options: TrainOptions, *, desc: str = "train",
@@ -84,24 +81,8 @@ class Trainer:
         """Apply one update (`options.optimizer_steps` AdamW steps); returns metrics (with
         `skipped/<reason>` counts and, when nothing could be trained, `nothing_to_train` = 1
         and a warning that says why). `on_optimizer_step(done, total, metrics)` follows each
-        optimizer step. With peers, they train the same step alongside."""
-        if self.peers is None:
-            return self._step(groups, options, desc, on_optimizer_step, should_stop, quiet)
-        failed = True
-        try:
-            self.peers.begin_step(groups, options)
-            metrics = self._step(groups, options, desc, on_optimizer_step, should_stop, quiet)
-            failed = False
-            return metrics
-        except (ArtError, torch.cuda.OutOfMemoryError):
-            raise
-        except Exception as exc:  # most often a collective that lost a rank
-            raise BackendError(f"the data-parallel step failed ({type(exc).__name__}: {exc}); it is rolled back, "
-                               "and ranks that died are started again before the next step") from exc
-        finally:
-            self.peers.end_step(failed)
-
-    def _step(self, groups, options: TrainOptions, desc, on_optimizer_step, should_stop, quiet) -> dict[str, float]:
+        optimizer step. Rank 0 of a group trains through `art.training.ranks.LeadTrainer`,
+        which keeps its peers in step."""
         self.last_trainer_logprobs = []
         if any(getattr(module, "merged", False) for module in self.model.modules()):
             raise RuntimeError("the adapter is merged into the base weights for serving; unmerge it before training "
@@ -204,7 +185,7 @@ class Trainer:
                 self.collective.sum_gradients(self.params)
                 sums = self.collective.sum_values(sums)
         with tracing.span("art.train.optimizer"):
-            sums["grad_norm"] = float(sharded.full_value(torch.nn.utils.clip_grad_norm_(self.params,
+            sums["grad_norm"] = float(fsdp.full_value(torch.nn.utils.clip_grad_norm_(self.params,
                                                                                          options.max_grad_norm)))
             if not (math.isfinite(sums["loss"]) and math.isfinite(sums["grad_norm"])):
                 raise _diverged(options, f"the loss ({sums['loss']}) or its gradient norm ({sums['grad_norm']}) "
@@ -216,12 +197,12 @@ class Trainer:
 
     def weights_finite(self) -> bool:
         """No trained weight (this rank's shard of it) is NaN or Inf: one device sync in all."""
-        return bool(torch.stack([torch.isfinite(sharded.local_part(p)).all() for p in self.params]).all())
+        return bool(torch.stack([torch.isfinite(fsdp.local_part(p)).all() for p in self.params]).all())
 
     def _filler_pass(self, options: TrainOptions, normalizer: Normalizer) -> None:
         """A forward and backward whose loss is multiplied by 0, so this rank's FSDP collectives
-        meet those of a rank with more micro-batches (`art.training.sharded`)."""
-        terms = self._forward(sharded.filler_batch(self.pad_id), options, normalizer)
+        meet those of a rank with more micro-batches (`art.training.fsdp`)."""
+        terms = self._forward(fsdp.filler_batch(self.pad_id), options, normalizer)
         (terms["loss"] * 0.0).backward()
 
     @contextlib.contextmanager
@@ -255,58 +236,22 @@ class Trainer:
         else:
             (base.activation_checkpointing_disable if new_names else base.gradient_checkpointing_disable)()
 
-    def batch_inputs(self, batch: MicroBatch) -> dict[str, torch.Tensor]:
-        """Packed rows for the trunk, and per-sequence tensors [sequences, tokens-1] for the loss
-        (position t holds token t+1, the way `policy_loss_terms` reads them), on the device.
-        Assembled on the host from Python lists, then copied once. "attention" is None when every
-        row holds one sequence (the model's causal path), else the additive 4D mask."""
-        ids, positions = row_tensors(batch.rows, self.pad_id)
-        length = max(len(s.token_ids) for s in batch.sequences) - 1
-        mask, sampler = [], []  # [sequences][length]
-        out_row, out_col, src_row, src_col, targets = [], [], [], [], []
-        for i, (s, slots) in enumerate(zip(batch.sequences, batch.slots)):
-            trained = [t for t in range(1, len(s.token_ids)) if s.trained[t]]
-            out_row += [i] * len(trained)
-            out_col += [t - 1 for t in trained]
-            src_row += [slots[t - 1][0] for t in trained]
-            src_col += [slots[t - 1][1] for t in trained]
-            targets += [s.token_ids[t] for t in trained]
-            padding = [0.0] * (length + 1 - len(s.token_ids))
-            mask.append([1.0 if on else 0.0 for on in s.trained[1:]] + padding)
-            sampler.append([lp if on else 0.0 for on, lp in zip(s.trained[1:], s.sampler_logprobs[1:])] + padding)
-
-        def host_tensor(values: list, dtype: torch.dtype | None = None) -> torch.Tensor:
-            return torch.tensor(values, dtype=dtype, device=HOST)
-
-        host = {
-            "ids": ids, "positions": positions, "sources": (host_tensor(src_row), host_tensor(src_col)),
-            "targets": host_tensor(targets), "scatter": (host_tensor(out_row), host_tensor(out_col)),
-            "mask": host_tensor(mask, torch.float), "sampler": host_tensor(sampler, torch.float),
-            "advantages": host_tensor([s.advantage for s in batch.sequences]),
-        }
-        inputs = {k: tuple(t.to(self.device) for t in v) if isinstance(v, tuple) else v.to(self.device)
-                  for k, v in host.items()}
-        # one sequence per row: no mask, so SDPA runs its causal kernels (art.training.packing)
-        inputs["attention"] = None if batch.causal else attention_mask(batch.rows, ids.shape[1], self.dtype,
-                                                                       self.device)
-        return inputs
-
     def compute_precision(self):
         """The forward pass's precision: autocast to `dtype` over float32 weights, else as stored."""
         if self.autocast:
             return torch.autocast(self.device.type, dtype=self.dtype)
         return contextlib.nullcontext()
 
-    def token_logprobs(self, inputs: dict[str, torch.Tensor], with_entropy: bool = False):
-        """Trainer logprobs of the trained tokens, laid out like inputs["mask"]; 0 elsewhere.
+    def token_logprobs(self, inputs: BatchTensors, with_entropy: bool = False):
+        """Trainer logprobs of the trained tokens, laid out like `inputs.mask`; 0 elsewhere.
         With `with_entropy`, also the entropy of each trained token's distribution, laid out alike."""
         with self.compute_precision():
-            values = self.gather(self.model, inputs["ids"], inputs["attention"], inputs["sources"],
-                                       inputs["targets"], position_ids=inputs["positions"], with_entropy=with_entropy)
-        out = torch.zeros(inputs["mask"].shape, dtype=values.dtype, device=values.device)
+            values = self.gather(self.model, inputs.ids, inputs.attention, inputs.sources, inputs.targets,
+                                 position_ids=inputs.positions, with_entropy=with_entropy)
+        out = torch.zeros(inputs.mask.shape, dtype=values.dtype, device=values.device)
         if not with_entropy:
-            return out.index_put(inputs["scatter"], values)
-        return out.index_put(inputs["scatter"], values[0]), out.index_put(inputs["scatter"], values[1])
+            return out.index_put(inputs.scatter, values)
+        return out.index_put(inputs.scatter, values[0]), out.index_put(inputs.scatter, values[1])
 
     @torch.no_grad()
     def _pre_update_logprobs(self, batches: list[MicroBatch | None]) -> list[torch.Tensor | None]:
@@ -314,8 +259,8 @@ class Trainer:
         batch's pass is run and dropped)."""
         out = []
         for batch in batches:
-            filled = batch if batch is not None else sharded.filler_batch(self.pad_id)
-            values = self.token_logprobs(self.batch_inputs(filled))
+            filled = batch if batch is not None else fsdp.filler_batch(self.pad_id)
+            values = self.token_logprobs(filled.to_tensors(self.pad_id, self.device, self.dtype))
             out.append(values if batch is not None else None)
         return out
 
@@ -330,17 +275,17 @@ class Trainer:
 
     def _forward(self, batch: MicroBatch, options: TrainOptions, normalizer: Normalizer,
                  before: torch.Tensor | None = None, record: bool = False) -> dict[str, torch.Tensor]:
-        inputs = self.batch_inputs(batch)
+        inputs = batch.to_tensors(self.pad_id, self.device, self.dtype)
         new, entropy = self.token_logprobs(inputs, with_entropy=True)  # [sequences, tokens-1] each
         if record:
             keep_trainer_logprobs(batch.sequences, new if before is None else before)
         ref = None
         if options.beta > 0:
             ref = self._reference_logprobs(inputs)
-        sampler = inputs["sampler"]
+        sampler = inputs.sampler
         epsilon, epsilon_high = options.clip_range()
         return policy_loss_terms(
-            new, sampler if before is None else before, inputs["advantages"], inputs["mask"],
+            new, sampler if before is None else before, inputs.advantages, inputs.mask,
             epsilon=epsilon, epsilon_high=epsilon_high, beta=options.beta, ref_logprobs=ref,
             ppo=options.ppo, importance_sampling_level=options.importance_sampling_level,
             sampler_logprobs=None if before is None else sampler,
@@ -349,7 +294,7 @@ class Trainer:
         )
 
     @torch.no_grad()
-    def _reference_logprobs(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+    def _reference_logprobs(self, inputs: BatchTensors) -> torch.Tensor:
         if not self.full_finetune:
             with self.model.disable_adapter():
                 return self.token_logprobs(inputs)
@@ -369,60 +314,33 @@ class Trainer:
         """The adapter (peft format) or, under full fine-tuning, the whole model (HF format),
         servable by vLLM either way; and the optimizer state."""
         if self.collective.sharded:
-            return sharded.save(self, folder)
+            return fsdp.save(self, folder)
         with self.lock:
             if self.full_finetune:
                 self.model.save_pretrained(str(folder))
             else:
-                self.model.save_pretrained(str(folder), selected_adapters=["default"])
+                write_adapter(self.model, folder)
             torch.save(self.optimizer.state_dict(), Path(folder) / OPTIMIZER_FILE)
 
     def restore(self, folder: Path) -> None:
         if self.collective.sharded:
-            return sharded.restore(self, folder)
+            return fsdp.restore(self, folder)
         with self.lock:
             if self.full_finetune:
-                self._restore_full(Path(folder))
+                load_full_weights(self.model, Path(folder))
             else:
                 self._restore_adapter(Path(folder))
             optimizer_file = Path(folder) / OPTIMIZER_FILE
             if optimizer_file.exists():
                 self.optimizer.load_state_dict(torch.load(optimizer_file, weights_only=True, map_location=self.device))
-        self.sync_peers(folder)
-
-    def sync_peers(self, folder: Path) -> None:
-        """Rank 0: every peer loads checkpoint `folder`, the one this rank holds (peers that
-        died are started again first)."""
-        if self.peers is not None:
-            self.collective = self.peers.restore(Path(folder))
-
 
     def _restore_adapter(self, folder: Path) -> None:
         from peft import set_peft_model_state_dict
-        from safetensors.torch import load_file
 
-        weights = load_file(str(folder / "adapter_model.safetensors"))
-        result = set_peft_model_state_dict(self.model, weights, adapter_name="default")
+        result = set_peft_model_state_dict(self.model, read_adapter(folder), adapter_name="default")
         missing = [k for k in getattr(result, "unexpected_keys", []) if "lora" in k]
         if missing:
             raise RuntimeError(f"checkpoint {folder} does not match the adapter: {missing[:3]}")
-
-    def _restore_full(self, folder: Path) -> None:
-        load_full_weights(self.model, folder)
-
-
-def load_full_weights(model, folder: Path) -> None:
-    """A fully fine-tuned checkpoint (HF safetensors shards) into `model`, every weight checked."""
-    from safetensors.torch import load_file
-
-    weights: dict[str, torch.Tensor] = {}
-    for shard in sorted(Path(folder).glob("model*.safetensors")):
-        weights.update(load_file(str(shard)))
-    missing, unexpected = model.load_state_dict(weights, strict=False)
-    tied = {"lm_head.weight"} if getattr(model.config, "tie_word_embeddings", False) else set()
-    if unexpected or set(missing) - tied:
-        raise RuntimeError(f"checkpoint {folder} does not match the model: missing {sorted(missing)[:3]}, "
-                           f"unexpected {sorted(unexpected)[:3]}")
 
 
 def _diverged(options: TrainOptions, what: str) -> ArtValueError:
@@ -435,35 +353,6 @@ def _is_peft(model) -> bool:
     from peft import PeftModel
 
     return isinstance(model, PeftModel)
-
-
-def prepare_batch(groups, options: TrainOptions) -> tuple[list[Sequence], Counter, dict[str, float]]:
-    """Advantages per group, then sequences; skips (and counts) what carries no signal. With a
-    KL or entropy term every sample is kept, advantage 0 included: the regularizer must also
-    act where the rewards are equal, which is where a collapsed policy's groups end up."""
-    issues: Counter = Counter()
-    sequences: list[Sequence] = []
-    trained_groups = 0
-    regularized = options.beta > 0 or options.entropy_bonus > 0
-    groups = [list(group.trajectories) for group in groups]
-    batch_std = reward_std([float(t.reward) for group in groups for t in group])
-    for index, trajectories in enumerate(groups):
-        rewards = [float(t.reward) for t in trajectories]
-        if rewards_differ(rewards):
-            trained_groups += 1
-        elif not regularized:
-            issues[EQUAL_REWARDS] += 1
-            continue
-        advantages = group_advantages(rewards, scale_rewards=options.reward_scaling, batch_std=batch_std)
-        for member, (trajectory, advantage) in enumerate(zip(trajectories, advantages)):
-            advantage = balance_advantage(advantage, options.advantage_balance)
-            for sequence in sequences_of_trajectory(trajectory, issues):
-                if advantage == 0.0 and not regularized:
-                    continue  # contributes no gradient
-                sequence.advantage = advantage
-                sequence.group, sequence.member = index, member
-                sequences.append(sequence)
-    return sequences, issues, {"groups_trained": float(trained_groups)}
 
 
 def keep_trainer_logprobs(batch: list[Sequence], logprobs: torch.Tensor) -> None:
@@ -482,39 +371,3 @@ def trainer_logprob_rows(sequences: list[Sequence]) -> list[dict]:
     comes from and its trainer logprobs."""
     return [{"group": s.group, "trajectory": s.member, "sequence": s.ordinal, "logprobs": s.trainer_logprobs}
             for s in sequences if s.trainer_logprobs is not None]
-
-
-def split_mini_batches(sequences: list[Sequence], parts: int) -> list[list[Sequence]]:
-    """`parts` contiguous slices of near-equal size, in group order (so groups stay together
-    when there are at least as many groups as parts)."""
-    ordered = sorted(sequences, key=lambda s: s.group)
-    size, extra = divmod(len(ordered), parts)
-    out, start = [], 0
-    for i in range(parts):
-        end = start + size + (1 if i < extra else 0)
-        out.append(ordered[start:end])
-        start = end
-    return out
-
-
-def plan_micro_batches(sequences: list[Sequence], options: TrainOptions) -> list[MicroBatch]:
-    groups: dict[int, list[Sequence]] = {}
-    for s in sequences:
-        groups.setdefault(s.group, []).append(s)
-    return packing.plan(list(groups.values()), mode=options.packing, row_tokens=options.packed_row_tokens,
-                        batch_tokens=options.micro_batch_tokens)
-
-
-def describe(issues: Counter) -> str:
-    hints = {
-        EQUAL_REWARDS: "groups whose rewards are all equal carry no signal",
-        sequences.NO_TOKEN_IDS: "choices without prompt_token_ids/token_ids (not from an art backend?)",
-        sequences.NO_LOGPROBS: "choices without logprobs matching their token ids",
-        sequences.ASSISTANT_DICT: "assistant turns given as dicts are context only; append the Choice to train it",
-        sequences.NO_CHOICES: "trajectories with no trainable Choice",
-        sequences.SEQUENCE_BREAK: "turns whose prompt ids do not extend the earlier "
-        "ids (trained as a new sequence; see art.training.audit)",
-    }
-    return "; ".join(f"{n} x {hints.get(reason, reason)}" for reason, n in sorted(issues.items()))
-
-

@@ -2,7 +2,7 @@
 
 With `_internal_config={"full_finetune": True, "trainer_ranks": N, "fsdp": True}` each rank
 holds 1/N of the float32 weights, gradients and AdamW state, so a model too large to train on
-one device trains on N. The data-parallel machinery stays as it is (`art.training.data_parallel`:
+one device trains on N. The data-parallel machinery stays as it is (`art.training.ranks`:
 groups sharded by rank, the loss normalised by the whole mini-batch); FSDP2 replaces the one
 flat all-reduce with an all-gather of each decoder layer's weights before it runs and a
 reduce-scatter (a sum) of its gradients after its backward.
@@ -10,7 +10,7 @@ reduce-scatter (a sum) of its gradients after its backward.
 FSDP2 runs on torch's default process group, of which a process has one, so every rank,
 rank 0 included, is a process of its own (`RankPeers` with `RankSpec.sharded`); the backend's
 process keeps only the engine's served copy of the model, in the serving dtype. That copy is
-reloaded from each checkpoint the ranks write (`ShardedTrainer.save`/`restore`), and the
+reloaded from each checkpoint the ranks write (`art.training.ranks.ShardedTrainer`), and the
 weight-sync probe asks the ranks for their logprobs, so it compares the served copy with the
 trained shards for real.
 
@@ -25,7 +25,6 @@ gathered as they are stored.
 
 from __future__ import annotations
 
-import contextlib
 import math
 from pathlib import Path
 
@@ -34,6 +33,7 @@ import torch
 from art.training import packing
 from art.training.logprobs import gathered_logprobs
 from art.training.sequences import Sequence
+from art.weights import read_shards
 
 OPTIMIZER_FILE = "optimizer_by_name.pt"
 """AdamW state keyed by parameter name (the full, unsharded form), written by rank 0. Not
@@ -117,6 +117,8 @@ def save(trainer, folder: Path) -> None:
     whole = StateDictOptions(full_state_dict=True, cpu_offload=True)
     weights = get_model_state_dict(trainer.model, options=whole)
     optimizer = get_optimizer_state_dict(trainer.model, trainer.optimizer, options=whole)
+    # Every rank takes part in gathering the whole state, but only rank 0 writes it (and, in
+    # `restore`, reads it): the ranks share the folder's disk, and one copy is the checkpoint.
     if trainer.collective.rank == 0:
         for alias in tied_aliases(trainer.model):  # gathered as copies, they no longer look tied to transformers
             weights.pop(alias, None)
@@ -134,7 +136,6 @@ def tied_aliases(model) -> set[str]:
 def restore(trainer, folder: Path) -> None:
     """Rank 0 reads the checkpoint and every rank takes its shard (each rank checks the folder
     itself: they share its disk)."""
-    from safetensors.torch import load_file
     from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
                                                          set_optimizer_state_dict)
 
@@ -142,8 +143,7 @@ def restore(trainer, folder: Path) -> None:
     options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=False)
     weights: dict = {}
     if first:
-        for shard in sorted(Path(folder).glob("model*.safetensors")):
-            weights.update(load_file(str(shard)))
+        weights = read_shards(folder)
         expected = set(trainer.model.state_dict())
         missing, unexpected = expected - set(weights) - tied_aliases(trainer.model), set(weights) - expected
         if missing or unexpected:
@@ -154,47 +154,3 @@ def restore(trainer, folder: Path) -> None:
     if optimizer_file.exists():
         state = torch.load(optimizer_file, weights_only=True) if first else {}
         set_optimizer_state_dict(trainer.model, trainer.optimizer, state, options=options)
-
-
-class ShardedTrainer:
-    """The backend's handle on a sharded trainer: what `ModelService` asks of a `Trainer`
-    (step, save, restore, the probe's logprobs), done by the rank processes in `peers`. `model`
-    is the engine's served copy; it takes the weights of each checkpoint written or restored."""
-
-    full_finetune = True
-
-    def __init__(self, model, peers, *, lock, device: torch.device, dtype: torch.dtype) -> None:
-        self.model, self.peers, self.lock = model, peers, lock
-        self.device, self.dtype = torch.device(device), dtype
-        self.last_trainer_logprobs: list[dict] = []
-        peers.start()  # the ranks build the base model's shards; a checkpoint is restored into them next
-
-    def step(self, groups, options, *, desc: str = "train", on_optimizer_step=None, should_stop=None,
-             quiet: bool = False) -> dict[str, float]:
-        metrics, self.last_trainer_logprobs = self.peers.sharded_step(groups, options, on_optimizer_step, should_stop)
-        return metrics
-
-    def save(self, folder: Path) -> None:
-        self.peers.command("save", str(folder))
-        self._serve(folder)
-
-    def restore(self, folder: Path) -> None:
-        self.peers.restore(Path(folder))
-        self._serve(folder)
-
-    def sync_peers(self, folder: Path) -> None:
-        """The ranks already hold what they saved; only started again when they died."""
-        if not self.peers.healthy:
-            self.peers.restore(Path(folder))
-
-    def probe_logprobs(self, prompt: list[int], completion: list[int]) -> list[float]:
-        return self.peers.command("logprobs", prompt, completion)
-
-    def compute_precision(self):
-        return contextlib.nullcontext()
-
-    def _serve(self, folder: Path) -> None:
-        from art.training.trainer import load_full_weights
-
-        with self.lock:
-            load_full_weights(self.model, Path(folder))
