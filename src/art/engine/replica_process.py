@@ -46,7 +46,7 @@ class ReplicaSpec:
 
 
 def build_engine(spec: ReplicaSpec, device: str):
-    """A replica's model and engine on `device`, built the way `ModelService` builds the backend's."""
+    """A replica's model and engine on `device`, built the way `art.service.build` builds the backend's."""
     import art.base_models
     from art.engine.adapters import AdapterSet
     from art.engine.llm_engine import LLMEngine

@@ -64,34 +64,43 @@ def load_model(root, spec: ModelSpec, placement: str = "processes") -> LoadedMod
     engine = LLMEngine(model, tokenizer, engine_config, lock=lock, adapters=adapters)
     replicas = None
     if settings.engine_replicas > 1:  # replicas 1..N-1 build the same model in processes of their own
-        from art.engine.replicas import ReplicaSet, ReplicaSpec, replica_threads
+        from art.devices import process_threads
+        from art.engine.replica_process import REPLICA_THREADS, ReplicaSpec
+        from art.engine.replicas import ReplicaSet
 
         replica_class = None
         if on_ray:
             from art.ray_cluster import RayReplica as replica_class
-        replica_spec = ReplicaSpec(base_model, lora, engine.config, replica_threads())
+        replica_spec = ReplicaSpec(base_model, lora, engine.config, process_threads(REPLICA_THREADS))
         replicas = ReplicaSet(engine, replica_spec, settings.engine_replicas, replica_class)
     peers = None
     if settings.trainer_ranks > 1 or settings.fsdp:  # ranks 1..N-1 (sharded: all N) are processes of their own
-        from art.training.data_parallel import RankPeers, RankSpec
+        from art.training.ranks import RankPeers, RankSpec
 
+        transport = None
         if on_ray:
-            from art.ray_cluster import RayRankPeers as RankPeers
+            from art.ray_cluster import RayRanks as transport
         peers = RankPeers(settings.trainer_ranks, RankSpec(base_model, lora, str(device),
-                                                           str(dtype).removeprefix("torch."), settings.fsdp))
+                                                           str(dtype).removeprefix("torch."), settings.fsdp),
+                          transport)
     if settings.fsdp:
-        from art.training.sharded import ShardedTrainer
+        from art.training.ranks import ShardedTrainer
 
         trainer = ShardedTrainer(model, peers, lock=lock, device=device, dtype=dtype)
     else:
-        trainer = Trainer(model, tokenizer, lock=lock, device=device, dtype=dtype, peers=peers,
+        trainer = Trainer(model, tokenizer, lock=lock, device=device, dtype=dtype,
                           load_reference=reference_loader(base_model, lora, dtype=dtype, device=device))
+        if peers is not None:
+            from art.training.ranks import LeadTrainer
+
+            trainer = LeadTrainer(trainer, peers)
     store = CheckpointStore(directory.checkpoints)
     latest = store.latest_step()
     if latest is None:
         store.write(0, trainer.save)
         latest = 0
-        trainer.sync_peers(store.path(0))
+        if peers is not None:
+            trainer.sync_peers(store.path(0))
     else:
         trainer.restore(store.path(latest))
     adapters.live_step = latest

@@ -3,7 +3,7 @@
 The engine and the trainer share one model on one device, a PeftModel or, with
 `full_finetune`, the plain model: the base weights exist once (bf16 on CUDA), a weight update is
 visible to the next request with no reload or transfer, and one lock keeps sampling and a
-training step from overlapping. Sharded full fine-tuning (`fsdp`, `art.training.sharded`) is the
+training step from overlapping. Sharded full fine-tuning (`fsdp`, `art.training.fsdp`) is the
 exception: rank processes hold the trained weights, and the engine's copy loads each checkpoint.
 
 `art.service.build` loads one; `art.service.update` changes its weights, one transaction per step.
@@ -20,6 +20,7 @@ from art.naming import echo, model_part, parse_served_name
 from art.storage import CheckpointStore, ModelDir
 from art.training.options import TrainOptions
 from art.training.validate import check_groups
+from art.weights import adapter_tensors
 
 
 class LoadedModel:
@@ -85,10 +86,8 @@ class LoadedModel:
         fully fine-tuned, the current checkpoint's folder."""
         if self.full_finetune:
             return self.store.path(self.step)
-        from peft import get_peft_model_state_dict
-
         with self.lock:
-            return {k: v.detach().to("cpu", copy=True) for k, v in get_peft_model_state_dict(self.model).items()}
+            return adapter_tensors(self.model)
 
     async def restart_replicas(self) -> list[int]:
         """Start the replicas that left the rotation again, on the current weights; their indices."""
@@ -137,7 +136,7 @@ class LoadedModel:
         self.engine.stop()
         if self.replicas is not None:
             self.replicas.close()
-        if self.trainer.peers is not None:
+        if hasattr(self.trainer, "peers"):  # a handle on a group of ranks (`art.training.ranks`)
             self.trainer.peers.close()
 
     def delete_checkpoints(self, keep: set[int]) -> list[int]:

@@ -6,7 +6,7 @@ adapter selection, prefix cache, live-step bookkeeping: what an HTTP request goe
 then the trainer scores exactly those ids with its own forward pass. On CPU both share one
 model, so a difference means the serving path is wrong (stale cached KV, the wrong adapter,
 a step label that lies), not that the weights differ. A sharded trainer (FSDP2,
-`art.training.sharded`) scores with its ranks' shards, so there it also checks that the
+`art.training.fsdp`) scores with its ranks' shards, so there it also checks that the
 engine's copy took the trained weights. It costs one short prompt and `PROBE_TOKENS` decode
 steps per update.
 """
@@ -17,8 +17,9 @@ import asyncio
 
 import torch
 
+from art.chat_template import prompt_ids
 from art.engine.base import SamplingParams
-from art.errors import WeightSyncError
+from art.errors import ArtValueError, WeightSyncError
 
 PROBE_MESSAGE = "Reply with one word: are you ready?"
 PROBE_TOKENS = 4
@@ -36,13 +37,10 @@ METRIC = "weight_sync_max_abs_diff"
 def probe_prompt(tokenizer) -> list[int]:
     """The chat template on a fixed user message, or plain text for a model without one."""
     try:
-        ids = tokenizer.apply_chat_template([{"role": "user", "content": PROBE_MESSAGE}],
-                                            add_generation_prompt=True, tokenize=True)
-    except (ValueError, TypeError, AttributeError):  # no chat template
-        ids = tokenizer.encode(PROBE_MESSAGE)
-    if not isinstance(ids, list):  # transformers 5: a BatchEncoding
-        ids = ids["input_ids"]
-    return [int(i) for i in ids]
+        return prompt_ids(tokenizer, [{"role": "user", "content": PROBE_MESSAGE}], None,
+                          add_generation_prompt=True, where="the probe message")
+    except ArtValueError:  # no chat template
+        return [int(i) for i in tokenizer.encode(PROBE_MESSAGE)]
 
 
 async def check(service, via=None, known: dict | None = None) -> dict[str, float]:
@@ -86,7 +84,7 @@ def trainer_logprobs(service, prompt: list[int], completion: list[int]) -> list[
     """The trainer's log p of each completion token after the prompt, with the function the
     loss uses, on the model as the trainer sees it: the engine paused (its serving state, such
     as a LoRA merged into the base weights, undone), as for a training step. A sharded trainer
-    (`art.training.sharded`) answers from its ranks' weights, not the engine's copy."""
+    (`art.training.fsdp`) answers from its ranks' weights, not the engine's copy."""
     with service.engine.paused():
         return service.trainer.probe_logprobs(prompt, completion)
 

@@ -42,10 +42,10 @@ class ModelSettings:
     seed: int = 0
     """Seeds the LoRA initialisation at step 0."""
     trainer_ranks: int = 1
-    """Data-parallel trainer ranks (`art.training.data_parallel`): rank 0 shares the engine's
+    """Data-parallel trainer ranks (`art.training.ranks`): rank 0 shares the engine's
     model, ranks 1..N-1 are processes of their own."""
     fsdp: bool = False
-    """Full fine-tuning sharded over the trainer ranks with FSDP2 (`art.training.sharded`):
+    """Full fine-tuning sharded over the trainer ranks with FSDP2 (`art.training.fsdp`):
     every rank is a process of its own, the backend keeps the engine's served copy."""
     engine_replicas: int = 1
     """Engine replicas behind the endpoint (`art.engine.replicas`): replica 0 is the engine

@@ -14,7 +14,7 @@ once and rolls back instead of hanging in a collective (gloo notices a closed so
 NCCL does not notice at all).
 
 The backend holds a group of ranks through `LeadTrainer` (rank 0 trains here, its peers
-alongside) or `ShardedTrainer` (every rank is a process); both answer what `ModelService` asks
+alongside) or `ShardedTrainer` (every rank is a process); both answer what `LoadedModel` asks
 of a `Trainer`.
 """
 
@@ -64,7 +64,7 @@ class RankSpec:
 
 
 def build_trainer(spec: RankSpec, collective: Collective) -> Trainer:
-    """A rank's model and Trainer, built the way `ModelService` builds rank 0's."""
+    """A rank's model and Trainer, built the way `art.service.build` builds rank 0's."""
     dtype, device = getattr(torch, spec.dtype), collective.device
     model, tokenizer = art.base_models.load_policy(spec.base_model, spec.lora, dtype=dtype, device=device)
     gather = shard_model(model, device, dtype) if spec.sharded else None
@@ -477,7 +477,7 @@ class LeadTrainer:
 
 
 class ShardedTrainer:
-    """The backend's handle on a sharded trainer: what `ModelService` asks of a `Trainer`
+    """The backend's handle on a sharded trainer: what `LoadedModel` asks of a `Trainer`
     (step, save, restore, the probe's logprobs), done by the rank processes in `peers`. `model`
     is the engine's served copy; it takes the weights of each checkpoint written or restored."""
 

@@ -9,7 +9,7 @@ the token-normalised negative log-likelihood of the trained tokens:
     L = -(1 / sum_i |y_i|) * sum_i sum_{t in y_i} log p(x_{i,t} | x_{i,<t})
 
 over the batch's sequences i and their assistant tokens y_i. The update transaction around it
-(pause the engine, checkpoint, publish, weight-sync probe, roll back) is `ModelService`'s, the
+(pause the engine, checkpoint, publish, weight-sync probe, roll back) is `art.service.update`'s, the
 same as for GRPO: one `train_sft` call writes one checkpoint, whatever its number of batches,
 as in ART.
 
