@@ -7,8 +7,8 @@ import importlib
 
 import pytest
 
-from art.errors import ArtValueError
 from art import retry
+from art.errors import ArtValueError
 from art.utils import DatasetBatch, iterate_dataset, limit_concurrency
 
 retry_module = importlib.import_module("art._retry")

@@ -15,12 +15,12 @@ import httpx
 import pytest
 
 import art
-from art.service.local import LocalService
 from art.cli import main as cli_main
 from art.dashboard.app import create_dashboard_app
 from art.dashboard.runs import TRAINING_WINDOW_S, list_runs
 from art.serve import create_serve_app
 from art.server.thread import ServerThread
+from art.service.local import LocalService
 
 SHOTS = os.environ.get("ART_DASHBOARD_SHOTS")
 """A folder to copy the browser test's screenshots to (they are always saved under tmp_path)."""

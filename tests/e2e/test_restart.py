@@ -13,9 +13,9 @@ import pytest
 
 import art
 from art.backends.local import LocalBackend
-from art.service.local import LocalService
 from art.errors import BackendError, StepConflictError
 from art.serve import create_serve_app
+from art.service.local import LocalService
 from tests.support.servers import gather, start_server
 
 KEY = "restart-key-5150"

@@ -15,13 +15,13 @@ import pytest
 import torch
 
 import art
-from art.service import probe
 from art.engine.adapters import LIVE, AdapterSet
 from art.engine.base import AdapterRef, SamplingParams
 from art.engine.config import EngineConfig
 from art.engine.llm_engine import LLMEngine
 from art.engine.static_runner import StaticRunner
 from art.errors import ArtValueError
+from art.service import probe
 from tests.support.models import tiny_model
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]

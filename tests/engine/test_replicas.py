@@ -12,12 +12,12 @@ import pytest
 import torch
 
 import art
-from art.engine.base import AdapterRef, SamplingParams
-from art.errors import BackendUnavailableError
 from art.devices import device_for, use_device
+from art.engine.base import AdapterRef, SamplingParams
 from art.engine.replica_process import ReplicaSpec
 from art.engine.replicas import ReplicaSet
 from art.engine.router import BALANCE, PrefixRouter, Replica, ReplicaUnavailableError
+from art.errors import BackendUnavailableError
 
 SYSTEM = list(range(1000, 1040))  # a chat template's common head: every prompt starts with it
 

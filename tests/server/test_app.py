@@ -15,8 +15,8 @@ import pytest
 from art.engine.base import Completion
 from art.server.app import create_app
 from art.server.openai_format import IncrementalText
-from tests.support.registry import SingleModelRegistry
 from art.server.thread import ServerThread
+from tests.support.registry import SingleModelRegistry
 
 MODEL = "tiny"
 MESSAGES = [{"role": "user", "content": "Say something."}]

@@ -12,9 +12,9 @@ import pytest
 
 import art
 from art.serve import create_serve_app
+from art.server.thread import ServerThread
 from art.service import probe
 from art.service.local import LocalService
-from art.server.thread import ServerThread
 from tests.support.devices import DEVICES
 
 pytestmark = pytest.mark.integration

@@ -18,8 +18,10 @@ from schemathesis.checks import not_a_server_error  # noqa: E402
 
 import art  # noqa: E402
 from art.serve import create_serve_app  # noqa: E402
-from art.service.local import LocalService  # noqa: E402
 from art.service import ModelSpec  # noqa: E402
+from art.service.local import LocalService  # noqa: E402
+
+pytestmark = pytest.mark.integration  # the whole served app, a model loaded and trained
 
 KEY = "fuzz-key-987"
 AUTH = {"Authorization": f"Bearer {KEY}"}

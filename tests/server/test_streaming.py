@@ -16,8 +16,8 @@ import pytest
 from art.engine.llm_engine import TTFT_WINDOW
 from art.engine.replicas import ReplicaSet
 from art.server.app import create_app
-from tests.support.registry import SingleModelRegistry
 from art.server.thread import ServerThread
+from tests.support.registry import SingleModelRegistry
 
 pytestmark = pytest.mark.integration
 

@@ -19,9 +19,9 @@ from art.engine.base import SamplingParams
 from art.engine.llm_engine import LLMEngine
 from art.engine.reference import ReferenceSampler
 from art.server.app import create_app
-from tests.support.registry import SingleModelRegistry
 from art.server.structured_output import grammar_for
 from art.server.thread import ServerThread
+from tests.support.registry import SingleModelRegistry
 
 MODEL = "tiny"
 ANSWER = {

@@ -9,10 +9,10 @@ import pytest
 
 import art
 from art.backends.adapter import ServiceBackend
-from art.service.local import LocalService
 from art.backends.remote import RemoteService
 from art.errors import ArtValueError, ModelNotFoundError
 from art.service import ModelSpec, Service, resolve_train_options
+from art.service.local import LocalService
 
 
 def test_options_merge_in_order_and_a_bad_one_names_where_it_came_from():

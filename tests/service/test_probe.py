@@ -9,8 +9,8 @@ import re
 import pytest
 
 import art
-from art.service import probe
 from art.errors import WeightSyncError
+from art.service import probe
 from art.storage.layout import ModelDir
 
 pytestmark = pytest.mark.integration

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import art
-from art.service.local import LocalService
 from art.errors import ArtValueError
+from art.service.local import LocalService
 
 pytestmark = pytest.mark.integration
 

@@ -14,8 +14,8 @@ import pytest
 
 import art
 from art.serve import create_serve_app
-from art.service.local import LocalService
 from art.server.thread import ServerThread
+from art.service.local import LocalService
 
 pytestmark = pytest.mark.integration
 

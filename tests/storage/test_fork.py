@@ -14,10 +14,10 @@ import httpx
 import pytest
 
 import art
-from art.service.local import LocalService
 from art.errors import ArtValueError
 from art.serve import create_serve_app
 from art.server.thread import ServerThread
+from art.service.local import LocalService
 from art.storage.checkpoints import CheckpointStore
 from art.storage.fork import copy_checkpoint, plan_fork
 from art.storage.layout import ModelDir

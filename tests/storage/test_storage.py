@@ -7,9 +7,9 @@ import textwrap
 
 import pytest
 
+from art.errors import ArtValueError
 from art.storage import CheckpointStore, append_history, read_history
 from art.storage.layout import ModelDir
-from art.errors import ArtValueError
 
 
 def test_checkpoint_appears_only_when_complete(tmp_path):

@@ -11,9 +11,9 @@ from openai.types.chat.chat_completion_message import ChatCompletionMessage
 from openai.types.chat.chat_completion_token_logprob import ChatCompletionTokenLogprob
 
 import art
+from art.training.batch import plan_micro_batches
 from art.training.loss import Normalizer
 from art.training.sequences import Sequence
-from art.training.batch import plan_micro_batches
 from art.training.trainer import Trainer
 
 

@@ -19,8 +19,8 @@ import sys
 from pathlib import Path
 
 import art
-import art.tracing
 from art.service.local import LocalService
+import art.tracing
 
 
 async def rollout(model: art.TrainableModel, seed: int) -> art.Trajectory:

@@ -13,9 +13,9 @@ import torch
 
 import art
 from art.training.advantages import balance_advantage, group_advantages, reward_std
+from art.training.batch import prepare_batch
 from art.training.loss import Normalizer, policy_loss_terms
 from art.training.options import TrainOptions
-from art.training.batch import prepare_batch
 
 L = math.log
 MASK = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])

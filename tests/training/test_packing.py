@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from art.training import packing
+from art.training.batch import plan_micro_batches, split_mini_batches
 from art.training.loss import Normalizer, policy_loss_terms, token_logprobs
 from art.training.options import TrainOptions
-from art.training.batch import plan_micro_batches, split_mini_batches
 from art.training.trainer import Trainer
 from tests.support.fakes import make_groups, trainer_loss_and_grads
 

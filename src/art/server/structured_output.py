@@ -18,8 +18,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from art.errors import ArtValueError
 from art.chat_template import CLOSE, OPEN
+from art.errors import ArtValueError
 
 COMPACT = {"whitespace_flexible": False}
 """llguidance's JSON options: no optional whitespace between tokens of the JSON."""

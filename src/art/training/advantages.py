@@ -26,7 +26,7 @@ def group_advantages(
 
     Shao et al. 2024, "DeepSeekMath" (GRPO), eq. for outcome supervision; the population std as
     in ART. (TRL and verl divide by the sample std, torch.std: their |A| is larger by
-    sqrt(n / (n - 1)), 1.07 for groups of 8; tests/test_peer_losses.py pins the gap.)
+    sqrt(n / (n - 1)), 1.07 for groups of 8; tests/training/test_peer_losses.py pins the gap.)
     A group whose rewards are all equal yields all-zero advantages (no signal).
     scale_rewards: True/"group" — std of this group's rewards (GRPO);
     "batch" — `batch_std`, the std of every reward in the batch (Hu et al. 2025, REINFORCE++;
