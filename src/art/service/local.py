@@ -117,10 +117,10 @@ class LocalService:
 
     def loaded(self, key: ModelKey) -> LoadedModel:
         """The `LoadedModel` of a registered trainable model (for tools and tests that look inside)."""
-        service = self._loaded.get(key)
-        if service is None:
+        loaded = self._loaded.get(key)
+        if loaded is None:
             raise ModelNotFoundError(f"model {key[0]}/{key[1]} is not registered with this backend")
-        return service
+        return loaded
 
     async def _trainable(self, key: ModelKey) -> LoadedModel:
         spec = await self.spec(key)
@@ -134,8 +134,8 @@ class LocalService:
     # -- the service API ------------------------------------------------------------------
     async def step(self, key: ModelKey) -> int:
         await self.spec(key)  # a stored run reports its step after a restart
-        service = self._loaded.get(key)
-        return service.step if service is not None else 0
+        loaded = self._loaded.get(key)
+        return loaded.step if loaded is not None else 0
 
     async def train(self, key: ModelKey, groups: list, options: TrainOptions, *, expected_step: int | None = None,
                     progress: Progress | None = None) -> TrainResult:
@@ -161,8 +161,8 @@ class LocalService:
                                 progress=progress)
 
     async def check_training_input(self, key: ModelKey, groups: list) -> None:
-        service = await self._trainable(key)
-        await asyncio.to_thread(service.check_groups, list(groups))
+        loaded = await self._trainable(key)
+        await asyncio.to_thread(loaded.check_groups, list(groups))
 
     async def cancel_training(self, key: ModelKey) -> bool:
         return (await self._trainable(key)).cancel()
@@ -176,12 +176,12 @@ class LocalService:
         return await asyncio.to_thread((await self._trainable(key)).store.steps)
 
     async def delete_checkpoints(self, key: ModelKey, best_checkpoint_metric: str) -> list[int]:
-        service = await self._trainable(key)
-        best = best_step(read_history(service.dir.history), best_checkpoint_metric)
+        loaded = await self._trainable(key)
+        best = best_step(read_history(loaded.dir.history), best_checkpoint_metric)
         if best is None:
             log.warning("no %r in history: keeping only the latest checkpoint", best_checkpoint_metric)
-        keep = {service.step} | ({best} if best is not None else set())
-        return await asyncio.to_thread(service.delete_checkpoints, keep)
+        keep = {loaded.step} | ({best} if best is not None else set())
+        return await asyncio.to_thread(loaded.delete_checkpoints, keep)
 
     async def history(self, key: ModelKey) -> list[dict]:
         return await asyncio.to_thread(read_history, ModelDir(self.root, *key).history)
@@ -223,27 +223,27 @@ class LocalService:
 
     async def close(self) -> None:
         """Stop every model's engine; the service cannot be reused."""
-        for service in self._loaded.values():
-            await asyncio.to_thread(service.close)
+        for loaded in self._loaded.values():
+            await asyncio.to_thread(loaded.close)
         self._loaded.clear()
         self._specs.clear()
 
     # -- what the OpenAI routes and the watchdog read --------------------------------------
     def served_model_names(self) -> list[str]:
         names: list[str] = []
-        for service in self._loaded.values():
-            names += service.served_names()
-            if service.base_model not in names and not service.full_finetune:
-                names.append(service.base_model)
+        for loaded in self._loaded.values():
+            names += loaded.served_names()
+            if loaded.base_model not in names and not loaded.full_finetune:
+                names.append(loaded.base_model)
         return names
 
     def resolve(self, model: str) -> ServedModel:
         specific = None  # a model that knows the name says why it cannot serve it
-        for service in self._loaded.values():
+        for loaded in self._loaded.values():
             try:
-                return service.resolve(model)
+                return loaded.resolve(model)
             except ModelNotFoundError as exc:
-                if model_part(model) in (service.name, service.base_model):
+                if model_part(model) in (loaded.name, loaded.base_model):
                     specific = specific or exc
         if specific is not None:
             raise specific
@@ -251,16 +251,16 @@ class LocalService:
 
     def stats(self) -> dict[str, dict]:
         """Engine load per model, shown by GET /health."""
-        return {f"{project}/{name}": service.stats() for (project, name), service in self._loaded.items()}
+        return {f"{project}/{name}": loaded.stats() for (project, name), loaded in self._loaded.items()}
 
     def activities(self) -> list[Activity]:
         """What a watchdog (`art.service.watchdog`) checks: each model's engine loop (seconds
         without progress while it has work) and its running training step (seconds running)."""
         now, out = time.monotonic(), []
-        for (project, name), service in list(self._loaded.items()):
-            engine = service.engine
+        for (project, name), loaded in list(self._loaded.items()):
+            engine = loaded.engine
             out.append(Activity("engine", f"{project}/{name}", engine.stalled_s(), engine.thread_id))
-            since, thread = service.training_since, service.training_thread
+            since, thread = loaded.training_since, loaded.training_thread
             if since is not None:
                 out.append(Activity("training step", f"{project}/{name}", now - since, thread))
         return out
