@@ -35,7 +35,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("art.engine", "art.training"),
     ("art.service", "art.ray_cluster"),
     ("art.server", "art.capture", "art.gather", "art.rewards", "art.model", "art.utils", "art.backends.base"),
-    ("art.dashboard",),
+    ("art.dashboard", "art.pipeline_trainer"),
     ("art.backends", "art.serve"),
     ("art.cli", "art.dev", "art.local", "art.__main__", "art"),
 ]

@@ -21,6 +21,7 @@ from art.errors import (
 )
 from art.gather import gather_trajectories, gather_trajectory_groups, trajectory_group_batches
 from art.model import Model, TrainableModel
+from art.pipeline_trainer import PipelineTrainer, make_group_rollout_fn
 from art._retry import retry
 from art.trajectories import History, Trajectory, TrajectoryGroup
 from art.types import Messages, MessagesAndChoices, Tools, TrainConfig, TrainSFTConfig
@@ -43,6 +44,7 @@ __all__ = [
     "MessagesAndChoices",
     "Model",
     "ModelNotFoundError",
+    "PipelineTrainer",
     "RemoteBackend",
     "StepConflictError",
     "TooManyExceptionsError",
@@ -58,6 +60,7 @@ __all__ = [
     "dev",
     "gather_trajectories",
     "gather_trajectory_groups",
+    "make_group_rollout_fn",
     "retry",
     "trajectory_group_batches",
     "utils",

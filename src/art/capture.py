@@ -226,13 +226,14 @@ def assemble_stream(chunks: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Chat completion chunks (dicts) -> the choices the same request returns whole.
 
     Text and tool-call arguments are concatenated, logprobs entries and `token_ids` appended,
-    and `prompt_token_ids` taken from wherever the stream sent them (each choice or the chunk).
-    A choice without a `finish_reason` did not finish (the stream was cut).
+    and `prompt_token_ids` taken from wherever the stream sent them (each choice or the chunk),
+    as is our server's `step` (the training step that sampled it). A choice without a `finish_reason` did not finish (the stream was cut).
     """
     out: dict[int, dict[str, Any]] = {}
-    prompt = None
+    prompt = step = None
     for chunk in chunks:
         prompt = chunk.get("prompt_token_ids", prompt)
+        step = chunk.get("step", step)  # our server's: the training step that sampled it
         for part in chunk.get("choices") or []:
             choice = out.setdefault(part.get("index", 0), {
                 "index": part.get("index", 0), "finish_reason": None, "logprobs": None,
@@ -256,6 +257,8 @@ def assemble_stream(chunks: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for choice in out.values():
         if prompt is not None:
             choice.setdefault("prompt_token_ids", list(prompt))
+        if isinstance(step, int):
+            choice.setdefault("step", step)
         if choice["message"].get("tool_calls") and not choice["message"]["content"]:
             choice["message"]["content"] = None  # as whole answers write a call-only message
     return [out[i] for i in sorted(out)]

@@ -7,6 +7,8 @@ the same way, and neither may import the other, so the rule lives here, below bo
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
+from typing import Iterator
 
 import torch
 
@@ -48,3 +50,29 @@ def process_threads(variable: str) -> int:
     """torch threads per CPU process, from the environment `variable` (`ART_REPLICA_THREADS`,
     `ART_RANK_THREADS`; default 1)."""
     return max(1, int(os.environ.get(variable, "1")))
+
+
+def cpu_split(device: str, training_threads: int | None) -> tuple[int, int] | None:
+    """(engine threads, trainer threads) while a training step runs beside the engine on the
+    CPU: the trainer's `training_threads` (default half the cores), the engine the rest, each
+    at least one. None on CUDA, where they share the GPU, not cores."""
+    if torch.device(device).type != "cpu":
+        return None
+    total = torch.get_num_threads()
+    trainer = training_threads or max(1, total - max(1, total // 2))
+    return max(1, total - trainer), trainer
+
+
+@contextmanager
+def thread_count(threads: int | None) -> Iterator[None]:
+    """This thread's torch threads inside the block (None: unchanged). Under OpenMP the count is
+    per thread, so another thread's (the engine's) is not touched."""
+    if threads is None:
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

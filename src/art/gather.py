@@ -22,16 +22,16 @@ from .training.advantages import rewards_differ
 from .trajectories import _REPORTER, Trajectory, TrajectoryGroup, _cancel, _run_all, _wait_all, is_choice
 
 
-def _check_max_exceptions(max_exceptions: int | float) -> None:
+def _check_max_exceptions(max_exceptions: int | float, name: str = "max_exceptions") -> None:
     number = isinstance(max_exceptions, (int, float)) and not isinstance(max_exceptions, bool)
     if not number or not max_exceptions >= 0:
         raise ArtValueError(
-            f"max_exceptions must be a count (int >= 0) or a fraction in (0, 1), got {max_exceptions!r}",
-            field="max_exceptions",
+            f"{name} must be a count (int >= 0) or a fraction in (0, 1), got {max_exceptions!r}", field=name
         )
 
 
-def _completion_tokens(trajectory: Trajectory) -> int:
+def completion_tokens(trajectory: Trajectory) -> int:
+    """Tokens its choices sampled, in every history (what the progress bars and throughput count)."""
     histories = [trajectory.messages_and_choices]
     histories += [h.messages_and_choices for h in trajectory.additional_histories]
     tokens = 0
@@ -49,9 +49,11 @@ class _Progress:
     """Counts what finishes under one gather call and draws it on a tqdm bar."""
 
     def __init__(
-        self, desc: str | None, max_exceptions: int | float, max_metrics: int | None, show_tokens: bool
+        self, desc: str | None, max_exceptions: int | float, max_metrics: int | None, show_tokens: bool,
+        limit_name: str = "max_exceptions",
     ) -> None:
-        _check_max_exceptions(max_exceptions)
+        _check_max_exceptions(max_exceptions, limit_name)
+        self.limit_name = limit_name
         self.max_exceptions = max_exceptions
         self.max_metrics = max_metrics
         self.show_tokens = show_tokens
@@ -92,7 +94,7 @@ class _Progress:
                 self.metric_sums[key] = self.metric_sums.get(key, 0.0) + float(value)
                 self.metric_counts[key] = self.metric_counts.get(key, 0) + 1
         if self.show_tokens:
-            self.tokens += _completion_tokens(trajectory)
+            self.tokens += completion_tokens(trajectory)
         self._advance()
 
     def record_exception(self, exception: BaseException) -> None:
@@ -104,9 +106,9 @@ class _Progress:
         if self.exceptions > limit:
             first = self.first_exception
             raise TooManyExceptionsError(
-                f"{self.exceptions} of {self.total} rollouts raised, more than max_exceptions="
+                f"{self.exceptions} of {self.total} rollouts raised, more than {self.limit_name}="
                 f"{self.max_exceptions!r} allows (limit {limit}); the first was "
-                f"{type(first).__name__}: {first}. Raise max_exceptions to drop failed rollouts instead."
+                f"{type(first).__name__}: {first}. Raise {self.limit_name} to drop failed rollouts instead."
             ) from first
 
     def account(self, group: TrajectoryGroup) -> None:
@@ -128,6 +130,15 @@ class _Progress:
             postfix["completion_tokens"] = self.tokens
         self.pbar.set_postfix(postfix, refresh=False)
         self.pbar.update(1)
+
+    def reset(self, total: int) -> None:
+        """Start counting anew (a new batch of `trajectory_group_batches`), `total` trajectories expected."""
+        self.pbar.close()
+        self.total, self.exceptions, self.first_exception = total, 0, None
+        self.reward_sum, self.finished, self.tokens = 0.0, 0, 0
+        self.metric_sums, self.metric_counts, self.notes = {}, {}, {}
+        self.pbar = tqdm(total=total, desc=self.pbar.desc if not self.pbar.disable else None,
+                         disable=self.pbar.disable, unit="traj")
 
     def reward_mean(self) -> float | None:
         return self.reward_sum / self.finished if self.finished else None
@@ -367,14 +378,21 @@ async def trajectory_group_batches(
     groups: Iterable[Awaitable[TrajectoryGroup]],
     *,
     batch_size: int,
-    max_concurrent_batches: int = 1,
+    max_batch_exceptions: int | float = 0,
+    max_concurrent_batches: int = 4,
     skip_batches: int = 0,
+    pbar_desc: str | None = "batches",
+    pbar_total_completion_tokens: bool = True,
 ) -> AsyncIterator[list[TrajectoryGroup]]:
     """Yield lists of `batch_size` finished groups, in the order they finish (the last may be short).
 
     Groups are pulled from `groups` lazily, at most `batch_size * max_concurrent_batches` in
-    flight, so the next batch samples while the caller trains on this one. The first
-    `skip_batches * batch_size` groups are skipped unrun (resuming). Empty groups are dropped.
+    flight, so the next batches sample while the caller trains on this one. The first
+    `skip_batches * batch_size` groups are skipped unrun (resuming). A failed rollout, or a
+    group that failed to build, counts against `max_batch_exceptions` (as `max_exceptions` of
+    `gather_trajectory_groups`, but for each batch anew) and is left out; one more raises
+    TooManyExceptionsError. Empty groups are dropped. Each batch has its own progress bar
+    (`pbar_desc=None` hides it).
     """
     problems = [
         f"{name} must be an int >= {low}, got {value!r}"
@@ -386,7 +404,7 @@ async def trajectory_group_batches(
         if isinstance(value, bool) or not isinstance(value, int) or value < low
     ]
     if problems:
-        raise ArtValueError("; ".join(problems))
+        raise ArtValueError("; ".join(problems), field=problems[0].split(" ", 1)[0])
     source, end = iter(groups), object()
     for _ in range(skip_batches * batch_size):
         skipped = next(source, end)
@@ -394,10 +412,8 @@ async def trajectory_group_batches(
             return
         _discard(skipped)
 
-    async def finish(item: Awaitable[TrajectoryGroup]) -> TrajectoryGroup:
-        return await item
-
-    in_flight: set[asyncio.Future[TrajectoryGroup]] = set()
+    in_flight: dict[asyncio.Future, Any] = {}
+    progress = _Progress(pbar_desc, max_batch_exceptions, None, pbar_total_completion_tokens, "max_batch_exceptions")
     batch: list[TrajectoryGroup] = []
     exhausted = False
     try:
@@ -406,19 +422,32 @@ async def trajectory_group_batches(
                 item = next(source, end)
                 if item is end:
                     exhausted = True
-                else:
-                    in_flight.add(asyncio.ensure_future(finish(item)))
+                    continue
+                _check_awaitables([item], "groups")
+                if isinstance(item, TrajectoryGroup):
+                    progress.expect(item, item._expected_size())
+                token = _REPORTER.set(progress)  # its rollouts report to the batch being filled
+                try:
+                    in_flight[asyncio.ensure_future(_finish_group(item, progress, None))] = item
+                finally:
+                    _REPORTER.reset(token)
             if not in_flight:
                 break
-            done, in_flight = await asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
             for task in done:
-                group = task.result()
-                if group is not None and len(group.trajectories):
+                del in_flight[task]
+                group = task.result()  # TooManyExceptionsError propagates
+                if group is not None:
                     batch.append(group)
                 if len(batch) == batch_size:
+                    progress.close()
                     yield batch
                     batch = []
+                    # Every batch has its own budget; the groups in flight finish into the next ones.
+                    progress.reset(sum(i._expected_size() if isinstance(i, TrajectoryGroup) else 1
+                                       for i in in_flight.values()))
         if batch:
             yield batch
     finally:
-        await _cancel(in_flight)
+        progress.close()
+        await _cancel(list(in_flight))

@@ -5,6 +5,7 @@ These are client objects: they hold names and a backend, never weights, and impo
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -17,13 +18,15 @@ from art.errors import ArtValueError
 from art.metrics import summarize
 from art.observability import log_to_wandb, tracing
 from art.observability.weave_sink import init_weave
-from art.storage.layout import ModelDir, validate_name
+from art.storage.layout import ModelDir, validate_name, write_atomic
 from art.storage.run_log import write_log
 from art.trajectories import Trajectory, TrajectoryGroup
 from art.types import TrainConfig, TrainSFTConfig
 
 if TYPE_CHECKING:
     from art.backends.base import Backend
+
+STATE_FILE = "state.json"
 
 
 class Model(BaseModel):
@@ -108,6 +111,21 @@ class Model(BaseModel):
         else:
             write_log(ModelDir(self.base_path, self.project, self.name), split=split, step=step,
                       metrics=row, groups=groups)
+
+    def read_state(self) -> dict | None:
+        """The run's saved user state (`state.json` in its folder, ART's name), or None."""
+        try:
+            state = json.loads((self._run_dir() / STATE_FILE).read_text())
+        except (OSError, ValueError):
+            return None
+        return state if isinstance(state, dict) else None
+
+    def merge_state(self, state: dict) -> None:
+        """Merge `state` (JSON-serialisable) into the run's `state.json`, atomically: a killed
+        process leaves the old state or the new one (`art.PipelineTrainer` resumes from it)."""
+        folder = self._run_dir()
+        folder.mkdir(parents=True, exist_ok=True)
+        write_atomic(folder / STATE_FILE, json.dumps({**(self.read_state() or {}), **state}, indent=2))
 
     def _run_dir(self) -> Path:
         return ModelDir(self.base_path, self.project, self.name).path

@@ -175,6 +175,11 @@ class Trajectory(BaseModel):
     start_time: datetime = Field(default_factory=datetime.now)
     end_time: datetime | None = None
     """Set by `finish()`; None while the rollout runs."""
+    initial_policy_version: int | None = None
+    """The training step whose weights sampled its oldest turn (ART's name): what its staleness
+    is counted from. `art.PipelineTrainer` sets it (`policy_versions`); None: not dated."""
+    final_policy_version: int | None = None
+    """The step whose weights sampled its newest turn."""
 
     @field_validator("reward")
     @classmethod
@@ -227,6 +232,29 @@ def validated(model: type[BaseModel], data: Any, where: str) -> Any:
         first = exc.errors()[0]
         loc = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in first.get("loc", ()))
         raise TrajectoryError(f"{where}{loc}: {first.get('msg', 'invalid')}", field=f"{where}{loc}") from None
+
+
+def sampled_steps(trajectory: Trajectory) -> list[int]:
+    """The training steps that sampled the trajectory's choices, as the server reported them
+    (`step` on each choice), in every history; choices of other servers have none."""
+    histories = [trajectory.messages_and_choices, *(h.messages_and_choices for h in trajectory.additional_histories)]
+    steps = []
+    for item in (item for history in histories for item in history):
+        if is_choice(item):
+            step = getattr(item, "step", None)
+            if step is None and isinstance(getattr(item, "model_extra", None), dict):
+                step = item.model_extra.get("step")
+            if isinstance(step, int) and not isinstance(step, bool):
+                steps.append(step)
+    return steps
+
+
+def policy_versions(trajectory: Trajectory, started: int, ended: int) -> tuple[int, int]:
+    """(initial, final) policy version of a rollout that began at trainer step `started` and
+    ended at `ended`: the steps its choices say sampled them (a multi-turn trajectory whose
+    turns span a weight update is as old as its oldest turn), else the steps it ran between."""
+    steps = sampled_steps(trajectory)
+    return (min(steps), max(steps)) if steps else (started, ended)
 
 
 class ExceptionRecord(BaseModel):
@@ -388,6 +416,11 @@ class TrajectoryGroup(BaseModel):
 
     def _expected_size(self) -> int:
         return len(self)
+
+    @property
+    def pending(self) -> bool:
+        """Built from coroutines and not awaited yet: `await group` runs its rollouts."""
+        return self._state == "pending"
 
     async def _resolve(self) -> TrajectoryGroup:
         if self._state == "ready":

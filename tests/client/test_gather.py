@@ -183,18 +183,61 @@ async def test_trajectory_group_batches_is_lazy_bounded_and_skips():
             pulled += 1
             yield TrajectoryGroup([tracked(i)])
 
-    batches = [b async for b in trajectory_group_batches(source(7), batch_size=2, max_concurrent_batches=2)]
+    batches = [b async for b in trajectory_group_batches(source(7), batch_size=2, max_concurrent_batches=2,
+                                                          pbar_desc=None)]
     assert [len(b) for b in batches] == [2, 2, 2, 1]
     assert sorted(g.trajectories[0].reward for b in batches for g in b) == list(range(7))
     assert peak <= 4
 
     pulled = 0
-    gen = trajectory_group_batches(source(7), batch_size=2, skip_batches=2)
+    gen = trajectory_group_batches(source(7), batch_size=2, skip_batches=2, max_concurrent_batches=1,
+                                   pbar_desc=None)
     first = await gen.__anext__()
     assert sorted(g.trajectories[0].reward for g in first) == [4, 5]
     assert pulled == 6  # skipped four, ran two: the rest are not pulled yet
     rest = [b async for b in gen]
     assert [[g.trajectories[0].reward for g in b] for b in rest] == [[6]]
+
+
+
+async def test_trajectory_group_batches_defaults_to_four_batches_in_flight():
+    started = 0
+
+    async def counted(reward: float) -> TrajectoryGroup:
+        nonlocal started
+        started += 1
+        await asyncio.sleep(0.01)
+        return TrajectoryGroup([Trajectory(reward=reward)])
+
+    gen = trajectory_group_batches((counted(i) for i in range(20)), batch_size=2, pbar_desc=None)
+    await gen.__anext__()
+    assert started == 8  # ART's default: max_concurrent_batches=4
+    await gen.aclose()
+
+
+async def test_trajectory_group_batches_failed_rollouts_count_against_each_batch():
+    async def failed_group() -> TrajectoryGroup:
+        raise RuntimeError("rollout failed")
+
+    rewards = [[t.reward for g in b for t in g.trajectories] async for b in trajectory_group_batches(
+        [TrajectoryGroup([rollout(1)]), failed_group(), TrajectoryGroup([rollout(2)])],
+        batch_size=1, max_batch_exceptions=1, max_concurrent_batches=1, pbar_desc=None)]
+    assert rewards == [[1], [2]]  # the failure is left out, the iteration goes on
+
+    # A failed rollout inside a group counts too, and the budget is each batch's own: one
+    # failure in each of two batches passes with max_batch_exceptions=1 ...
+    source = [TrajectoryGroup([rollout(1), rollout(0, fail=True)]), TrajectoryGroup([rollout(2), rollout(0, fail=True)])]
+    batches = [b async for b in trajectory_group_batches(source, batch_size=1, max_batch_exceptions=1,
+                                                         max_concurrent_batches=1, pbar_desc=None)]
+    assert [[t.reward for t in b[0].trajectories] for b in batches] == [[1], [2]]
+    assert [len(b[0].exceptions) for b in batches] == [1, 1]
+
+    # ... and one more than the budget within a batch raises, naming the first failure.
+    source = [TrajectoryGroup([rollout(1), rollout(0, fail=True), rollout(0, fail=True)])]
+    with pytest.raises(TooManyExceptionsError, match="2 of 3 rollouts raised, more than max_batch_exceptions=1"):
+        [b async for b in trajectory_group_batches(source, batch_size=1, pbar_desc=None, max_batch_exceptions=1)]
+    with pytest.raises(ArtValueError, match="max_batch_exceptions must be a count"):
+        [b async for b in trajectory_group_batches([], batch_size=1, max_batch_exceptions=-1)]
 
 
 # -- dynamic sampling ------------------------------------------------------------------------

@@ -76,7 +76,7 @@ async def test_step_with_nothing_to_train_says_why_and_advances(tiny_model_path,
     assert result.metrics["skipped/group_rewards_all_equal"] == 1.0
     assert "rewards are all equal" in caplog.text
     printed = capsys.readouterr().out
-    assert "training config" in printed and '"learning_rate": 0.001' in printed and '"ppo": true' in printed
+    assert "training config" in printed and '"learning_rate": 0.001' in printed and '"ppo": false' in printed  # ART's default objective, CISPO
     saved = json.loads((tmp_path / "loop" / "models" / "flat" / "model.json").read_text())
     assert saved["train_options"]["learning_rate"] == 1e-3 and saved["train_options"]["max_grad_norm"] == 0.1
     with pytest.raises(art.ArtValueError, match="learning_rate"):

@@ -93,7 +93,9 @@ async def test_stuck_engine_and_training_step_are_reported(tiny_model_path, tmp_
                 health = await wait_for_health(client, "degraded")
                 (stuck,) = health["stuck"]
                 assert stuck["what"] == "training step" and stuck["model"] == "p/dog"
-                assert "art/engine/llm_engine.py:" in stuck["where"] and stuck["where"].endswith(" in paused")
+                # The step waits at its start, where the engine's served copy of the weights is taken.
+                assert "art/engine/llm_engine.py:" in stuck["where"]
+                assert stuck["where"].endswith(" in serving_while_training")
                 assert any("service/update.py" in frame and "_step" in frame for frame in stuck["stack"])
                 warnings = await wait_for_warnings(caplog, 2)
             finally:
@@ -104,5 +106,5 @@ async def test_stuck_engine_and_training_step_are_reported(tiny_model_path, tmp_
     assert [r.getMessage().split(" has been stuck")[0] for r in warnings] == [
         "watchdog: the engine of p/dog", "watchdog: the training step of p/dog"]
     assert "in _loop" in engine_log and "with self.lock" in engine_log  # the stack, source lines included
-    assert "in paused" in warnings[1].getMessage() and "in _step" in warnings[1].getMessage()
+    assert "in serving_while_training" in warnings[1].getMessage() and "in _step" in warnings[1].getMessage()
     assert sum("moving again" in r.getMessage() for r in caplog.records) == 2

@@ -145,7 +145,7 @@ def test_normalisation_invariant_to_micro_batching(mode, objective):
     assert torch.allclose(split.grad, whole.grad, atol=1e-7)
 
 
-def test_defaults_reproduce_todays_loss_exactly():
+def test_ppo_reproduces_the_clipped_surrogate_exactly():
     def today(new, old_logprobs, advantages, mask, epsilon, beta, ref):  # the loss before options
         old = torch.where(mask > 0, old_logprobs, new.detach())
         ratio = torch.exp(new - old)
@@ -161,7 +161,7 @@ def test_defaults_reproduce_todays_loss_exactly():
     ref = new0 + torch.randn(4, 7) * 0.3
     adv = torch.randn(4)
     total = int(mask.sum())
-    options = TrainOptions(beta=0.04)
+    options = TrainOptions(beta=0.04, ppo=True)
     epsilon, epsilon_high = options.clip_range()
     a = new0.clone().requires_grad_(True)
     norm = Normalizer(options.loss_normalization, total, 4, options.max_tokens_normalizer)
@@ -294,8 +294,9 @@ def test_regularizers_act_on_groups_with_equal_rewards_too():
 # -- options --------------------------------------------------------------------------------
 
 def test_clip_defaults_follow_the_objective():
-    assert TrainOptions().clip_range() == (0.2, 0.2)
-    assert TrainOptions(epsilon_high=0.28).clip_range() == (0.2, 0.28)
+    assert TrainOptions().clip_range() == (1.0, 4.0)  # CISPO, ART's default
+    assert TrainOptions(ppo=True).clip_range() == (0.2, 0.2)
+    assert TrainOptions(ppo=True, epsilon_high=0.28).clip_range() == (0.2, 0.28)
     assert TrainOptions(ppo=False).clip_range() == (1.0, 4.0)
     assert TrainOptions(ppo=False, epsilon=0.5).clip_range() == (0.5, 4.0)
 

@@ -147,7 +147,8 @@ def training_curve(tiny_model_path):
     ids = torch.tensor([list(best.prompt_token_ids) + list(best.token_ids)])
     curve = []
     for _ in range(5):
-        metrics = trainer.step(groups, TrainOptions(learning_rate=1e-2, max_grad_norm=1.0, mini_batches=2))
+        # PPO's clip, recorded before CISPO became the default (test_loss_options checks both losses).
+        metrics = trainer.step(groups, TrainOptions(learning_rate=1e-2, max_grad_norm=1.0, mini_batches=2, ppo=True))
         with torch.no_grad():
             logits = trainer.model(input_ids=ids).logits[0, :-1].log_softmax(-1)
             picked = logits.gather(1, ids[0, 1:, None])[-len(best.token_ids):]

@@ -46,6 +46,47 @@ def sft_trajectories(items: Iterable) -> list[Trajectory]:
     return out
 
 
+LOSS_FUNCTIONS = {"cispo": False, "ppo": True}
+"""ART's `loss_fn` names -> our `ppo` switch."""
+
+
+def art_train_names(options: dict[str, Any]) -> dict[str, Any]:
+    """Newer ART's `backend.train` keywords in our option names: `loss_fn` ("cispo" or "ppo")
+    is `ppo`, `normalize_advantages=False` is `scale_rewards=False`; `save_checkpoint`,
+    `optimizer_save_interval` and `verbose` are accepted and change nothing (every step is
+    checkpointed with its optimizer state: the update is one transaction); the defaults ART
+    passes for what we do not have (`loss_fn_config`, `adam_params`, `kl_penalty_coef`) are
+    accepted, anything else there is an ArtValueError naming it."""
+    out = dict(options)
+    loss_fn = out.pop("loss_fn", None)
+    if loss_fn is not None:
+        if loss_fn not in LOSS_FUNCTIONS:
+            raise ArtValueError(f"loss_fn must be one of {', '.join(map(repr, LOSS_FUNCTIONS))}, got {loss_fn!r}",
+                                field="loss_fn")
+        if out.get("ppo") is not None and out["ppo"] != LOSS_FUNCTIONS[loss_fn]:
+            raise ArtValueError(f"loss_fn={loss_fn!r} and ppo={out['ppo']!r} disagree; pass one of them",
+                                field="loss_fn")
+        out["ppo"] = LOSS_FUNCTIONS[loss_fn]
+    elif out.get("ppo") is None:
+        out.pop("ppo", None)
+    normalize = out.pop("normalize_advantages", None)
+    if normalize is not None:
+        if not isinstance(normalize, bool):
+            raise ArtValueError(f"normalize_advantages must be True or False, got {normalize!r}",
+                                field="normalize_advantages")
+        if not normalize:
+            out.setdefault("scale_rewards", False)
+    for name in ("save_checkpoint", "optimizer_save_interval", "verbose"):
+        out.pop(name, None)
+    unsupported = {"loss_fn_config": "a custom loss configuration", "adam_params": "custom optimizer parameters",
+                   "kl_penalty_coef": "the KL-penalised advantage (use beta, the KL term of the loss)"}
+    for name, what in unsupported.items():
+        value = out.pop(name, None)
+        if value not in (None, {}, 0, 0.0):
+            raise ArtValueError(f"{name} ({what}) is not supported by this backend; leave it unset", field=name)
+    return out
+
+
 class ServiceBackend:
     service: Service
 
@@ -74,11 +115,12 @@ class ServiceBackend:
                     _config: dict | None = None, progress: Progress | None = None, expected_step: int | None = None,
                     **options: Any) -> TrainResult:
         """Newer ART's entry point: one update; returns the new `step` and its `metrics`. Keyword
-        options (learning_rate, beta, epsilon, ...) override `_config` (`art.dev.TrainConfig`),
-        which overrides `config`. `progress` receives `art.service.TrainEvent`s while the step
+        options (learning_rate, beta, epsilon, ..., and ART's names: `loss_fn`,
+        `normalize_advantages`, `save_checkpoint`; see `art_train_names`) override `_config`
+        (`art.dev.TrainConfig`), which overrides `config`. `progress` receives `art.service.TrainEvent`s while the step
         runs. With `expected_step`, a model at another step raises StepConflictError and trains
         nothing."""
-        resolved = resolve_train_options(config, _config, options)
+        resolved = resolve_train_options(config, _config, art_train_names(options))
         return await self.service.train(model_key(model), list(trajectory_groups), resolved,
                                         expected_step=expected_step, progress=progress)
 
@@ -112,9 +154,12 @@ class ServiceBackend:
     async def list_checkpoints(self, model) -> list[int]:
         return await self.service.checkpoints(model_key(model))
 
-    async def delete_checkpoints(self, model, best_checkpoint_metric: str = "val/reward") -> list[int]:
-        """Keep the latest step and the best by `best_checkpoint_metric`; returns the deleted steps."""
-        return await self.service.delete_checkpoints(model_key(model), best_checkpoint_metric)
+    async def delete_checkpoints(self, model, best_checkpoint_metric: str = "val/reward", *,
+                                 keep_steps: Iterable[int] | None = None) -> list[int]:
+        """Keep the latest step and the best by `best_checkpoint_metric` (or, given `keep_steps`,
+        those steps and the latest); returns the deleted steps."""
+        return await self.service.delete_checkpoints(model_key(model), best_checkpoint_metric,
+                                                     keep_steps=None if keep_steps is None else sorted(keep_steps))
 
     async def get_history(self, model) -> list[dict]:
         """The model's history.jsonl rows, oldest first."""

@@ -170,9 +170,12 @@ class RemoteService:
     async def checkpoints(self, key: ModelKey) -> list[int]:
         return (await self._request("GET", _path(key, "checkpoints")))["steps"]
 
-    async def delete_checkpoints(self, key: ModelKey, best_checkpoint_metric: str) -> list[int]:
-        answer = await self._request("DELETE", _path(key, "checkpoints"),
-                                     params={"best_checkpoint_metric": best_checkpoint_metric})
+    async def delete_checkpoints(self, key: ModelKey, best_checkpoint_metric: str,
+                                 keep_steps: list[int] | None = None) -> list[int]:
+        params: dict = {"best_checkpoint_metric": best_checkpoint_metric}
+        if keep_steps is not None:
+            params["keep_step"] = list(keep_steps)
+        answer = await self._request("DELETE", _path(key, "checkpoints"), params=params)
         return answer["deleted"]
 
     async def history(self, key: ModelKey) -> list[dict]:

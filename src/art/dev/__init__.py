@@ -18,8 +18,8 @@ class TrainConfig(TypedDict, total=False):
     """Coefficient of the trained tokens' entropy, subtracted from the loss (verl's entropy_coeff):
     keeps sampling diverse so a better answer can still be found. Default 0.0."""
     ppo: bool
-    """True: PPO clipped surrogate. False: CISPO (clipped, detached importance weight times
-    A * logp_new; ART's default). Default True."""
+    """False: CISPO (clipped, detached importance weight times A * logp_new; ART's default).
+    True: PPO clipped surrogate. Default False."""
     epsilon: float | None
     """Lower clip range of the importance ratio: ratios below 1 - epsilon are clipped.
     Default None: 0.2 with ppo, 1.0 without."""

@@ -40,6 +40,9 @@ class AdapterSet:
         self.max_loaded = max_loaded
         self._loaded: OrderedDict[str, None] = OrderedDict()  # checkpoint adapters, LRU order
         self._in_use: Counter[str] = Counter()
+        self.frozen = False
+        """A training step runs beside the engine: peft's module tree must not change (no
+        checkpoint adapter is loaded or deleted) until it ends."""
 
     def acquire(self, ref: AdapterRef | None) -> tuple[str, int | None]:
         """The peft name serving `ref` now, and the step it holds; pair with `release`."""
@@ -58,6 +61,14 @@ class AdapterSet:
             name, step = self._load(ref), ref.step
         self._in_use[name] += 1
         return name, step
+
+    def must_wait(self, ref: AdapterRef | None) -> bool:
+        """Whether serving `ref` needs a checkpoint loaded while the tree is frozen: such a
+        request waits for the training step to end (the others are served meanwhile)."""
+        if not self.frozen or ref is None or not is_peft(self.model):
+            return False
+        live = ref.step is None or ref.step == self.live_step or ref.path is None
+        return not live and self._name(ref) not in self._loaded
 
     def release(self, name: str) -> None:
         if name != BASE:
@@ -106,8 +117,12 @@ class AdapterSet:
             module.merged_adapters.clear()
         self._merged = None
 
+    @staticmethod
+    def _name(ref: AdapterRef) -> str:
+        return "ckpt_" + ref.key.replace(".", "_").replace("@", "_at_")
+
     def _load(self, ref: AdapterRef) -> str:
-        name = "ckpt_" + ref.key.replace(".", "_").replace("@", "_at_")
+        name = self._name(ref)
         if name in self._loaded:
             self._loaded.move_to_end(name)
             return name
@@ -119,6 +134,8 @@ class AdapterSet:
         return name
 
     def _evict(self) -> None:
+        if self.frozen:  # deleting an adapter changes the tree the trainer runs through: later
+            return
         for name in list(self._loaded):
             if len(self._loaded) <= self.max_loaded:
                 return

@@ -151,8 +151,22 @@ class HFRunner:
     def idle(self) -> None:
         """Nothing to free: an empty batch holds no cache."""
 
-    def weights_changed(self, *, all_weights: bool) -> None:
+    serves_while_training = False
+    """transformers' forward reads the trained modules themselves: a training step pauses it."""
+
+    def weights_changed(self, *, all_weights: bool, retire: str | None = None) -> None:
         """peft's modules are the weights here; `AdapterSet.unmerge` already dropped any merge."""
+        if retire is not None:
+            raise RuntimeError("transformers' forward serves only the weights in the modules: pause before an update")
+
+    def refresh(self) -> None:
+        """Nothing is copied from the modules here."""
+
+    def retired(self) -> set[str]:
+        return set()
+
+    def forget(self, name: str) -> None:
+        pass
 
     def stats(self) -> dict[str, float]:
         return {}

@@ -84,6 +84,8 @@ class LLMEngine:
         """Seconds from arrival to first token of the latest requests (/health's TTFT)."""
         self._cv = threading.Condition()
         self._stopped = False
+        self._threads: int | None = None
+        """torch threads the engine thread should use (None: the process default); `set_threads`."""
         self._thread = threading.Thread(target=self._loop, name="art-engine", daemon=True)
         self._thread.start()
 
@@ -170,6 +172,34 @@ class LLMEngine:
         Reads without the lock: a watchdog must not wait on what it watches."""
         return time.monotonic() - self.progress_at if self.has_work() and not self._stopped else 0.0
 
+    @property
+    def serves_while_training(self) -> bool:
+        """Whether a training step may run beside this engine (`serving_while_training`): a LoRA
+        adapter, decoded by a runner that reads only its own copies of the live weights."""
+        return self.runner.serves_while_training and is_peft(self.model)
+
+    @contextmanager
+    def serving_while_training(self, threads: int | None = None) -> Iterator[None]:
+        """The caller's thread trains the live adapter meanwhile: the engine goes on serving the
+        last published weights (its own copies, taken now) until `weights_updated` publishes the
+        new ones. peft's module tree is frozen meanwhile: a request for a checkpoint that is not
+        loaded yet waits for the step to end. `threads`: the engine thread's torch threads
+        meanwhile (on the CPU the trainer takes the other cores; None keeps them)."""
+        if not self.serves_while_training:
+            raise RuntimeError("this engine reads the trained modules themselves: pause it for a weight update")
+        with self.lock:
+            self.runner.refresh()
+            self._sync_streams()
+            self.adapters.frozen = True
+        self.set_threads(threads)
+        try:
+            yield
+        finally:
+            self.set_threads(None)
+            with self._cv:
+                self.adapters.frozen = False
+                self._cv.notify_all()  # deferred requests may run now
+
     @contextmanager
     def paused(self) -> Iterator[None]:
         """Stop admitting, let running requests finish, then hold the model lock (for a
@@ -189,11 +219,28 @@ class LLMEngine:
                 self._cv.notify_all()
 
     def weights_updated(self, step: int) -> None:
-        """The live weights now hold `step` (called inside `paused()`)."""
-        self.adapters.unmerge()
-        self.runner.weights_changed(all_weights=not is_peft(self.model))
-        self.prefix_cache.drop(f"{LIVE}@{self.adapters.live_step}")
-        self.adapters.live_step = step
+        """The live weights now hold `step`: publish them. Requests admitted from now on sample
+        with them; rows still decoding on the previous publication finish on it (its copies are
+        kept under a retired name). An engine that does not serve while training is paused."""
+        with self.lock:
+            previous = self.adapters.live_step
+            self.adapters.unmerge()
+            in_flight = previous != step and any(
+                s.request.adapter_name == LIVE and s.request.served_step == previous for s in self.rows)
+            self.runner.weights_changed(all_weights=not is_peft(self.model),
+                                        retire=retired_name(previous) if in_flight else None)
+            self.prefix_cache.drop(f"{LIVE}@{previous}")
+            self.adapters.live_step = step
+            if self.serves_while_training:  # copy now: the next training step writes the live tensors
+                self.runner.refresh()
+                self._sync_streams()
+
+    def _sync_streams(self) -> None:
+        """On CUDA the engine thread decodes on a stream of its own: what another thread's stream
+        just copied into the served weights must be done before the engine reads it, and the
+        engine's reads of the old values before that thread writes more."""
+        if self.config.on_cuda:
+            torch.cuda.synchronize(torch.device(self.config.device))
 
     def stats(self) -> dict[str, float]:
         return {
@@ -211,12 +258,13 @@ class LLMEngine:
         """One iteration: admit, prefill the admitted, decode the running, retire the finished.
         Returns the requests completed by it (their completions are ready to deliver)."""
         with self._cv:
-            admitted = self.scheduler.admit()
+            admitted = self.scheduler.admit(self._waits_for_training)
         try:
             with self.lock, torch.inference_mode():
                 finished = self._start(admitted)
                 if self.rows:
                     finished += self._decode()
+                self._forget_retired()
         except Exception as exc:
             log.exception("engine step failed")
             finished = self._fail_all(exc)
@@ -230,7 +278,33 @@ class LLMEngine:
 
     def has_work(self) -> bool:
         scheduler = self.scheduler
-        return bool(scheduler.running) or (bool(scheduler.waiting) and not scheduler.paused)
+        if scheduler.running:
+            return True
+        if not scheduler.waiting or scheduler.paused:
+            return False
+        if not self.adapters.frozen:
+            return True
+        try:  # while a step trains, requests for checkpoints not loaded yet wait: not work now
+            return scheduler.admissible(self._waits_for_training)
+        except RuntimeError:  # the queue changed under a reader without the lock (the watchdog)
+            return True
+
+    def _waits_for_training(self, request: Request) -> bool:
+        return self.adapters.must_wait(request.adapter)
+
+    def _route_name(self, request: Request) -> str:
+        """The weights a request's rows decode with: its adapter's, or for live rows admitted
+        before the latest publication, that publication's retired copies."""
+        if request.adapter_name == LIVE and request.served_step != self.adapters.live_step:
+            return retired_name(request.served_step)
+        return request.adapter_name
+
+    def _forget_retired(self) -> None:
+        """Drop the retired publications no running row decodes on any more."""
+        retired = self.runner.retired()
+        if retired:
+            for name in retired - {self._route_name(s.request) for s in self.rows}:
+                self.runner.forget(name)
 
     # -- driver thread ------------------------------------------------------------------------
     def stop(self) -> None:
@@ -240,15 +314,32 @@ class LLMEngine:
             self._cv.notify_all()
         self._thread.join(timeout=30)
 
+    def set_threads(self, threads: int | None) -> None:
+        """torch threads for the engine thread from its next step on (None: the process default).
+        On the CPU a training step that runs beside the engine takes the other cores."""
+        self._threads = threads
+
     def _loop(self) -> None:
         if self.config.on_cuda:  # a new thread starts on device 0; the engine's work is on its own
-            torch.cuda.set_device(torch.device(self.config.device))
+            device = torch.device(self.config.device)
+            torch.cuda.set_device(device)
+            # A stream of its own: the kernels a training step queues beside the engine
+            # (`serving_while_training`) go to the trainer thread's stream, and a decode step
+            # would otherwise wait behind all of them. It starts after what built the engine.
+            stream = torch.cuda.Stream(device)
+            stream.wait_stream(torch.cuda.current_stream(device))
+            torch.cuda.set_stream(stream)
+        default, applied = torch.get_num_threads(), None
         while True:
             with self._cv:
                 self._cv.wait_for(lambda: self._stopped or self.has_work())
                 if self._stopped:
                     self._abandon()
                     return
+            wanted = self._threads or default
+            if wanted != applied:  # per thread under OpenMP: the trainer's thread keeps its own
+                torch.set_num_threads(wanted)
+                applied = wanted
             for request in self.step():
                 request.deliver(request.completions())
 
@@ -256,9 +347,12 @@ class LLMEngine:
         """Prefill the admitted requests after their cached prefixes, sample every first
         token, and let the unfinished samples join the running batch."""
         ready, finished = [], []
-        self.prompt_tokens += sum(len(r.prompt) for r in requests)
         admitted = time.monotonic()
         for request in requests:
+            if self.adapters.must_wait(request.adapter):  # a training step began since admission
+                with self._cv:
+                    self.scheduler.requeue(request)
+                continue
             request.admitted_at = admitted
             try:
                 if request.params.grammar:  # one compile; the samples' matchers are copies
@@ -266,6 +360,7 @@ class LLMEngine:
                     for sample in request.samples:
                         sample.matcher = first if sample.index == 0 else first.deep_copy()
                 request.adapter_name, request.served_step = self.adapters.acquire(request.adapter)
+                self.prompt_tokens += len(request.prompt)
                 ready.append(request)
             except Exception as exc:  # e.g. a checkpoint that vanished: fail this request only
                 log.warning("request %d failed: %s", request.id, exc)
@@ -340,7 +435,7 @@ class LLMEngine:
     def _decode(self) -> list[Sample]:
         rows = self.rows
         logits = self.runner.decode([s.ids[-1] for s in rows], [s.position for s in rows],
-                                    [s.request.adapter_name for s in rows])
+                                    [self._route_name(s.request) for s in rows])
         self.steps += 1
         finished = self._advance(rows, logits)
         if finished:
@@ -413,6 +508,11 @@ class LLMEngine:
         self.rows = []
         self.runner.clear()
         return failed
+
+
+def retired_name(step: int | None) -> str:
+    """What rows decoding on an earlier publication of the live adapter call its weights."""
+    return f"{LIVE}@{step}"
 
 
 def _fail(request: Request, exc: BaseException) -> None:

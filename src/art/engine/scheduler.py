@@ -47,11 +47,16 @@ class Scheduler:
         self.check(request)
         self.waiting.append(request)
 
-    def admit(self) -> list[Request]:
-        """Pop, in order, the waiting requests that fit beside the running ones."""
+    def admit(self, defer: Callable[[Request], bool] | None = None) -> list[Request]:
+        """Pop, in order, the waiting requests that fit beside the running ones. Requests that
+        `defer` names stay waiting, in place, and do not hold back those behind them."""
         admitted: list[Request] = []
+        deferred: list[Request] = []
         while self.waiting and not self.paused:
             request = self.waiting[0]
+            if defer is not None and defer(request):
+                deferred.append(self.waiting.popleft())
+                continue
             if len(self.running) + request.params.n > self.max_num_seqs:
                 break
             needed = self._needed(len(self.running) + request.params.n, self.reserved_tokens + request.kv_tokens,
@@ -64,7 +69,21 @@ class Scheduler:
                 sample.status = Status.RUNNING
             self.running.extend(request.samples)
             admitted.append(request)
+        self.waiting.extendleft(reversed(deferred))
         return admitted
+
+    def admissible(self, defer: Callable[[Request], bool] | None = None) -> bool:
+        """Whether some waiting request could be admitted now (not paused, not deferred)."""
+        return not self.paused and any(defer is None or not defer(r) for r in self.waiting)
+
+    def requeue(self, request: Request) -> None:
+        """Undo the admission of `request` (nothing of it has run): it waits first in line."""
+        ids = set(map(id, request.samples))
+        self.running = [s for s in self.running if id(s) not in ids]
+        self.reserved_tokens -= request.kv_tokens
+        for sample in request.samples:
+            sample.status = Status.WAITING
+        self.waiting.appendleft(request)
 
     def finish(self, samples: list[Sample]) -> list[Request]:
         """Drop finished samples from the batch; return the requests now complete."""

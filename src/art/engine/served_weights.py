@@ -11,6 +11,13 @@ so the base weights exist once. Per projection it may keep a prepared copy, buil
 Without any of these the module's own weight is used, with no copy. Rows that use another
 adapter (`name@step`) or none (the base model) add their own LoRA on top of the base weights.
 
+The live adapter is never read where the trainer writes it: its LoRA factors are copied
+(`_live`, a few MB) when a weight update is published, and every live row multiplies by those
+copies or by the merged weights built from them. So a training step may run beside the engine
+(`LLMEngine.serving_while_training`): the engine serves the last published step until the next
+is published. Rows still decoding on an earlier publication keep its copies under a retired
+name (`retire`) until they finish, so a request ends on the weights it started with.
+
 Prepared tensors are refreshed in place when they can be, so a CUDA graph captured against
 them stays valid across weight updates. Callers hold the model lock.
 """
@@ -58,6 +65,11 @@ class ServedWeights:
         self.pack = pack and dtype == torch.float32 and _packing_works()
         self._prepared: dict[tuple[int, str], tuple[torch.Tensor, object]] = {}  # -> (tensor, module)
         self._stale: set[tuple[int, str]] = set()
+        self._live: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        """id(module) -> copies of its live LoRA (A [r, in], B [out, r]) as last published."""
+        self._live_stale = True
+        self._retired: dict[str, dict[int, tuple[torch.Tensor, torch.Tensor]]] = {}
+        """A retired name ("default@3") -> the live copies of that publication, while rows use them."""
 
     def route(self, adapter_names: list[str], device: torch.device) -> Route:
         unique = set(adapter_names)
@@ -78,12 +90,23 @@ class ServedWeights:
         y = self._matmul(x, self._weight(module, "merged" if merged else "base"), base.bias)
         if lora and not route.merged:
             # As peft does: the (float32) LoRA term is added before rounding to the output dtype.
-            if route.adapter is not None and route.adapter in module.lora_A:
-                y = (y + _lora(x, module, route.adapter)).to(y.dtype)
+            if route.adapter is not None and (factors := self._factors(module, route.adapter)) is not None:
+                y = (y + _lora(x, *factors)).to(y.dtype)
             for name, rows in route.groups:
-                if name in module.lora_A:
-                    y = y.index_copy(0, rows, (y[rows] + _lora(x[rows], module, name)).to(y.dtype))
+                if (factors := self._factors(module, name)) is not None:
+                    y = y.index_copy(0, rows, (y[rows] + _lora(x[rows], *factors)).to(y.dtype))
         return y
+
+    def _factors(self, module, name: str) -> tuple[torch.Tensor, torch.Tensor, float] | None:
+        """(A, B, scaling) of adapter `name` in `module`: the published copies for the live
+        adapter and retired publications, peft's own tensors for checkpoints; None when the
+        module has no such adapter."""
+        if name == LIVE or name in self._retired:
+            copies = (self._live if name == LIVE else self._retired[name]).get(id(module))
+            return None if copies is None else (*copies, module.scaling[LIVE])
+        if name in module.lora_A:
+            return module.lora_A[name].weight, module.lora_B[name].weight, module.scaling[name]
+        return None
 
     def copy_bytes(self, modules) -> int:
         """Bytes of the copies `linear` will prepare for these modules (a CUDA engine's memory
@@ -95,17 +118,54 @@ class ServedWeights:
             size = weight.numel() * self.dtype.itemsize
             total += size if self.merge and lora and LIVE in module.lora_A else 0  # the merged variant
             total += size if self.pack or weight.dtype != self.dtype else 0  # the base variant
+            if lora and LIVE in module.lora_A:  # the published copy of the live LoRA factors
+                total += sum(p.numel() * p.element_size() for p in (module.lora_A[LIVE].weight,
+                                                                     module.lora_B[LIVE].weight))
         return total
 
-    def weights_changed(self, *, all_weights: bool) -> None:
-        """The live adapter (or, `all_weights`, every weight: full fine-tuning) changed."""
+    def weights_changed(self, *, all_weights: bool, retire: str | None = None) -> None:
+        """The live adapter (or, `all_weights`, every weight: full fine-tuning) changed.
+        `retire`: rows still decode on the publication being replaced; keep its live copies
+        under this name (`forget` drops them once no row uses it)."""
+        if retire is not None:
+            if not self.peft:
+                raise RuntimeError("only a LoRA adapter's earlier weights can keep serving beside new ones")
+            with torch.inference_mode():
+                self._retired[retire] = {key: (a.clone(), b.clone()) for key, (a, b) in self._live.items()}
+        self._live_stale = True
         self._stale.update(k for k in self._prepared if all_weights or k[1] == "merged")
 
     def refresh(self) -> None:
-        """Rebuild what a weight update made stale, now (a replayed CUDA graph runs no Python)."""
-        for key in list(self._stale):
-            _, module = self._prepared[key]
-            self._weight(module, key[1])
+        """Rebuild what a weight update made stale, now (a replayed CUDA graph runs no Python).
+        The live copies first: the merged weights are built from them. (Under inference mode
+        wherever it is called from: the engine's tensors are inference tensors.)"""
+        with torch.inference_mode():
+            if self._live_stale:
+                self._copy_live()
+            for key in list(self._stale):
+                _, module = self._prepared[key]
+                self._weight(module, key[1])
+
+    def retired(self) -> set[str]:
+        return set(self._retired)
+
+    def forget(self, name: str) -> None:
+        """No row decodes on retired publication `name` any more."""
+        self._retired.pop(name, None)
+
+    def _copy_live(self) -> None:
+        """Copy the live LoRA factors the trainer wrote (in place, so CUDA graphs keep reading them)."""
+        if self.peft:
+            for module in self.model.modules():
+                if hasattr(module, "lora_A") and LIVE in module.lora_A:
+                    a, b = module.lora_A[LIVE].weight.detach(), module.lora_B[LIVE].weight.detach()
+                    copies = self._live.get(id(module))
+                    if copies is not None and copies[0].shape == a.shape and copies[1].shape == b.shape:
+                        copies[0].copy_(a)
+                        copies[1].copy_(b)
+                    else:
+                        self._live[id(module)] = (a.clone(), b.clone())
+        self._live_stale = False
 
     def _weight(self, module, variant: str) -> torch.Tensor:
         key = (id(module), variant)
@@ -114,7 +174,10 @@ class ServedWeights:
             return cached
         weight = (module.get_base_layer() if hasattr(module, "lora_A") else module).weight.detach()
         if variant == "merged":
-            weight = weight + module.get_delta_weight(LIVE).to(weight.dtype)
+            if self._live_stale:
+                self._copy_live()
+            a, b = self._live[id(module)]  # as peft's get_delta_weight: (B @ A) * scaling
+            weight = weight + ((b @ a) * module.scaling[LIVE]).to(weight.dtype)
         if not self.pack and variant == "base" and weight.dtype == self.dtype:
             return weight  # the module's own tensor: no copy
         self._stale.discard(key)
@@ -138,9 +201,9 @@ class ServedWeights:
         return out.view(*x.shape[:-1], out.shape[-1])
 
 
-def _lora(x: torch.Tensor, module, name: str) -> torch.Tensor:
-    a, b = module.lora_A[name].weight, module.lora_B[name].weight  # [r, in], [out, r]
-    return F.linear(F.linear(x.to(a.dtype), a), b) * module.scaling[name]
+def _lora(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scaling: float) -> torch.Tensor:
+    # a [r, in], b [out, r]
+    return F.linear(F.linear(x.to(a.dtype), a), b) * scaling
 
 
 _PACK_BATCH_HINT = 32

@@ -187,8 +187,22 @@ class StaticRunner:
         if not self.lengths:
             self.cache.release()
 
-    def weights_changed(self, *, all_weights: bool) -> None:
-        self.weights.weights_changed(all_weights=all_weights)
+    serves_while_training = True
+    """The decoder reads the live adapter through `ServedWeights`' published copies, never the
+    tensors the trainer writes: a training step may run beside it."""
+
+    def weights_changed(self, *, all_weights: bool, retire: str | None = None) -> None:
+        self.weights.weights_changed(all_weights=all_weights, retire=retire)
+
+    def refresh(self) -> None:
+        """Copy the published weights now (the trainer is about to write the live ones)."""
+        self.weights.refresh()
+
+    def retired(self) -> set[str]:
+        return self.weights.retired()
+
+    def forget(self, name: str) -> None:
+        self.weights.forget(name)
 
     def stats(self) -> dict[str, float]:
         graphs = self.graphs.stats() if self.graphs else {"engine/cuda_graphs": 0.0, "engine/graph_replays": 0.0,

@@ -254,14 +254,16 @@ def management_router(service: Service, *, heartbeat_s: float = 10.0,
         return Checkpoints(steps=await service.checkpoints(key), latest=await service.step(key))
 
     @router.delete("/models/{project}/{name}/checkpoints", response_model=DeletedCheckpoints,
-                   summary="Keep the latest and the best step; delete the rest")
+                   summary="Keep the latest and the best step (or the steps named); delete the rest")
     @_answer_errors
     async def delete_checkpoints(
         key: ModelKey = Depends(model_key),
         best_checkpoint_metric: str = Query("val/reward", min_length=1, max_length=MAX_METRIC_NAME,
                                            description="History metric whose best step is kept."),
+        keep_step: list[int] | None = Query(None, description="Steps to keep instead of the best one (repeat "
+                                                              "the parameter); the latest step is always kept."),
     ) -> DeletedCheckpoints:
-        deleted = await service.delete_checkpoints(key, best_checkpoint_metric)
+        deleted = await service.delete_checkpoints(key, best_checkpoint_metric, keep_steps=keep_step)
         return DeletedCheckpoints(deleted=deleted, kept=await service.checkpoints(key))
 
     @router.post("/models/{project}/{name}/replicas/restart", response_model=RestartedReplicas,

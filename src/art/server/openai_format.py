@@ -89,10 +89,13 @@ def response_choice(index: int, c: Completion, prompt: list[int], tokens: TokenT
     message: dict[str, Any] = {"role": "assistant", "content": content}
     if calls:
         message["tool_calls"] = calls
-    return {"index": index, "message": message,
-            "finish_reason": "tool_calls" if calls else c.finish_reason,
-            "logprobs": {"content": [tokens.entry(c, k) for k in range(len(c.token_ids))]},
-            "token_ids": c.token_ids, "prompt_token_ids": prompt}
+    choice = {"index": index, "message": message,
+              "finish_reason": "tool_calls" if calls else c.finish_reason,
+              "logprobs": {"content": [tokens.entry(c, k) for k in range(len(c.token_ids))]},
+              "token_ids": c.token_ids, "prompt_token_ids": prompt}
+    if c.step is not None:  # the choice itself says which weights sampled it: a trajectory keeps only choices
+        choice["step"] = c.step
+    return choice
 
 
 class TokenText:

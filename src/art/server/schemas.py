@@ -291,6 +291,8 @@ class TrajectoryPayload(_Strict):
     additional_histories: list[HistoryPayload] = []
     start_time: datetime | None = None
     end_time: datetime | None = None
+    initial_policy_version: int | None = Field(None, description="The step whose weights sampled its oldest turn.")
+    final_policy_version: int | None = Field(None, description="The step whose weights sampled its newest turn.")
 
     def to_trajectory(self, where: str) -> Trajectory:
         return Trajectory.from_logging(self.model_dump(exclude={"start_time"} if self.start_time is None else set()),

@@ -132,8 +132,10 @@ class Service(Protocol):
     async def checkpoints(self, key: ModelKey) -> list[int]:
         ...
 
-    async def delete_checkpoints(self, key: ModelKey, best_checkpoint_metric: str) -> list[int]:
-        """Keep the latest step and the best by the metric; returns the deleted steps."""
+    async def delete_checkpoints(self, key: ModelKey, best_checkpoint_metric: str,
+                                 keep_steps: list[int] | None = None) -> list[int]:
+        """Keep the latest step and the best by the metric (or, given `keep_steps`, those
+        steps); returns the deleted steps."""
         ...
 
     async def history(self, key: ModelKey) -> list[dict]:

@@ -17,8 +17,10 @@ import time
 import torch
 
 from art.base_models import load_policy, reference_loader
+from art.devices import cpu_split
 from art.engine.adapters import AdapterSet
 from art.engine.llm_engine import LLMEngine
+from art.errors import ArtValueError
 from art.service.api import ModelSpec
 from art.service.loaded import LoadedModel
 from art.service.settings import parse_internal_config
@@ -44,6 +46,20 @@ def bound_malloc_growth() -> None:
         pass
 
 
+def _serves_while_training(settings, engine: LLMEngine) -> bool:
+    """Whether training steps run beside the serving engine: as asked, or whenever it can."""
+    if settings.serve_while_training is False or settings.fsdp:
+        return False
+    if engine.serves_while_training:
+        return True
+    if settings.serve_while_training:
+        engine.stop()
+        raise ArtValueError("serve_while_training=True needs a model the engine decodes itself (the Llama family); "
+                            "this one is served through transformers' forward, which reads the trained weights: "
+                            "leave serve_while_training unset", field="serve_while_training")
+    return False
+
+
 def load_model(root, spec: ModelSpec, placement: str = "processes") -> LoadedModel:
     """`spec`'s model under the storage `root`. `placement`: where engine replicas and trainer
     ranks 1..N-1 run unless the model's internal config says: "processes" or "ray" (`art.ray_cluster`)."""
@@ -62,6 +78,10 @@ def load_model(root, spec: ModelSpec, placement: str = "processes") -> LoadedMod
     lock = threading.RLock()
     adapters = AdapterSet(model)
     engine = LLMEngine(model, tokenizer, engine_config, lock=lock, adapters=adapters)
+    serve_while_training = _serves_while_training(settings, engine)
+    # Beside a serving engine the trainer needs no lock of the engine's: the engine reads only
+    # its own copies of the live weights (`art.engine.served_weights`).
+    trainer_lock = threading.RLock() if serve_while_training else lock
     replicas = None
     if settings.engine_replicas > 1:  # replicas 1..N-1 build the same model in processes of their own
         from art.devices import process_threads
@@ -88,7 +108,7 @@ def load_model(root, spec: ModelSpec, placement: str = "processes") -> LoadedMod
 
         trainer = ShardedTrainer(model, peers, lock=lock, device=device, dtype=dtype)
     else:
-        trainer = Trainer(model, tokenizer, lock=lock, device=device, dtype=dtype,
+        trainer = Trainer(model, tokenizer, lock=trainer_lock, device=device, dtype=dtype,
                           load_reference=reference_loader(base_model, lora, dtype=dtype, device=device))
         if peers is not None:
             from art.training.ranks import LeadTrainer
@@ -111,7 +131,9 @@ def load_model(root, spec: ModelSpec, placement: str = "processes") -> LoadedMod
     loaded = LoadedModel(name=name, project=project, base_model=base_model, dir=directory,
                          full_finetune=settings.full_finetune, device=device, model=model, tokenizer=tokenizer,
                          lock=lock, adapters=adapters, engine=engine, replicas=replicas, trainer=trainer,
-                         store=store, step=latest, model_json=model_json)
+                         store=store, step=latest, model_json=model_json,
+                         serve_while_training=serve_while_training,
+                         thread_split=cpu_split(str(device), settings.training_threads) if serve_while_training else None)
     if replicas is not None:
         replicas.restart(latest, loaded.live_weights())  # all start, on the weights of `latest`
     forked_from = (directory.read_model_json() or {}).get("forked_from")  # a fork made before registering

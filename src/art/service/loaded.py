@@ -1,10 +1,13 @@
 """`LoadedModel`: everything the backend holds for one trainable model: weights, engine, trainer, storage.
 
 The engine and the trainer share one model on one device, a PeftModel or, with
-`full_finetune`, the plain model: the base weights exist once (bf16 on CUDA), a weight update is
-visible to the next request with no reload or transfer, and one lock keeps sampling and a
-training step from overlapping. Sharded full fine-tuning (`fsdp`, `art.training.fsdp`) is the
-exception: rank processes hold the trained weights, and the engine's copy loads each checkpoint.
+`full_finetune`, the plain model: the base weights exist once (bf16 on CUDA), and a weight update
+reaches the engine with no reload or transfer. With a LoRA adapter the engine serves its own
+copy of the live factors (`serve_while_training`), so a training step runs beside it and the
+engine only takes the new copy when the step is published; otherwise one lock keeps sampling
+and a training step from overlapping. Sharded full fine-tuning (`fsdp`, `art.training.fsdp`)
+is the exception: rank processes hold the trained weights, and the engine's copy loads each
+checkpoint.
 
 `art.service.build` loads one; `art.service.update` changes its weights, one transaction per step.
 """
@@ -31,7 +34,8 @@ class LoadedModel:
 
     def __init__(self, *, name: str, project: str, base_model: str, dir: ModelDir, full_finetune: bool, device,
                  model, tokenizer, lock: threading.RLock, adapters, engine, replicas, trainer,
-                 store: CheckpointStore, step: int, model_json: dict) -> None:
+                 store: CheckpointStore, step: int, model_json: dict, serve_while_training: bool = False,
+                 thread_split: tuple[int, int] | None = None) -> None:
         self.name, self.project, self.base_model = name, project, base_model
         self.dir = dir
         self.full_finetune = full_finetune
@@ -46,6 +50,10 @@ class LoadedModel:
         self.step = step
         self.model_json = model_json
         """What model.json holds; `art.service.update` adds the shown options and forks to it."""
+        self.serve_while_training = serve_while_training
+        """A training step runs beside the serving engine (False: it pauses the engine)."""
+        self.thread_split = thread_split
+        """(engine, trainer) torch threads while a step runs beside the engine on the CPU."""
         self.shown_options: TrainOptions | None = None
         self.train_lock = asyncio.Lock()
         """One update at a time per model."""

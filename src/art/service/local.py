@@ -175,8 +175,11 @@ class LocalService:
     async def checkpoints(self, key: ModelKey) -> list[int]:
         return await asyncio.to_thread((await self._trainable(key)).store.steps)
 
-    async def delete_checkpoints(self, key: ModelKey, best_checkpoint_metric: str) -> list[int]:
+    async def delete_checkpoints(self, key: ModelKey, best_checkpoint_metric: str,
+                                 keep_steps: list[int] | None = None) -> list[int]:
         loaded = await self._trainable(key)
+        if keep_steps is not None:
+            return await asyncio.to_thread(loaded.delete_checkpoints, set(keep_steps))
         best = best_step(read_history(loaded.dir.history), best_checkpoint_metric)
         if best is None:
             log.warning("no %r in history: keeping only the latest checkpoint", best_checkpoint_metric)

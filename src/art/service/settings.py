@@ -4,8 +4,8 @@ ART scripts pass keys meant for vLLM, Unsloth and their trainer (`init_args`, `t
 `_decouple_vllm_and_unsloth`, ...). Every key ART knows is accepted: those that mean something
 here are honoured (`engine_args`, `peft_args` or ART's newer `lora_config`, `seed`,
 `full_finetune` or `init_args.full_finetuning`, `init_args.max_seq_length` and
-`init_args.gpu_memory_utilization`, and ours, `trainer_ranks`, `fsdp`, `engine_replicas` and
-`placement`); the rest are named once in a warning.
+`init_args.gpu_memory_utilization`, and ours, `trainer_ranks`, `fsdp`, `engine_replicas`,
+`placement`, `serve_while_training` and `training_threads`); the rest are named once in a warning.
 """
 
 from __future__ import annotations
@@ -53,6 +53,13 @@ class ModelSettings:
     placement: str | None = None
     """Where replicas and ranks 1..N-1 run: "processes" (local) or "ray" (`art.ray_cluster`);
     None: the backend's default."""
+    serve_while_training: bool | None = None
+    """The engine keeps serving the last published step while a training step runs beside it
+    on the same device (`art.service.update`). None: whenever the engine can (a LoRA adapter
+    on a model the engine decodes itself); False: pause it for every step, as before."""
+    training_threads: int | None = None
+    """On the CPU, torch threads of a training step that runs beside the engine; the engine
+    keeps the other cores (at least one). None: half the cores each."""
 
 
 def parse_internal_config(internal: dict | None) -> ModelSettings:
@@ -60,7 +67,7 @@ def parse_internal_config(internal: dict | None) -> ModelSettings:
     internal = dict(internal or {})
     init = dict(internal.get("init_args") or {})
     known = {"engine_args", "peft_args", "lora_config", "seed", "full_finetune", "init_args", "trainer_ranks",
-             "fsdp", "engine_replicas", "placement"}
+             "fsdp", "engine_replicas", "placement", "serve_while_training", "training_threads"}
     warn_ignored([k for k in internal if k not in known], "_internal_config")
     warn_ignored([k for k in init if k not in ("max_seq_length", "gpu_memory_utilization", "full_finetuning")],
                  "init_args")
@@ -97,9 +104,20 @@ def parse_internal_config(internal: dict | None) -> ModelSettings:
     if fsdp and not full:
         raise ArtValueError("fsdp shards a fully fine-tuned model; set full_finetune=True too (a LoRA adapter is "
                             "small enough to train whole on each rank: use trainer_ranks alone)", field="fsdp")
+    serve = internal.get("serve_while_training")
+    if serve not in (None, True, False):
+        raise ArtValueError(f"serve_while_training must be True, False or None, got {serve!r}",
+                            field="serve_while_training")
+    if serve and full:
+        raise ArtValueError("serve_while_training needs a LoRA adapter: a fully fine-tuned model's served weights are "
+                            "the trained ones; drop one of them", field="serve_while_training")
+    threads = internal.get("training_threads")
+    if threads is not None and (not isinstance(threads, int) or isinstance(threads, bool) or threads < 1):
+        raise ArtValueError(f"training_threads must be a positive int or None, got {threads!r}",
+                            field="training_threads")
     return ModelSettings(engine=engine, full_finetune=bool(full), fsdp=bool(fsdp),
                          lora=None if full else {**LORA_DEFAULTS, **lora_given}, seed=seed, placement=placement,
-                         **counts)
+                         serve_while_training=serve, training_threads=threads, **counts)
 
 
 def _lora_config(config) -> dict:

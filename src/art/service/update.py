@@ -1,9 +1,10 @@
 """A weight update as one transaction: a step is all or nothing, on disk and in what is served.
 
 Invariants 2 and 4 of the design hang on this module. `run_update` (train and SFT) reads top to
-bottom: expected step → pause the engine → step → checkpoint → `weights_updated` → probe →
-publish to replicas; a failure before the checkpoint restores the saved step, a failed probe
-rolls the new step back. `load_fork` is the same transaction with a forked checkpoint as the step.
+bottom: expected step → the engine serves beside the step (or pauses) → step → checkpoint →
+`weights_updated` (publish) → probe → publish to replicas; a failure before the checkpoint
+restores the saved step, a failed probe rolls the new step back. `load_fork` is the same
+transaction with a forked checkpoint as the step.
 Training input is checked by the caller before anything moves.
 """
 
@@ -14,11 +15,13 @@ import json
 import logging
 import threading
 import time
-from typing import Callable
+from contextlib import contextmanager
+from typing import Callable, Iterator
 
 import torch
 from tqdm.auto import tqdm
 
+from art.devices import thread_count
 from art.engine import cuda_graphs
 from art.errors import ArtValueError, StepConflictError, WeightSyncError
 from art.observability import tracing
@@ -93,8 +96,7 @@ def _step(loaded: LoadedModel, work, step_fn: StepFn, options, progress) -> Trai
 
     loaded.training_since, loaded.training_thread = time.monotonic(), threading.get_ident()
     try:
-        # Running requests finish on the old weights; new ones wait for the new weights.
-        with loaded.engine.paused():
+        with _beside_the_engine(loaded):
             out_of_memory = False
             try:
                 metrics = step_fn(work, options, desc=f"train step {loaded.step + 1}",
@@ -124,6 +126,22 @@ def _step(loaded: LoadedModel, work, step_fn: StepFn, options, progress) -> Trai
         return TrainResult(loaded.step, metrics)
     finally:
         loaded.training_since = loaded.training_thread = None
+
+
+@contextmanager
+def _beside_the_engine(loaded: LoadedModel) -> Iterator[None]:
+    """How a step and the engine share the device. Serving while training: the engine answers
+    from the last published weights meanwhile (on the CPU each takes its share of the cores:
+    `thread_split`), and `weights_updated` publishes the step when it lands; requests running
+    then finish on the weights they started with. Otherwise the engine is paused: running
+    requests finish, new ones wait for the new weights."""
+    if not loaded.serve_while_training:
+        with loaded.engine.paused():
+            yield
+        return
+    engine_threads, trainer_threads = loaded.thread_split or (None, None)
+    with loaded.engine.serving_while_training(engine_threads), thread_count(trainer_threads):
+        yield
 
 
 def _load_forked(loaded: LoadedModel, plan) -> None:

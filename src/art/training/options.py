@@ -33,9 +33,9 @@ class TrainOptions:
     entropy_bonus: float = 0.0
     """Coefficient of the trained tokens' entropy, subtracted from the loss (PPO's c2, verl's
     entropy_coeff): keeps sampling diverse. The mean entropy is reported as `entropy` either way."""
-    ppo: bool = True
-    """True: PPO clipped surrogate. False: CISPO, the clipped, detached importance weight times
-    A * logp_new (ART's switch; ART's own default is False)."""
+    ppo: bool = False
+    """False (ART's default since 2026): CISPO, the clipped, detached importance weight times
+    A * logp_new, so every token keeps a gradient. True: the PPO clipped surrogate."""
     epsilon: float | None = None
     """Importance ratios below 1 - epsilon are clipped; None means 0.2 (ppo) or 1.0 (CISPO)."""
     epsilon_high: float | None = None

@@ -1,0 +1,239 @@
+"""Wall time to reward: the synchronous loop against `art.PipelineTrainer`, on the tool agent.
+
+    python benchmarks/pipeline_vs_sync.py [--steps 10] [--seed 0] [--max-steps-off-policy 2]
+                                          [--workers 8] [--learning-rate 1e-3] [--order sync,pipeline]
+
+The task is examples/tool_agent.py's calculator agent on the default model (SmolLM2-135M-Instruct),
+CPU. Both runs see the same stream of problems (examples/pipeline_tool_agent.py's `problems(seed)`)
+and train the same number of groups: 4 groups of 8 episodes per step whose rewards differ (a group
+whose episodes all scored alike trains nothing), `--steps` steps, learning rate 1e-3, ART's
+default objective (CISPO), each in a fresh `LocalBackend`, one after the other in this process.
+
+  sync      the loop a user writes: `gather_trajectory_groups(min_groups_with_signal=4)` (more
+            groups are drawn when some have no signal), then `model.train`; the engine is paused
+            while a step trains, and the step's last rollouts run at low occupancy.
+  pipeline  `PipelineTrainer(min_batch_size=4, max_batch_size=4, num_rollout_workers=--workers,
+            max_steps_off_policy=--max-steps-off-policy)`: the engine keeps serving while a step
+            trains beside it (on the CPU the cores are split: the engine keeps half).
+
+Every episode's end is recorded (wall time since training began, reward). A run's reward at time t
+is the mean reward of the last 64 episodes finished by t (two steps' worth). Printed: both curves
+at each step's end, the sync loop's final reward (at its end), the time each run first reached it,
+the ratio pipeline / sync (goal <= 0.7), rollout completion tokens per second and the trainer's
+busy fraction (time in `train` / wall time) for each, and both final models' reward on 32 held-out
+episodes (16 problems x 2). Then one JSON line (the last line of stdout).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.util
+import json
+import random
+import tempfile
+import time
+from pathlib import Path
+
+from _common import environment, ratio, table
+
+import art
+from art.gather import completion_tokens
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+WINDOW = 64  # episodes in a reward reading: two steps' worth
+GROUPS_PER_STEP, GROUP_SIZE = 4, 8
+
+
+def load(name: str):
+    import sys
+
+    sys.path.insert(0, str(EXAMPLES))  # pipeline_tool_agent imports tool_agent
+    spec = importlib.util.spec_from_file_location(name, EXAMPLES / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+tool_agent = load("tool_agent")
+pipeline_example = load("pipeline_tool_agent")
+
+
+class Recorder:
+    """Every finished episode: (seconds since start, reward, completion tokens)."""
+
+    def __init__(self) -> None:
+        self.start = time.monotonic()
+        self.episodes: list[tuple[float, float, int]] = []
+        self.train_s = 0.0
+
+    def group(self, group: art.TrajectoryGroup) -> art.TrajectoryGroup:
+        now = time.monotonic() - self.start
+        self.episodes += [(now, t.reward, completion_tokens(t)) for t in group.trajectories]
+        return group
+
+    def reward_at(self, seconds: float) -> float | None:
+        rewards = [r for t, r, _ in self.episodes if t <= seconds][-WINDOW:]
+        return sum(rewards) / len(rewards) if len(rewards) >= WINDOW else None
+
+    def time_to(self, target: float) -> float | None:
+        """The first episode end at which the reward reading is >= target."""
+        return next((t for t, _, _ in self.episodes if (r := self.reward_at(t)) is not None and r >= target - 1e-9),
+                    None)
+
+
+async def group_of(model, scenario, recorder: Recorder) -> art.TrajectoryGroup:
+    a, b, seed = scenario
+    group = await art.TrajectoryGroup(tool_agent.rollout(model, a, b, seed=seed + 100 * i) for i in range(GROUP_SIZE))
+    return recorder.group(group)
+
+
+async def registered(root: str, name: str):
+    backend = art.LocalBackend(path=root)
+    model = art.TrainableModel(name=name, project="pipeline-vs-sync", base_model=art.DEFAULT_MODEL)
+    await model.register(backend)
+    return backend, model
+
+
+async def run_sync(args, root: str) -> dict:
+    backend, model = await registered(root, "sync")
+    problems, recorder, step_ends, groups_trained = pipeline_example.problems(args.seed), Recorder(), [], 0
+    for step in range(args.steps):
+        groups = await art.gather_trajectory_groups(
+            (group_of(model, next(problems), recorder) for _ in iter(int, 1)), pbar_desc=f"sync step {step}",
+            min_groups_with_signal=GROUPS_PER_STEP, max_groups=4 * GROUPS_PER_STEP)
+        began = time.monotonic()
+        await model.train(groups, config=art.TrainConfig(learning_rate=args.learning_rate))
+        recorder.train_s += time.monotonic() - began
+        groups_trained += len(groups)
+        step_ends.append(time.monotonic() - recorder.start)
+    final = await evaluate(model)
+    await backend.close()
+    return summary("sync", recorder, step_ends, groups_trained, final)
+
+
+async def run_pipeline(args, root: str) -> dict:
+    backend, model = await registered(root, "pipeline")
+    recorder = Recorder()
+
+    async def rollout_fn(model, scenario, config):
+        return await group_of(model, scenario, recorder)
+
+    class Timed:
+        """The backend, with the end of every training step noted."""
+
+        def __getattr__(self, name):
+            return getattr(backend, name)
+
+        async def train(self, *args, **kwargs):
+            began = time.monotonic()
+            result = await backend.train(*args, **kwargs)
+            recorder.train_s += time.monotonic() - began
+            step_ends.append(time.monotonic() - recorder.start)
+            return result
+
+    step_ends: list[float] = []
+    trainer = art.PipelineTrainer(model, Timed(), rollout_fn, pipeline_example.problems(args.seed), None,
+                                  num_rollout_workers=args.workers, min_batch_size=GROUPS_PER_STEP,
+                                  max_batch_size=GROUPS_PER_STEP, max_steps_off_policy=args.max_steps_off_policy,
+                                  learning_rate=args.learning_rate, max_steps=args.steps, eval_at_start=False,
+                                  log_interval_seconds=600)
+    recorder.start = time.monotonic()
+    await trainer.train(handle_signals=False)
+    wall = time.monotonic() - recorder.start
+    rows = [row for row in await backend.get_history(model) if row.get("split") == "train"]
+    final = await evaluate(model)
+    await backend.close()
+    out = summary("pipeline", recorder, step_ends, trainer.state.accepted_trainable_groups, final, wall)
+    out["steps_off_policy_mean"] = round(sum(r["offpolicy/steps_off_policy_mean"] for r in rows) / len(rows), 3)
+    out["steps_off_policy_max"] = max(r["offpolicy/steps_off_policy_max"] for r in rows)
+    out["dropped_groups"] = trainer.state.discarded_stale_groups
+    return out
+
+
+async def evaluate(model) -> float:
+    """The final policy's mean reward on 16 held-out problems x 2 episodes."""
+    rng = random.Random(999)
+    held_out = [(rng.randint(11, 99), rng.randint(11, 99)) for _ in range(16)]
+    episodes = await asyncio.gather(*(tool_agent.rollout(model, a, b, seed=10_000 + 7 * i + j)
+                                      for i, (a, b) in enumerate(held_out) for j in range(2)))
+    return sum(t.reward for t in episodes) / len(episodes)
+
+
+def summary(name: str, recorder: Recorder, step_ends: list[float], groups_trained: int, final_eval: float,
+            wall: float | None = None) -> dict:
+    wall = wall if wall is not None else step_ends[-1]
+    tokens = sum(n for _, _, n in recorder.episodes)
+    return {"name": name, "recorder": recorder, "step_ends": step_ends, "wall_s": round(wall, 1),
+            "groups_trained": groups_trained, "episodes": len(recorder.episodes),
+            "final_reward": round(recorder.reward_at(float("inf")) or 0.0, 4), "final_eval_reward": round(final_eval, 4),
+            "rollout_tokens_per_s": round(tokens / wall, 1), "trainer_busy_fraction": round(recorder.train_s / wall, 3)}
+
+
+def main(args: argparse.Namespace) -> None:
+    runners = {"sync": run_sync, "pipeline": run_pipeline}
+    results = {}
+    with tempfile.TemporaryDirectory(prefix="art-pipeline-vs-sync-") as root:
+        for name in args.order.split(","):
+            results[name] = asyncio.run(runners[name](args, root))
+    sync, pipe = results["sync"], results["pipeline"]
+    target = sync["final_reward"]
+    times = {name: r["recorder"].time_to(target) for name, r in results.items()}
+    time_ratio = ratio(times["pipeline"], sync["wall_s"])
+
+    print()
+    steps = max(len(sync["step_ends"]), len(pipe["step_ends"]))
+    cells = []
+    for step in range(steps):
+        row = [step]
+        for r in (sync, pipe):
+            end = r["step_ends"][step] if step < len(r["step_ends"]) else None
+            reward = r["recorder"].reward_at(end) if end is not None else None
+            row += [None if end is None else f"{end:.0f}", None if reward is None else f"{reward:.3f}"]
+        cells.append(row)
+    print(table(["step", "sync s", f"reward({WINDOW})", "pipeline s", f"reward({WINDOW})"], cells))
+    print()
+    print(table(["", "wall s", "to sync's final", "final reward", "held-out reward", "rollout tok/s",
+                 "trainer busy", "groups trained"],
+                [[r["name"], r["wall_s"], times[r["name"]], r["final_reward"], r["final_eval_reward"],
+                  r["rollout_tokens_per_s"], r["trainer_busy_fraction"], r["groups_trained"]] for r in (sync, pipe)]))
+    print(f"sync's final reward {target:.3f}: the pipeline reached it at "
+          + ("never" if times["pipeline"] is None else f"{times['pipeline']:.0f} s")
+          + f", the sync loop ended at {sync['wall_s']:.0f} s: ratio {time_ratio if time_ratio is not None else '-'}"
+          " (goal <= 0.7)")
+    print(f"pipeline: off policy {pipe['steps_off_policy_mean']} steps on average (max {pipe['steps_off_policy_max']}),"
+          f" {pipe['dropped_groups']} groups dropped as stale")
+
+    def public(r: dict) -> dict:
+        return {k: v for k, v in r.items() if k not in ("recorder", "name")} | {
+            "step_ends_s": [round(t, 1) for t in r["step_ends"]],
+            "reward_at_step_ends": [None if (x := r["recorder"].reward_at(t)) is None else round(x, 4)
+                                    for t in r["step_ends"]]}
+
+    report = {
+        "benchmark": "pipeline_vs_sync",
+        "sync": public(sync), "pipeline": public(pipe),
+        "sync_final_reward": target,
+        "time_to_sync_final_reward_s": times,
+        "ratio_pipeline_time_to_sync_final_over_sync_wall": time_ratio,
+        "goals": {"ratio_le_0_7": None if time_ratio is None else time_ratio <= 0.7,
+                  "final_reward_no_lower": pipe["final_reward"] >= sync["final_reward"]},
+        "settings": {"task": "examples/tool_agent.py", "model": art.DEFAULT_MODEL, "device": "cpu",
+                     "steps": args.steps, "groups_per_step": GROUPS_PER_STEP, "group_size": GROUP_SIZE,
+                     "learning_rate": args.learning_rate, "seed": args.seed, "workers": args.workers,
+                     "max_steps_off_policy": args.max_steps_off_policy, "order": args.order,
+                     "reward_window_episodes": WINDOW, "objective": "cispo (ART's default)"},
+    }
+    report.update(environment())
+    print(json.dumps(report))
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-steps-off-policy", type=int, default=2)
+    parser.add_argument("--workers", type=int, default=8)
+    parser.add_argument("--learning-rate", type=float, default=1e-3)
+    parser.add_argument("--order", default="sync,pipeline", help="which runs first (machine drift hits the later)")
+    main(parser.parse_args())

@@ -1,0 +1,652 @@
+"""`PipelineTrainer`: rollouts never wait for training, and no trained group is older than a bound.
+
+ART's 2026 API (`art.PipelineTrainer`, names and defaults as ART's). Three stages share one
+event loop:
+
+    rollout workers ──(finished groups, dated)──▶ trainer ──(publishes step N+1)──▶ engine
+         ▲   start a scenario only while the policy is                │
+         │   at most `max_steps_off_policy` steps behind              └─▶ evaluations (own task)
+
+- **Rollouts.** `num_rollout_workers` tasks each take the next scenario and run
+  `rollout_fn(model, scenario, config)` against the engine, which keeps serving while a step
+  trains (`art.service.update`). A worker starts a scenario only while the policy it would
+  sample is at most `max_steps_off_policy` steps behind the step being trained, and while fewer
+  than `queue_maxsize` finished groups wait for a batch.
+- **Dating.** Each trajectory is dated by the steps its choices say sampled them (the server
+  reports `step` on every choice), the oldest turn first (`Trajectory.initial_policy_version`),
+  else by the policy when its rollout started. A group is as old as its oldest trajectory.
+- **Training.** Step s trains on at least `min_batch_size` and at most `max_batch_size` finished
+  groups, in scenario order. A group sampled more than `max_steps_off_policy` steps before s is
+  dropped (`stale_groups="drop"`, ART's behaviour) or never arises (`"wait"`: before training,
+  the trainer waits for every running rollout that would be too old after this step, and trains
+  it now). Groups whose rewards are all equal carry no signal and are set aside. Both are counted.
+  The importance ratio against the sampler's logprobs corrects the rest of the lag.
+- **Resume.** After each step the scenarios used up and the counters are saved (`state.py`),
+  with the step's checkpoint already on disk; a killed pipeline started again resumes at the
+  model's step and runs again only the scenarios whose groups were not trained yet.
+
+With `max_steps_off_policy=0, stale_groups="wait"` and as many workers as groups per step it is
+the synchronous loop: the same groups, in the same order, give the same update.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import math
+import signal
+import time
+from collections.abc import AsyncIterator, Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, Generic, Literal
+
+from tqdm.auto import tqdm
+
+from art.errors import ArtValueError, TooManyExceptionsError
+from art.gather import completion_tokens, has_signal
+from art.pipeline_trainer.checkpoint_retention import (
+    CheckpointInfo,
+    CheckpointRetentionContext,
+    CheckpointRetentionStrategy,
+)
+from art.pipeline_trainer.state import STATE_KEY, PipelineState
+from art.pipeline_trainer.types import ConfigT, EvalFn, RolloutFn, ScenarioT, SingleRolloutFn
+from art.trajectories import Trajectory, TrajectoryGroup, policy_versions
+
+log = logging.getLogger(__name__)
+
+COLLAPSE_BANNER = """
+========================================
+MODEL COLLAPSE DETECTED - training stopped
+========================================
+{count} groups in a row had rewards that were all equal: the policy may have collapsed.
+- lower the learning rate;
+- make sure the reward can vary within a group (graded rewards, more varied scenarios);
+- raise discard_queue_multiplier (now {multiplier} x min_batch_size) to let it run on.
+"""
+
+
+def make_group_rollout_fn(single_rollout_fn: SingleRolloutFn[ScenarioT, ConfigT], n: int = 4
+                          ) -> RolloutFn[ScenarioT, ConfigT]:
+    """A `rollout_fn` that runs `single_rollout_fn(model, scenario, config)` n times at once as
+    one group; a rollout that raises is kept in the group's `exceptions`."""
+
+    async def group_rollout(model, scenario: ScenarioT, config: ConfigT) -> TrajectoryGroup:
+        if n <= 0:
+            return TrajectoryGroup([])
+        return await TrajectoryGroup(single_rollout_fn(model, scenario, config) for _ in range(n))
+
+    return group_rollout
+
+
+class _Changes:
+    """A broadcast: `wait()` returns at the next `notify()` (single event loop, no lock)."""
+
+    def __init__(self) -> None:
+        self._event = asyncio.Event()
+
+    def notify(self) -> None:
+        self._event.set()
+        self._event = asyncio.Event()
+
+    async def wait(self) -> None:
+        await self._event.wait()
+
+
+@dataclass
+class _Finished:
+    """A finished group waiting for a batch."""
+
+    index: int
+    """The scenario's position in the scenario stream."""
+    group: TrajectoryGroup
+    version: int
+    """The policy step of its oldest turn."""
+    rollout_s: float
+
+
+@dataclass
+class _Interval:
+    """What happened between two training steps (for the step's `time/` and `throughput/` metrics)."""
+
+    started: float = field(default_factory=time.monotonic)
+    rollout_s: float = 0.0
+    rollout_idle_s: float = 0.0
+    rollouts: int = 0
+    completion_tokens: int = 0
+    stale: int = 0
+    zero_variance: int = 0
+    waited: int = 0
+
+
+class PipelineTrainer(Generic[ScenarioT, ConfigT]):
+    """Rollouts, training and evaluation as an asynchronous pipeline (see the module docstring)."""
+
+    def __init__(
+        self,
+        model,
+        backend,
+        rollout_fn: RolloutFn[ScenarioT, ConfigT],
+        scenarios: AsyncIterator[ScenarioT] | Iterable[ScenarioT],
+        config: ConfigT,
+        eval_fn: EvalFn[ConfigT] | None = None,
+        *,
+        num_rollout_workers: int = 16,
+        min_batch_size: int = 4,
+        max_batch_size: int | None = None,
+        max_steps_off_policy: int | None = 4,
+        stale_groups: Literal["drop", "wait"] = "drop",
+        queue_maxsize: int | None = None,
+        learning_rate: float = 1e-5,
+        loss_fn: str = "cispo",
+        loss_fn_config: dict | None = None,
+        normalize_advantages: bool = True,
+        adam_params: object | None = None,
+        train_options: Mapping[str, Any] | None = None,
+        max_steps: int | None = None,
+        discard_queue_multiplier: int = 100,
+        log_interval_seconds: float = 60.0,
+        status_ewa_alpha: float = 0.2,
+        total_scenarios: int | None = None,
+        eval_every_n_steps: int = 20,
+        eval_at_start: bool = True,
+        save_checkpoint: bool = True,
+        checkpoint_retention_strategy: CheckpointRetentionStrategy | None = None,
+        checkpoint_retention_interval: int = 1,
+        resume: bool = True,
+    ) -> None:
+        """`num_rollout_workers` scenarios run at once; a step trains `min_batch_size` to
+        `max_batch_size` (default 10x min) groups. `max_steps_off_policy`: the most steps a trained
+        group may lag the policy it trains (None: unbounded); `stale_groups` says what happens to
+        one that would lag more ("drop" it, or "wait" for it so it trains in time). `queue_maxsize`
+        (default max_steps_off_policy x max_batch_size, at least one batch): finished groups that
+        may wait for a batch before workers hold off. `learning_rate`, `loss_fn` ("cispo" or
+        "ppo"), `normalize_advantages` and `train_options` (any other `backend.train` option,
+        e.g. {"epsilon_high": 5.0}) go to every step. `max_steps`: steps to train in this call.
+        Training stops after `discard_queue_multiplier` x `min_batch_size` groups in a row without
+        signal (collapse). Evaluation: `eval_fn(model, step, config)` every `eval_every_n_steps`
+        steps (0: never) and at the start step (`eval_at_start`), logged at that step, beside
+        training. Checkpoints: every step is saved (the update is one transaction);
+        `save_checkpoint=False` keeps only the latest (and those an evaluation still needs);
+        `checkpoint_retention_strategy` (e.g. `keep_recent_and_top()`) picks which older ones to
+        keep, every `checkpoint_retention_interval` steps. `resume`: continue from the run's
+        saved pipeline state. `log_interval_seconds`: a status line that often.
+        (`status_ewa_alpha` and `adam_params`/`loss_fn_config` other than None are ART's and
+        have no meaning here: the latter two are refused by `backend.train`.)"""
+        problems = []
+
+        def check_int(name: str, value, low: int, none_ok: bool = False) -> None:
+            if value is None and none_ok:
+                return
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                problems.append(f"{name} must be an int >= {low}{' or None' if none_ok else ''}, got {value!r}")
+
+        check_int("num_rollout_workers", num_rollout_workers, 1)
+        check_int("min_batch_size", min_batch_size, 1)
+        check_int("max_batch_size", max_batch_size, 1, none_ok=True)
+        check_int("max_steps_off_policy", max_steps_off_policy, 0, none_ok=True)
+        check_int("queue_maxsize", queue_maxsize, 1, none_ok=True)
+        check_int("max_steps", max_steps, 0, none_ok=True)
+        check_int("discard_queue_multiplier", discard_queue_multiplier, 1)
+        check_int("eval_every_n_steps", eval_every_n_steps, 0)
+        check_int("checkpoint_retention_interval", checkpoint_retention_interval, 1)
+        check_int("total_scenarios", total_scenarios, 0, none_ok=True)
+        if isinstance(max_batch_size, int) and isinstance(min_batch_size, int) and max_batch_size < min_batch_size:
+            problems.append(f"max_batch_size ({max_batch_size}) must be >= min_batch_size ({min_batch_size})")
+        if stale_groups not in ("drop", "wait"):
+            problems.append(f"stale_groups must be 'drop' or 'wait', got {stale_groups!r}")
+        if stale_groups == "wait" and max_steps_off_policy is None:
+            problems.append("stale_groups='wait' needs a max_steps_off_policy to wait for")
+        if not (isinstance(log_interval_seconds, (int, float)) and log_interval_seconds > 0):
+            problems.append(f"log_interval_seconds must be > 0, got {log_interval_seconds!r}")
+        if not callable(rollout_fn):
+            problems.append("rollout_fn must be an async function (model, scenario, config) -> TrajectoryGroup")
+        if eval_fn is not None and not callable(eval_fn):
+            problems.append("eval_fn must be an async function (model, step, config) or None")
+        if problems:
+            field_name = problems[0].split(" ", 1)[0]
+            raise ArtValueError("invalid PipelineTrainer settings: " + "; ".join(problems), field=field_name)
+        self.model, self.backend, self.rollout_fn, self.config, self.eval_fn = model, backend, rollout_fn, config, eval_fn
+        self.num_rollout_workers = num_rollout_workers
+        self.min_batch_size = min_batch_size
+        self.max_batch_size = max_batch_size if max_batch_size is not None else 10 * min_batch_size
+        self.max_steps_off_policy = max_steps_off_policy
+        self.stale_groups = stale_groups
+        self.queue_maxsize = queue_maxsize or max(self.max_batch_size,
+                                                  (max_steps_off_policy or 1) * self.max_batch_size)
+        self.train_kwargs = {"learning_rate": learning_rate, "loss_fn": loss_fn, "loss_fn_config": loss_fn_config,
+                             "normalize_advantages": normalize_advantages, "adam_params": adam_params,
+                             **dict(train_options or {})}
+        self.max_steps = max_steps
+        self.collapse_after = discard_queue_multiplier * min_batch_size
+        self.discard_queue_multiplier = discard_queue_multiplier
+        self.log_interval_seconds = float(log_interval_seconds)
+        self.total_scenarios = total_scenarios
+        self.eval_every_n_steps = eval_every_n_steps
+        self.eval_at_start = eval_at_start
+        self.save_checkpoint = save_checkpoint
+        self.checkpoint_retention_strategy = checkpoint_retention_strategy
+        self.checkpoint_retention_interval = checkpoint_retention_interval
+        self.resume = resume
+        self._scenarios = scenarios
+        self.state = PipelineState()
+        self._done = False
+
+    # -- the run ------------------------------------------------------------------------------
+    async def train(self, *, handle_signals: bool = True) -> None:
+        """Run the pipeline until the scenarios run out, `max_steps` steps are trained, the
+        policy collapses or `request_stop()` (SIGINT/SIGTERM with `handle_signals`: the step
+        being trained finishes and is saved first; a second signal stops at once)."""
+        start = await self.model.get_step()
+        saved = (self.model.read_state() or {}).get(STATE_KEY) if self.resume else None
+        self.state = PipelineState.from_saved(saved)
+        if saved and self.state.training_step != start:
+            log.warning("the saved pipeline state is at step %d and the model at step %d: resuming at the model's "
+                        "step", self.state.training_step, start)
+        self.state.training_step = start
+        self._done, self._failure = False, None
+        self._changes = _Changes()
+        self._policy = self._next_step = start
+        self._ready: list[_Finished] = []
+        self._running: dict[int, int] = {}  # scenario index -> policy step when its rollout started
+        self._exhausted = False
+        self._source = self._numbered(self._scenarios)
+        self._source_lock = asyncio.Lock()
+        self._interval = _Interval()
+        self._zero_variance_in_a_row = 0
+        self._set_aside: list[TrajectoryGroup] = []
+        self._waited: set[int] = set()  # scenarios the trainer waited for before the step being formed
+        self._eval_queue: asyncio.Queue[int] = asyncio.Queue()
+        self._evaluating: set[int] = set()
+        total = self.max_steps if self.max_steps is not None else None
+        self._bar = tqdm(total=total, desc="pipeline", unit="step", dynamic_ncols=True)
+        if self.eval_fn is not None and self.eval_at_start and start not in self.state.completed_eval_steps:
+            self._schedule_eval(start)
+        main = asyncio.current_task()
+        restore = self._install_signals(main) if handle_signals else (lambda: None)
+        workers = [asyncio.create_task(self._worker(), name=f"rollout-worker-{i}")
+                   for i in range(self.num_rollout_workers)]
+        evaluator = asyncio.create_task(self._evaluate_queued(), name="pipeline-eval")
+        status = asyncio.create_task(self._status_lines(), name="pipeline-status")
+        finished = False
+        try:
+            await self._train_steps(start)
+            finished = True
+        finally:
+            self._stop()
+            restore()
+            await _cancel(workers + [status])
+            if finished:
+                await evaluator  # what is queued is evaluated and logged
+            else:
+                await _cancel([evaluator])
+            self._bar.close()
+            self.model.merge_state({STATE_KEY: self.state.saved()})
+
+    def request_stop(self) -> None:
+        """Stop after the step being trained (workers start no new scenario)."""
+        self._stop()
+
+    def _stop(self) -> None:
+        self._done = True
+        if hasattr(self, "_changes"):
+            self._changes.notify()
+
+    def _install_signals(self, main: asyncio.Task | None):
+        loop, installed = asyncio.get_running_loop(), []
+
+        def on_signal(sig: signal.Signals) -> None:
+            if self._done and main is not None:  # the second one: now
+                main.cancel()
+                return
+            tqdm.write(f"[art] {sig.name}: stopping after the current step (again to stop now)")
+            self._stop()
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                loop.add_signal_handler(sig, on_signal, sig)
+                installed.append(sig)
+            except (NotImplementedError, RuntimeError, ValueError):  # not the main thread, or Windows
+                pass
+
+        def restore() -> None:
+            for sig in installed:
+                loop.remove_signal_handler(sig)
+
+        return restore
+
+    # -- rollouts -----------------------------------------------------------------------------
+    async def _numbered(self, scenarios) -> AsyncIterator[tuple[int, Any]]:
+        """(index, scenario) of every scenario not used up yet (a resumed run skips those)."""
+        index = 0
+        if isinstance(scenarios, AsyncIterator) or hasattr(scenarios, "__aiter__"):
+            async for scenario in scenarios:
+                if not self.state.is_used(index):
+                    yield index, scenario
+                index += 1
+            return
+        for scenario in scenarios:
+            if not self.state.is_used(index):
+                yield index, scenario
+            index += 1
+
+    def _may_start(self) -> bool:
+        """A new rollout would sample a policy at most the bound behind the step being trained,
+        and fewer than `queue_maxsize` finished groups wait. With stale_groups="wait", also no
+        more groups are out than the next max_steps_off_policy + 1 batches can take, so none is
+        waited for beyond its bound (with a bound of 0: exactly one batch, the synchronous loop)."""
+        bound = self.max_steps_off_policy
+        fresh = bound is None or self._policy >= self._next_step - bound
+        if self.stale_groups == "wait" and len(self._running) + len(self._ready) >= (bound + 1) * self.max_batch_size:
+            return False
+        return fresh and len(self._ready) < self.queue_maxsize
+
+    async def _worker(self) -> None:
+        try:
+            while True:
+                waited = time.monotonic()
+                while not (self._done or self._may_start()):
+                    await self._changes.wait()
+                self._interval.rollout_idle_s += time.monotonic() - waited
+                if self._done:
+                    return
+                async with self._source_lock:
+                    item = None if self._exhausted else await anext(self._source, None)
+                if item is None:
+                    self._exhausted = True
+                    self._changes.notify()
+                    return
+                await self._roll_out(*item)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # a bug of ours, or an interrupt: the pipeline ends with it
+            self._failure = exc
+            self._stop()
+
+    async def _roll_out(self, index: int, scenario) -> None:
+        started_at, version = time.monotonic(), self._policy
+        self._running[index] = version
+        self.state.total_scenarios_consumed += 1
+        try:
+            group = self.rollout_fn(self.model, scenario, self.config)
+            if inspect.isawaitable(group) and not isinstance(group, TrajectoryGroup):
+                group = await group
+            if isinstance(group, TrajectoryGroup) and group.pending:  # built from coroutines: run them
+                group = await group
+            if not isinstance(group, TrajectoryGroup):
+                raise TypeError(f"rollout_fn returned {type(group).__name__}, expected a TrajectoryGroup")
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self.state.failed_rollouts += 1
+            self.state.use_up(index)
+            log.warning("scenario %d: the rollout failed (%s: %s); it is not trained", index, type(exc).__name__, exc)
+            return
+        finally:
+            self._running.pop(index, None)
+            self._changes.notify()
+        elapsed = time.monotonic() - started_at
+        if not group.trajectories and group.exceptions:
+            first = group.exceptions[0]
+            self._failure = TooManyExceptionsError(
+                f"all {len(group.exceptions)} rollouts of scenario {index} failed; the first: {first.type}: "
+                f"{first.message}")
+            self._stop()
+            return
+        for trajectory in group.trajectories:
+            trajectory.initial_policy_version, trajectory.final_policy_version = policy_versions(
+                trajectory, version, self._policy)
+        group_version = min((t.initial_policy_version for t in group.trajectories), default=version)
+        self._ready.append(_Finished(index, group, group_version, elapsed))
+        self._interval.rollout_s += elapsed
+        self._interval.rollouts += len(group.trajectories)
+        self._interval.completion_tokens += sum(completion_tokens(t) for t in group.trajectories)
+        self._changes.notify()
+
+    # -- training -----------------------------------------------------------------------------
+    async def _train_steps(self, start: int) -> None:
+        step = start
+        stop_at = None if self.max_steps is None else start + self.max_steps
+        while stop_at is None or step < stop_at:
+            batch = await self._next_batch(step)
+            if batch is None:
+                break
+            step = await self._train(step, batch)
+        if self._failure is not None:
+            raise self._failure
+
+    async def _next_batch(self, step: int) -> list[_Finished] | None:
+        """The groups step `step` trains on (None: nothing more will come)."""
+        bound = self.max_steps_off_policy
+        while True:
+            if self._failure is not None:
+                raise self._failure
+            if self._done:
+                return None
+            self._set_aside_unusable(step)
+            if self._zero_variance_in_a_row >= self.collapse_after:
+                tqdm.write(COLLAPSE_BANNER.format(count=self._zero_variance_in_a_row,
+                                                  multiplier=self.discard_queue_multiplier))
+                self._stop()
+                return None
+            everything_in = self._exhausted and not self._running
+            enough = len(self._ready) >= self.min_batch_size or (everything_in and self._ready)
+            if enough:
+                # Step `step` is being formed: a worker's gate now counts from it.
+                self._next_step = max(self._next_step, step + 1)
+                self._changes.notify()
+                due = [] if self.stale_groups == "drop" else [i for i, v in self._running.items() if v <= step - bound]
+                if not due:
+                    return self._take(step)
+                self._waited.update(due)  # trained now, or they would be too old after this step
+            elif everything_in:
+                return None
+            await self._changes.wait()
+
+    def _set_aside_unusable(self, step: int) -> None:
+        """Drop what is too old to train at `step` (with stale_groups="drop") and set aside the
+        groups whose rewards are all equal; both are counted and used up."""
+        bound, keep = self.max_steps_off_policy, []
+        for item in self._ready:
+            if bound is not None and item.version < step - bound:
+                self._interval.stale += 1
+                self.state.discarded_stale_groups += 1
+                self.state.use_up(item.index)
+            elif not has_signal(item.group):
+                self._interval.zero_variance += 1
+                self._zero_variance_in_a_row += 1
+                self.state.discarded_zero_variance_groups += 1
+                self._set_aside.append(item.group)
+                self.state.use_up(item.index)
+            else:
+                self._zero_variance_in_a_row = 0
+                keep.append(item)
+        if len(keep) < len(self._ready):  # room in the queue: workers held by queue_maxsize may start
+            self._changes.notify()
+        self._ready = keep
+
+    def _take(self, step: int) -> list[_Finished]:
+        """Up to `max_batch_size` groups, oldest scenarios first; with stale_groups="wait" every
+        group that would be too old after this step is taken too. In scenario order."""
+        bound = self.max_steps_off_policy
+        by_index = sorted(self._ready, key=lambda item: item.index)
+        must = [i for i in by_index if self.stale_groups == "wait" and i.version <= step - bound]
+        rest = [i for i in by_index if i not in must]
+        batch = sorted(must + rest[:max(0, self.max_batch_size - len(must))], key=lambda item: item.index)
+        taken = {id(item) for item in batch}
+        self._ready = [item for item in self._ready if id(item) not in taken]
+        self._interval.waited += sum(item.index in self._waited for item in batch)
+        self._waited.clear()
+        return batch
+
+    async def _train(self, step: int, batch: list[_Finished]) -> int:
+        """Train step `step` on `batch`, log it, save the pipeline's state; the new step."""
+        interval, self._interval = self._interval, _Interval()
+        idle_s = time.monotonic() - interval.started  # up to here the trainer waited for a batch
+        groups = [item.group for item in batch]
+        self._next_step = step + 1
+        self._changes.notify()
+        began = time.monotonic()
+        result = await self.backend.train(self.model, groups, **self.train_kwargs)
+        train_s = time.monotonic() - began
+        self._policy = self._next_step = result.step
+        self._changes.notify()
+        self.state.accepted_trainable_groups += len(batch)
+        for item in batch:
+            self.state.use_up(item.index)
+        metrics = {f"train/{k}": v for k, v in result.metrics.items()}
+        metrics.update(self._step_metrics(step, batch, interval, idle_s, train_s))
+        await self.model.log(groups, split="train", step=step, metrics=metrics)
+        if self._set_aside:
+            aside, self._set_aside = self._set_aside, []
+            await self.model.log(aside[:50], split="discarded", step=step)
+        self.state.training_step = result.step
+        if self._should_eval(result.step):
+            self._schedule_eval(result.step)
+        self.model.merge_state({STATE_KEY: self.state.saved()})
+        await self._retain_checkpoints(result.step)
+        self._bar.update(result.step - step)
+        self._bar.set_postfix(self._postfix(batch, metrics), refresh=True)
+        return result.step
+
+    def _step_metrics(self, step: int, batch: list[_Finished], interval: _Interval, idle_s: float,
+                      train_s: float) -> dict[str, float]:
+        lags = [step - item.version for item in batch]
+        weights = [(step - (t.initial_policy_version if t.initial_policy_version is not None else item.version),
+                    max(1, completion_tokens(t))) for item in batch for t in item.group.trajectories]
+        wall = time.monotonic() - interval.started
+        trajectories = sum(len(item.group.trajectories) for item in batch)
+        return {
+            "data/step_num_groups_trainable": float(len(batch)),
+            "data/step_num_groups_submitted": float(len(batch) + interval.stale + interval.zero_variance),
+            "data/step_num_trajectories": float(trajectories),
+            "offpolicy/steps_off_policy_mean": sum(lags) / len(lags),
+            "offpolicy/steps_off_policy_max": float(max(lags)),
+            "offpolicy/token_weighted_policy_age_steps": sum(a * w for a, w in weights) / sum(w for _, w in weights),
+            "offpolicy/dropped_groups": float(interval.stale),
+            "offpolicy/cum/dropped_groups": float(self.state.discarded_stale_groups),
+            "offpolicy/waited_groups": float(interval.waited),
+            "discarded/step/stale_groups": float(interval.stale),
+            "discarded/cum/stale_groups": float(self.state.discarded_stale_groups),
+            "discarded/step/zero_variance_groups": float(interval.zero_variance),
+            "discarded/cum/zero_variance_groups": float(self.state.discarded_zero_variance_groups),
+            "time/step_wall_s": wall,
+            "time/step_trainer_idle_s": idle_s,
+            "time/step_backend_train_s": train_s,
+            "time/step_rollout_s": interval.rollout_s,
+            "time/step_rollout_idle_s": interval.rollout_idle_s,
+            "throughput/rollout_completion_tokens_per_s": interval.completion_tokens / wall if wall > 0 else 0.0,
+            "throughput/rollouts_per_s": interval.rollouts / wall if wall > 0 else 0.0,
+            "throughput/trainer_busy_fraction": train_s / wall if wall > 0 else 0.0,
+        }
+
+    def _postfix(self, batch: list[_Finished], metrics: dict[str, float]) -> dict[str, Any]:
+        rewards = [t.reward for item in batch for t in item.group.trajectories]
+        return {"reward": round(sum(rewards) / len(rewards), 3), "off_policy": round(
+            metrics["offpolicy/steps_off_policy_mean"], 2), "dropped": self.state.discarded_stale_groups,
+            "running": len(self._running), "ready": len(self._ready)}
+
+    async def _status_lines(self) -> None:
+        while True:
+            await asyncio.sleep(self.log_interval_seconds)
+            total = f"/{self.total_scenarios}" if self.total_scenarios is not None else ""
+            tqdm.write(f"[art] pipeline at step {self._policy}: {len(self._running)} rollouts running, "
+                       f"{len(self._ready)} groups waiting, scenarios {self.state.total_scenarios_consumed}{total}, "
+                       f"dropped {self.state.discarded_stale_groups} stale and "
+                       f"{self.state.discarded_zero_variance_groups} without signal")
+
+    # -- evaluation -----------------------------------------------------------------------------
+    def _should_eval(self, step: int) -> bool:
+        return (self.eval_fn is not None and self.eval_every_n_steps > 0
+                and step - self.state.last_eval_step >= self.eval_every_n_steps)
+
+    def _schedule_eval(self, step: int) -> None:
+        if step not in self._evaluating:
+            self._evaluating.add(step)
+            self.state.last_eval_step = step
+            self._eval_queue.put_nowait(step)
+
+    async def _evaluate_queued(self) -> None:
+        """One evaluation at a time, beside training; after the last step, what is queued."""
+        while not (self._done and self._eval_queue.empty()):
+            if self._eval_queue.empty():
+                await self._changes.wait()
+                continue
+            await self._evaluate(self._eval_queue.get_nowait())
+
+    async def _evaluate(self, step: int) -> None:
+        began = time.monotonic()
+        try:
+            result = await self.eval_fn(self.model, step, self.config)
+            splits = result if isinstance(result, Mapping) else {"val": result}
+            timing = {"time/step_eval_s": time.monotonic() - began}
+            for split, items in splits.items():
+                groups = _as_groups(items, split)
+                if groups:
+                    await self.model.log(groups, split=split, step=step, metrics=timing)
+                    timing = None
+            if timing is not None:
+                await self.model.log(split="val", step=step, metrics=timing)
+            self.state.completed_eval_steps = sorted(set(self.state.completed_eval_steps) | {step})
+            self.model.merge_state({STATE_KEY: self.state.saved()})
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # an evaluation never stops training
+            log.warning("evaluation at step %d failed: %s: %s", step, type(exc).__name__, exc)
+        finally:
+            self._evaluating.discard(step)
+            self._changes.notify()
+
+    # -- checkpoints ----------------------------------------------------------------------------
+    async def _retain_checkpoints(self, step: int) -> None:
+        """Delete what `save_checkpoint=False` or the retention strategy lets go; never the latest
+        step or one an evaluation still needs."""
+        strategy = self.checkpoint_retention_strategy
+        if self.save_checkpoint and (strategy is None or step % self.checkpoint_retention_interval):
+            return
+        protected = {step} | self._evaluating
+        steps = await self.backend.list_checkpoints(self.model)
+        eligible = [s for s in steps if s not in protected]
+        if not eligible:
+            return
+        keep: set[int] = set()
+        if self.save_checkpoint:
+            infos = await self._checkpoint_infos(eligible)
+            keep = set(strategy(CheckpointRetentionContext(current_step=step, checkpoints=infos))) & set(eligible)
+        if set(eligible) - keep:
+            await self.backend.delete_checkpoints(self.model, keep_steps=sorted((set(steps) - set(eligible)) | keep))
+
+    async def _checkpoint_infos(self, steps: list[int]) -> list[CheckpointInfo]:
+        sums: dict[int, dict[str, list[float]]] = {}
+        for row in await self.backend.get_history(self.model):
+            at = row.get("step")
+            if type(at) is int and at in steps:
+                for key, value in row.items():
+                    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+                        sums.setdefault(at, {}).setdefault(key, []).append(float(value))
+        out = []
+        for at in sorted(steps):
+            metrics = {k: sum(v) / len(v) for k, v in sums.get(at, {}).items() if k != "step"}
+            out.append(CheckpointInfo(
+                step=at, path=f"checkpoints/{at:04d}", created_at=datetime.now(timezone.utc),
+                is_eval_step=at in self.state.completed_eval_steps or any(k.startswith("val/") for k in metrics),
+                metrics=metrics))
+        return out
+
+
+def _as_groups(items, split: str) -> list[TrajectoryGroup]:
+    items = list(items or [])
+    groups = [item for item in items if isinstance(item, TrajectoryGroup)]
+    loose = [item for item in items if isinstance(item, Trajectory)]
+    if len(groups) + len(loose) != len(items):
+        raise ArtValueError(f"eval_fn's {split!r} items must be Trajectory or TrajectoryGroup objects",
+                            field="eval_fn")
+    return groups + ([TrajectoryGroup(loose)] if loose else [])
+
+
+async def _cancel(tasks: list[asyncio.Task]) -> None:
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)

@@ -1,0 +1,247 @@
+"""`art.PipelineTrainer` on the tiny model: the synchronous loop at staleness 0, the staleness
+bound, evaluation and checkpoint retention, and a kill in the middle of a pipeline."""
+
+import asyncio
+import json
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import art
+from art.pipeline_trainer import keep_recent_and_top
+from tests.support.fakes import make_choice
+
+pytestmark = pytest.mark.integration
+
+
+def fixed_group(scenario: int) -> art.TrajectoryGroup:
+    """A group of 4 fixed trajectories for `scenario` (ids and sampler logprobs from its seed),
+    rewards that differ within the group: what a deterministic rollout returns."""
+    rng = random.Random(scenario)
+    prompt = [rng.randrange(5, 900) for _ in range(5)]
+    trajectories = []
+    for i in range(4):
+        completion = [rng.randrange(5, 900) for _ in range(2 + i)]
+        choice = make_choice(prompt, completion, [rng.uniform(-11.0, -10.5) for _ in completion])
+        trajectories.append(art.Trajectory(messages_and_choices=[{"role": "user", "content": "x"}, choice],
+                                           reward=float(completion[0] % 3) + 0.1 * i, metadata={"scenario": scenario}))
+    return art.TrajectoryGroup(trajectories)
+
+
+async def registered(path, tiny_model_path, name: str):
+    backend = art.LocalBackend(path=str(path))
+    model = art.TrainableModel(name=name, project="pipe", base_model=str(tiny_model_path))
+    await model.register(backend)
+    return backend, model
+
+
+def adapter(path, name: str, step: int) -> dict[str, torch.Tensor]:
+    return load_file(path / "pipe" / "models" / name / "checkpoints" / f"{step:04d}" / "adapter_model.safetensors")
+
+
+def history(path, name: str) -> list[dict]:
+    return [json.loads(line) for line in (path / "pipe" / "models" / name / "history.jsonl").open()]
+
+
+async def test_staleness_zero_gives_the_synchronous_loops_update_exactly(tiny_model_path, tmp_path):
+    scenarios, per_step, steps = list(range(6)), 3, 2
+    backend, model = await registered(tmp_path, tiny_model_path, "sync")
+    for step in range(steps):
+        await model.train([fixed_group(s) for s in scenarios[step * per_step:(step + 1) * per_step]],
+                          config=art.TrainConfig(learning_rate=1e-2))
+    await backend.close()
+
+    async def rollout(model, scenario, config):
+        await asyncio.sleep(random.Random(scenario).uniform(0, 0.2))  # they finish out of order
+        return fixed_group(scenario)
+
+    backend, model = await registered(tmp_path, tiny_model_path, "pipeline")
+    trainer = art.PipelineTrainer(model, backend, rollout, scenarios, None, max_steps_off_policy=0,
+                                  stale_groups="wait", num_rollout_workers=per_step, min_batch_size=per_step,
+                                  max_batch_size=per_step, learning_rate=1e-2)
+    await trainer.train(handle_signals=False)
+    assert await model.get_step() == steps
+    await backend.close()
+
+    sync, pipelined = adapter(tmp_path, "sync", steps), adapter(tmp_path, "pipeline", steps)
+    assert sync.keys() == pipelined.keys()
+    assert all(torch.equal(sync[k], pipelined[k]) for k in sync), "the pipeline's update differs from the sync loop's"
+    assert not all(torch.equal(sync[k], adapter(tmp_path, "sync", 0)[k]) for k in sync)  # the steps changed it
+    rows = [row for row in history(tmp_path, "pipeline") if row["split"] == "train"]
+    assert [row["offpolicy/steps_off_policy_max"] for row in rows] == [0.0, 0.0]
+    assert [row["train/num_groups"] for row in rows] == [3.0, 3.0]
+
+
+def sampled_by(group: art.TrajectoryGroup, step: int) -> art.TrajectoryGroup:
+    for trajectory in group.trajectories:
+        for choice in trajectory.messages_and_choices[1:]:
+            choice.step = step  # what the server reports on every choice
+    return group
+
+
+async def test_no_trained_group_is_older_than_the_bound_and_dropped_groups_are_counted(tiny_model_path, tmp_path):
+    scenario_0_done = asyncio.Event()
+
+    async def rollout(model, scenario, config):
+        if scenario == 0:  # sampled at step 0, back after step 2: too old for any step it could join
+            while await model.get_step() < 2:
+                await asyncio.sleep(0.02)
+            scenario_0_done.set()
+            return sampled_by(fixed_group(scenario), 0)
+        if scenario >= 5:  # the batch of step 2 cannot form before scenario 0 is back
+            await scenario_0_done.wait()
+        # The others are sampled by the newest weights: none of them is ever too old.
+        return sampled_by(fixed_group(scenario), await model.get_step())
+
+    backend, model = await registered(tmp_path, tiny_model_path, "bound")
+    trainer = art.PipelineTrainer(model, backend, rollout, range(9), None, max_steps_off_policy=1,
+                                  num_rollout_workers=3, min_batch_size=2, max_batch_size=2, max_steps=4,
+                                  learning_rate=1e-2, eval_fn=None)
+    await trainer.train(handle_signals=False)
+    await backend.close()
+
+    run = tmp_path / "pipe" / "models" / "bound"
+    rows = [row for row in history(tmp_path, "bound") if row["split"] == "train"]
+    assert [row["step"] for row in rows] == [0, 1, 2, 3]
+    assert all(row["offpolicy/steps_off_policy_max"] <= 1 for row in rows)
+    assert rows[-1]["discarded/cum/stale_groups"] == 1.0 and sum(r["discarded/step/stale_groups"] for r in rows) == 1
+    trained = {}
+    for step in range(4):
+        for line in (run / "trajectories" / "train" / f"{step:04d}.jsonl").open():
+            trajectory = json.loads(line)
+            assert step - trajectory["initial_policy_version"] <= 1
+            trained[trajectory["metadata"]["scenario"]] = step
+    assert 0 not in trained and sorted(trained) == [1, 2, 3, 4, 5, 6, 7, 8]
+    state = json.loads((run / "state.json").read_text())["_pipeline_trainer"]
+    assert state["discarded_stale_groups"] == 1 and state["scenario_offset"] == 9 and state["training_step"] == 4
+
+
+async def test_evaluation_beside_training_and_checkpoint_retention(tiny_model_path, tmp_path):
+    evaluated = []
+
+    async def rollout(model, scenario, config):
+        return fixed_group(scenario)
+
+    async def evaluate(model, step, config):
+        evaluated.append(step)
+        group = fixed_group(100 + step)
+        for t in group.trajectories:  # the best evaluation at step 2
+            t.reward = 1.0 if step == 2 else 0.1
+        return {"val": [group], "test": group.trajectories[:1]}
+
+    backend, model = await registered(tmp_path, tiny_model_path, "evals")
+    trainer = art.PipelineTrainer(model, backend, rollout, range(12), {"k": 1}, evaluate, num_rollout_workers=2,
+                                  min_batch_size=2, max_batch_size=2, learning_rate=1e-2, eval_every_n_steps=2,
+                                  checkpoint_retention_strategy=keep_recent_and_top(recent=1, top=1))
+    await trainer.train(handle_signals=False)
+    steps = await backend.list_checkpoints(model)
+    await backend.close()
+
+    assert sorted(evaluated) == [0, 2, 4, 6]  # the start, then every 2 steps
+    rows = history(tmp_path, "evals")
+    assert {row["step"] for row in rows if row["split"] == "val"} == {0, 2, 4, 6}
+    assert {row["step"] for row in rows if row["split"] == "test"} == {0, 2, 4, 6}
+    assert all("time/step_eval_s" in row for row in rows if row["split"] == "val")
+    assert steps == [2, 5, 6]  # the best by val/reward, the most recent one it could delete, and the latest
+
+
+SCRIPT = textwrap.dedent("""
+    import asyncio, sys
+    import art
+
+    async def rollout(model, scenario, config):
+        messages = [{"role": "user", "content": f"Pick {scenario}."}]
+        completion = await model.openai_client().chat.completions.create(
+            model=model.get_inference_name(), messages=messages, max_tokens=3)
+        choice = completion.choices[0]
+        return art.Trajectory(messages_and_choices=[*messages, choice], reward=float(choice.token_ids[0] % 2),
+                              metadata={"scenario": scenario})
+
+    async def main(path, base_model):
+        model = art.TrainableModel(name="m", project="pipe", base_model=base_model)
+        backend = art.LocalBackend(path=path)
+        await model.register(backend)
+        print("start", await model.get_step(), flush=True)
+        trainer = art.PipelineTrainer(model, backend, art.make_group_rollout_fn(rollout, n=6), range(40), None,
+                                      num_rollout_workers=3, min_batch_size=2, max_batch_size=2, learning_rate=1e-2)
+        await trainer.train()
+        print("end", await model.get_step(), flush=True)
+
+    asyncio.run(main(sys.argv[1], sys.argv[2]))
+""")
+
+
+def test_a_pipeline_killed_mid_run_resumes_without_losing_a_completed_step(tiny_model_path, tmp_path):
+    args = [sys.executable, "-c", SCRIPT, str(tmp_path), str(tiny_model_path)]
+    run = tmp_path / "pipe" / "models" / "m"
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    deadline = time.monotonic() + 240
+    while not (run / "checkpoints" / "0003").exists():  # kill while later steps train and roll out
+        assert proc.poll() is None and time.monotonic() < deadline, "the pipeline ended or hung before step 3"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    killed_at = sorted(int(p.name) for p in (run / "checkpoints").iterdir() if p.name.isdigit())[-1]
+    before = {step: adapter(tmp_path, "m", step) for step in range(1, killed_at + 1)}
+
+    rerun = subprocess.run(args, capture_output=True, text=True, timeout=600)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    words = rerun.stdout.split()
+    assert words[:2] == ["start", str(killed_at)]  # every completed step is still there
+    final = int(words[-1])
+    for step, tensors in before.items():  # and unchanged
+        assert all(torch.equal(tensors[k], adapter(tmp_path, "m", step)[k]) for k in tensors)
+    trained: dict[int, set[int]] = {}
+    for step in range(final):
+        path = run / "trajectories" / "train" / f"{step:04d}.jsonl"
+        for line in path.open() if path.exists() else []:
+            trained.setdefault(json.loads(line)["metadata"]["scenario"], set()).add(step)
+    state = json.loads((run / "state.json").read_text())["_pipeline_trainer"]
+    assert state["scenario_offset"] == 40 and state["training_step"] == final
+    # A scenario trains twice only if the kill fell between its step's checkpoint and the saved
+    # state: at most the one step in progress.
+    assert sum(len(steps) - 1 for steps in trained.values()) <= 2
+    counted = state["accepted_trainable_groups"] + state["discarded_stale_groups"] + state[
+        "discarded_zero_variance_groups"] + state["failed_rollouts"]
+    assert counted >= 40 - 2 * 3  # everything was used up (the first run's in-flight ones again)
+
+
+def load_pipeline_example():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "examples" / "pipeline_tool_agent.py"
+    spec = importlib.util.spec_from_file_location("pipeline_tool_agent", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.slow
+async def test_the_pipeline_trains_the_tool_agent_on_the_default_model(tmp_path):
+    """examples/pipeline_tool_agent.py, 3 steps, evaluated on 24 fixed problems at the start and
+    after the last step. The forced call's arguments are learnt first (the sync loop: valid calls
+    0.56 -> 0.97 after two updates), so they must rise; the rest checks the pipeline's bookkeeping."""
+    example = load_pipeline_example()
+    rows = await example.main(steps=3, seed=0, max_steps_off_policy=1, path=str(tmp_path), eval_problems=24,
+                              eval_every_n_steps=3)
+    assert [row["step"] for row in rows] == [0, 1, 2]
+    assert all(row["data/step_num_groups_trainable"] == 4 for row in rows)
+    assert all(row["offpolicy/steps_off_policy_max"] <= 1 for row in rows)
+    assert all(0 < row["throughput/trainer_busy_fraction"] <= 1 for row in rows)
+    run = tmp_path / "tool-agent" / "models" / "pipeline-calculator-seed0"
+    history_rows = [json.loads(line) for line in (run / "history.jsonl").open()]
+    evals = {row["step"]: row for row in history_rows if row["split"] == "val"}
+    assert sorted(evals) == [0, 3]
+    trend = {key: [round(evals[s][f"val/{key}"], 2) for s in (0, 3)] for key in ("valid_tool_call", "reward")}
+    assert evals[3]["val/valid_tool_call"] >= evals[0]["val/valid_tool_call"] + 0.2, trend
+    assert evals[3]["val/reward"] > evals[0]["val/reward"], trend
+    state = json.loads((run / "state.json").read_text())["_pipeline_trainer"]
+    assert state["training_step"] == 3 and state["accepted_trainable_groups"] == 12
