@@ -21,19 +21,6 @@ PROMPT = [5, 9, 13, 200]
 LIVE = AdapterRef("tiny", None, None)
 
 
-@pytest.fixture()
-def lora(tiny_model_path):
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    model = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model_path),
-                           LoraConfig(task_type="CAUSAL_LM", r=4, lora_alpha=8,
-                                      target_modules=["q_proj", "v_proj", "down_proj"]))
-    model.eval()
-    randomize_lora(model, seed=5)
-    return model, AutoTokenizer.from_pretrained(tiny_model_path)
-
-
 def lora_state(model) -> dict[str, torch.Tensor]:
     return {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" in n}
 

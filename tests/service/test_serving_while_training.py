@@ -90,3 +90,42 @@ async def test_with_serving_while_training_off_a_request_waits_for_the_step(tiny
     finally:
         await backend.close()
     assert step == 1  # it waited, and ran on the new weights
+
+
+@pytest.mark.skipif(__import__("torch").get_num_threads() < 2, reason="needs two cores to split")
+async def test_on_the_cpu_the_trainer_takes_every_core_while_the_engine_is_idle(tiny_model_path, tmp_path):
+    import torch
+
+    backend = art.LocalBackend(path=str(tmp_path))
+    model = art.TrainableModel(name="tiny", project="cores", base_model=str(tiny_model_path))
+    await model.register(backend)
+    loaded = backend.service.loaded(("cores", "tiny"))
+    engine_share, trainer_share = loaded.thread_split
+    everything = torch.get_num_threads()
+    threads, inside, release = [], threading.Event(), threading.Event()
+
+    def progress(event: dict) -> None:  # in the trainer's thread, after each optimizer step
+        threads.append(torch.get_num_threads())
+        if len(threads) == 1:
+            inside.set()
+            assert release.wait(120)
+
+    try:
+        groups = await groups_for(model)
+        training = asyncio.ensure_future(backend.train(model, groups, learning_rate=1e-2, mini_batches=2,
+                                                       progress=progress))
+        try:
+            assert await asyncio.to_thread(inside.wait, 120)
+            sampling = asyncio.ensure_future(model.openai_client().chat.completions.create(
+                model="tiny", messages=MESSAGES, max_tokens=400, extra_body={"ignore_eos": True}))
+            while not loaded.engine.running:
+                await asyncio.sleep(0.01)
+        finally:
+            release.set()
+        await training
+        await sampling
+    finally:
+        await backend.close()
+    assert engine_share + trainer_share == everything and min(engine_share, trainer_share) >= 1
+    # The first mini-batch ran with nothing to sample: every core; the second beside a request.
+    assert threads == [everything, trainer_share]

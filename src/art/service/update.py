@@ -101,7 +101,7 @@ def _step(loaded: LoadedModel, work, step_fn: StepFn, options, progress) -> Trai
             try:
                 metrics = step_fn(work, options, desc=f"train step {loaded.step + 1}",
                                   on_optimizer_step=on_optimizer_step if progress else None,
-                                  should_stop=loaded.cancelled.is_set)
+                                  should_stop=_before_each_micro_batch(loaded))
                 with tracing.span("art.train.checkpoint", {"art.step": loaded.step + 1}):
                     loaded.store.write(loaded.step + 1, loaded.trainer.save)
                     if loaded.trainer.last_trainer_logprobs:  # beside the trajectories of the step they trained on
@@ -131,7 +131,7 @@ def _step(loaded: LoadedModel, work, step_fn: StepFn, options, progress) -> Trai
 @contextmanager
 def _beside_the_engine(loaded: LoadedModel) -> Iterator[None]:
     """How a step and the engine share the device. Serving while training: the engine answers
-    from the last published weights meanwhile (on the CPU each takes its share of the cores:
+    from the last published weights meanwhile (on the CPU it keeps its share of the cores,
     `thread_split`), and `weights_updated` publishes the step when it lands; requests running
     then finish on the weights they started with. Otherwise the engine is paused: running
     requests finish, new ones wait for the new weights."""
@@ -139,9 +139,28 @@ def _beside_the_engine(loaded: LoadedModel) -> Iterator[None]:
         with loaded.engine.paused():
             yield
         return
-    engine_threads, trainer_threads = loaded.thread_split or (None, None)
-    with loaded.engine.serving_while_training(engine_threads), thread_count(trainer_threads):
+    engine_threads, _ = loaded.thread_split or (None, None)
+    with loaded.engine.serving_while_training(engine_threads), thread_count(torch.get_num_threads()):
         yield
+
+
+def _before_each_micro_batch(loaded: LoadedModel) -> Callable[[], bool]:
+    """The trainer's poll before each micro-batch: whether to stop (the step was cancelled) and,
+    on the CPU beside a serving engine, its share of the cores for the next micro-batch: all of
+    them while the engine is idle (the sync loop: nobody samples during its step), its
+    `thread_split` share while the engine has requests (the pipeline)."""
+    split = loaded.thread_split if loaded.serve_while_training else None
+    if split is None:
+        return loaded.cancelled.is_set
+    everything = torch.get_num_threads()
+
+    def poll() -> bool:
+        wanted = split[1] if loaded.engine.has_work() else everything
+        if torch.get_num_threads() != wanted:
+            torch.set_num_threads(wanted)
+        return loaded.cancelled.is_set()
+
+    return poll
 
 
 def _load_forked(loaded: LoadedModel, plan) -> None:
