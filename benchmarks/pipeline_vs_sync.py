@@ -2,6 +2,7 @@
 
     python benchmarks/pipeline_vs_sync.py [--steps 10] [--seed 0] [--max-steps-off-policy 2]
                                           [--workers 8] [--learning-rate 1e-3] [--order sync,pipeline]
+                                          [--dedicated-cores] [--reward-latency 0] [--path DIR]
 
 The task is examples/tool_agent.py's calculator agent on the default model (SmolLM2-135M-Instruct),
 CPU. Both runs see the same stream of problems (examples/pipeline_tool_agent.py's `problems(seed)`)
@@ -14,14 +15,32 @@ default objective (CISPO), each in a fresh `LocalBackend`, one after the other i
             while a step trains, and the step's last rollouts run at low occupancy.
   pipeline  `PipelineTrainer(min_batch_size=4, max_batch_size=4, num_rollout_workers=--workers,
             max_steps_off_policy=--max-steps-off-policy)`: the engine keeps serving while a step
-            trains beside it (on the CPU the cores are split: the engine keeps half).
+            trains beside it (on the CPU the cores are split while the engine has work: the engine
+            keeps half; the trainer takes them all while it is idle).
+
+Two arrangements of the 2 CPU cores:
+
+  shared (default)   the engine and the trainer share both cores: the sync loop trains on both,
+                     the pipeline splits them while the engine has work. Overlap can only hide the
+                     rollouts, so the training time is a floor (printed).
+  --dedicated-cores  each on one core of its own in both runs (torch threads 1: the engine's
+                     thread and the trainer's thread each run on one core): the arrangement of a
+                     sampler and a trainer on devices of their own (an engine replica process per
+                     core, or a second GPU), where the sync loop leaves one idle at a time.
+
+`--reward-latency S` makes every episode's reward take S more seconds, off the device (what running
+an agent's tests in a sandbox or asking a judge model costs): the sync loop's device waits that long
+each step, the pipeline trains meanwhile.
 
 Every episode's end is recorded (wall time since training began, reward). A run's reward at time t
 is the mean reward of the last 64 episodes finished by t (two steps' worth). Printed: both curves
 at each step's end, the sync loop's final reward (at its end), the time each run first reached it,
 the ratio pipeline / sync (goal <= 0.7), rollout completion tokens per second and the trainer's
 busy fraction (time in `train` / wall time) for each, and both final models' reward on 32 held-out
-episodes (16 problems x 2). Then one JSON line (the last line of stdout).
+episodes (16 problems x 2). Also printed: the bound overlap alone can reach here. Hiding every
+rollout behind training leaves at least the sync loop's training time, so the ratio cannot go below
+the sync loop's trainer busy fraction where the trainer and the engine share the cores. Then one
+JSON line (the last line of stdout).
 """
 
 from __future__ import annotations
@@ -82,9 +101,15 @@ class Recorder:
                     None)
 
 
-async def group_of(model, scenario, recorder: Recorder) -> art.TrajectoryGroup:
+async def episode(model, a: int, b: int, seed: int, reward_latency: float) -> art.Trajectory:
+    trajectory = await tool_agent.rollout(model, a, b, seed=seed)
+    await asyncio.sleep(reward_latency)  # the reward's own wait, off the device (a sandbox, a judge)
+    return trajectory
+
+
+async def group_of(model, scenario, recorder: Recorder, reward_latency: float) -> art.TrajectoryGroup:
     a, b, seed = scenario
-    group = await art.TrajectoryGroup(tool_agent.rollout(model, a, b, seed=seed + 100 * i) for i in range(GROUP_SIZE))
+    group = await art.TrajectoryGroup(episode(model, a, b, seed + 100 * i, reward_latency) for i in range(GROUP_SIZE))
     return recorder.group(group)
 
 
@@ -100,16 +125,17 @@ async def run_sync(args, root: str) -> dict:
     problems, recorder, step_ends, groups_trained = pipeline_example.problems(args.seed), Recorder(), [], 0
     for step in range(args.steps):
         groups = await art.gather_trajectory_groups(
-            (group_of(model, next(problems), recorder) for _ in iter(int, 1)), pbar_desc=f"sync step {step}",
-            min_groups_with_signal=GROUPS_PER_STEP, max_groups=4 * GROUPS_PER_STEP)
+            (group_of(model, next(problems), recorder, args.reward_latency) for _ in iter(int, 1)),
+            pbar_desc=f"sync step {step}", min_groups_with_signal=GROUPS_PER_STEP, max_groups=4 * GROUPS_PER_STEP)
         began = time.monotonic()
         await model.train(groups, config=art.TrainConfig(learning_rate=args.learning_rate))
         recorder.train_s += time.monotonic() - began
         groups_trained += len(groups)
         step_ends.append(time.monotonic() - recorder.start)
+    rows = [row for row in await backend.get_history(model) if row.get("split") == "train"]
     final = await evaluate(model)
     await backend.close()
-    return summary("sync", recorder, step_ends, groups_trained, final)
+    return summary("sync", recorder, step_ends, groups_trained, final) | {"per_step": per_step(rows)}
 
 
 async def run_pipeline(args, root: str) -> dict:
@@ -117,7 +143,7 @@ async def run_pipeline(args, root: str) -> dict:
     recorder = Recorder()
 
     async def rollout_fn(model, scenario, config):
-        return await group_of(model, scenario, recorder)
+        return await group_of(model, scenario, recorder, args.reward_latency)
 
     class Timed:
         """The backend, with the end of every training step noted."""
@@ -148,7 +174,18 @@ async def run_pipeline(args, root: str) -> dict:
     out["steps_off_policy_mean"] = round(sum(r["offpolicy/steps_off_policy_mean"] for r in rows) / len(rows), 3)
     out["steps_off_policy_max"] = max(r["offpolicy/steps_off_policy_max"] for r in rows)
     out["dropped_groups"] = trainer.state.discarded_stale_groups
+    out["per_step"] = per_step(rows)
     return out
+
+
+def per_step(rows: list[dict]) -> dict[str, list]:
+    """What each update trained on: the importance ratio against the sampler (about 1 on policy)
+    and the share of clipped tokens, and (pipeline) how many steps off policy its groups were."""
+    def column(key: str) -> list:
+        return [None if row.get(key) is None else round(row[key], 3) for row in rows]
+
+    return {"ratio_mean": column("train/ratio_mean"), "clip_fraction": column("train/clip_fraction"),
+            "steps_off_policy_mean": column("offpolicy/steps_off_policy_mean")}
 
 
 async def evaluate(model) -> float:
@@ -171,9 +208,14 @@ def summary(name: str, recorder: Recorder, step_ends: list[float], groups_traine
 
 
 def main(args: argparse.Namespace) -> None:
+    if args.dedicated_cores:
+        import torch
+
+        torch.set_num_threads(1)  # threads started later (the engine's, the trainer's) take 1 too
     runners = {"sync": run_sync, "pipeline": run_pipeline}
     results = {}
-    with tempfile.TemporaryDirectory(prefix="art-pipeline-vs-sync-") as root:
+    with tempfile.TemporaryDirectory(prefix="art-pipeline-vs-sync-") as scratch:
+        root = args.path or scratch
         for name in args.order.split(","):
             results[name] = asyncio.run(runners[name](args, root))
     sync, pipe = results["sync"], results["pipeline"]
@@ -193,6 +235,12 @@ def main(args: argparse.Namespace) -> None:
         cells.append(row)
     print(table(["step", "sync s", f"reward({WINDOW})", "pipeline s", f"reward({WINDOW})"], cells))
     print()
+    print(table(["step", "sync ratio", "sync clipped", "pipeline ratio", "pipeline clipped", "pipeline off policy"],
+                [[step, *(r["per_step"][k][step] if step < len(r["per_step"][k]) else None
+                          for r, k in ((sync, "ratio_mean"), (sync, "clip_fraction"), (pipe, "ratio_mean"),
+                                       (pipe, "clip_fraction"), (pipe, "steps_off_policy_mean")))]
+                 for step in range(steps)]))
+    print()
     print(table(["", "wall s", "to sync's final", "final reward", "held-out reward", "rollout tok/s",
                  "trainer busy", "groups trained"],
                 [[r["name"], r["wall_s"], times[r["name"]], r["final_reward"], r["final_eval_reward"],
@@ -201,6 +249,10 @@ def main(args: argparse.Namespace) -> None:
           + ("never" if times["pipeline"] is None else f"{times['pipeline']:.0f} s")
           + f", the sync loop ended at {sync['wall_s']:.0f} s: ratio {time_ratio if time_ratio is not None else '-'}"
           " (goal <= 0.7)")
+    if not args.dedicated_cores:
+        print(f"the sync loop trained {sync['trainer_busy_fraction']:.0%} of its wall time: with the trainer and the"
+              f" engine on the same cores, overlap alone cannot bring the ratio below"
+              f" {sync['trainer_busy_fraction']:.2f}")
     print(f"pipeline: off policy {pipe['steps_off_policy_mean']} steps on average (max {pipe['steps_off_policy_max']}),"
           f" {pipe['dropped_groups']} groups dropped as stale")
 
@@ -216,13 +268,16 @@ def main(args: argparse.Namespace) -> None:
         "sync_final_reward": target,
         "time_to_sync_final_reward_s": times,
         "ratio_pipeline_time_to_sync_final_over_sync_wall": time_ratio,
+        "ratio_floor_from_sync_training_time": sync["trainer_busy_fraction"],
         "goals": {"ratio_le_0_7": None if time_ratio is None else time_ratio <= 0.7,
                   "final_reward_no_lower": pipe["final_reward"] >= sync["final_reward"]},
         "settings": {"task": "examples/tool_agent.py", "model": art.DEFAULT_MODEL, "device": "cpu",
                      "steps": args.steps, "groups_per_step": GROUPS_PER_STEP, "group_size": GROUP_SIZE,
                      "learning_rate": args.learning_rate, "seed": args.seed, "workers": args.workers,
                      "max_steps_off_policy": args.max_steps_off_policy, "order": args.order,
-                     "reward_window_episodes": WINDOW, "objective": "cispo (ART's default)"},
+                     "reward_window_episodes": WINDOW, "objective": "cispo (ART's default)",
+                     "cores": "dedicated" if args.dedicated_cores else "shared",
+                     "reward_latency_s": args.reward_latency},
     }
     report.update(environment())
     print(json.dumps(report))
@@ -235,5 +290,10 @@ if __name__ == "__main__":
     parser.add_argument("--max-steps-off-policy", type=int, default=2)
     parser.add_argument("--workers", type=int, default=8)
     parser.add_argument("--learning-rate", type=float, default=1e-3)
+    parser.add_argument("--dedicated-cores", action="store_true",
+                        help="the engine and the trainer on one core each, in both runs")
+    parser.add_argument("--reward-latency", type=float, default=0.0,
+                        help="seconds each episode's reward takes, off the device")
+    parser.add_argument("--path", help="keep both runs here (default: a temporary folder)")
     parser.add_argument("--order", default="sync,pipeline", help="which runs first (machine drift hits the later)")
     main(parser.parse_args())

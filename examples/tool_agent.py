@@ -7,12 +7,14 @@ may call the tool again, up to three assistant turns. Reward: 0.8 when the final
 number is the product, plus 0.2 shaping when a `calculate` call computed it (the seed guide's
 small reward for a successful tool call).
 
-Measured on the 2-core CPU (seed 0, defaults): the untrained model computes the product with its
-forced call 56% of the time and never answers with it; success by step 0-9: 0.00 0.03 0.16 0.22
-0.38 0.41 0.69 0.94 1.00 0.97, reached 0.69 after 8.5 minutes and 1.00 after 9.2 (a step is 80 s
-while the answers are long, 15 s once they are short). Runs of one seed differ (CPU sampling of
-concurrent requests is not bit-reproducible): two later 5-step runs of seed 0 were at 0.16 and
-0.09 by step 4, while valid calls went 0.56 -> 1.00 in both; seed 1 went 0.16 -> 0.75 by step 3.
+Measured on the 2-core CPU (seed 0, defaults, ART's CISPO objective): the untrained model computes
+the product with its forced call 56% of the time and never answers with it; success by step 0-9:
+0.00 0.06 0.22 0.31 0.53 0.66 0.81 1.00 1.00 1.00 (valid calls 0.56 at step 0, 0.97 at step 2, 1.00 from step 7). Under
+PPO (`_config={"ppo": True}`) it was 0.00 0.03 0.16 0.22 0.38 0.41 0.69 0.94 1.00 0.97, reaching
+0.69 after 8.5 minutes and 1.00 after 9.2 (a step is 80 s while the answers are long, 15 s once
+they are short). Runs of one seed differ (CPU sampling of concurrent requests is not
+bit-reproducible): two 5-step PPO runs of seed 0 were at 0.16 and 0.09 by step 4, while valid
+calls went 0.56 -> 1.00 in both; seed 1 went 0.16 -> 0.75 by step 3.
 
 Every step prints the success rate, mean reward, tool-call validity and turns per episode,
 and redraws the curves (`tool_agent.png` in the run's folder); the dashboard LocalBackend

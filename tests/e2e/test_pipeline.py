@@ -123,6 +123,41 @@ async def test_no_trained_group_is_older_than_the_bound_and_dropped_groups_are_c
     assert state["discarded_stale_groups"] == 1 and state["scenario_offset"] == 9 and state["training_step"] == 4
 
 
+async def test_workers_do_not_sample_groups_that_could_not_train_in_time(tiny_model_path, tmp_path):
+    """Bound 1, 2 groups a step: a group sampled by policy 0 can train at step 0 or 1, so at most
+    4 may be out before step 0 forms, however many workers wait. Groups without signal are set
+    aside as they finish and do not hold a place."""
+    started: list[int] = []
+    release = asyncio.Event()
+
+    async def rollout(model, scenario, config):
+        started.append(scenario)
+        await release.wait()
+        group = sampled_by(fixed_group(scenario), await model.get_step())
+        if scenario in (1, 6):  # no signal
+            for t in group.trajectories:
+                t.reward = 0.5
+        return group
+
+    backend, model = await registered(tmp_path, tiny_model_path, "capacity")
+    trainer = art.PipelineTrainer(model, backend, rollout, range(12), None, max_steps_off_policy=1,
+                                  num_rollout_workers=8, min_batch_size=2, max_batch_size=2, max_steps=4,
+                                  learning_rate=1e-2)
+    training = asyncio.ensure_future(trainer.train(handle_signals=False))
+    for _ in range(100):
+        await asyncio.sleep(0.02)
+    assert sorted(started) == [0, 1, 2, 3]  # not 8
+    release.set()
+    await asyncio.wait_for(training, timeout=120)
+    await backend.close()
+
+    rows = [row for row in history(tmp_path, "capacity") if row["split"] == "train"]
+    assert [row["step"] for row in rows] == [0, 1, 2, 3]
+    assert all(row["offpolicy/steps_off_policy_max"] <= 1 for row in rows)
+    assert trainer.state.discarded_stale_groups == 0  # nothing was sampled only to be dropped
+    assert trainer.state.discarded_zero_variance_groups == 2 and trainer.state.accepted_trainable_groups == 8
+
+
 async def test_evaluation_beside_training_and_checkpoint_retention(tiny_model_path, tmp_path):
     evaluated = []
 
@@ -226,22 +261,27 @@ def load_pipeline_example():
 
 @pytest.mark.slow
 async def test_the_pipeline_trains_the_tool_agent_on_the_default_model(tmp_path):
-    """examples/pipeline_tool_agent.py, 3 steps, evaluated on 24 fixed problems at the start and
-    after the last step. The forced call's arguments are learnt first (the sync loop: valid calls
-    0.56 -> 0.97 after two updates), so they must rise; the rest checks the pipeline's bookkeeping."""
+    """examples/pipeline_tool_agent.py, 2 steps at bound 1, evaluated on 32 fixed problems at the
+    start and after the last step (about 4 minutes). The forced call's arguments are learnt first
+    (the sync loop: valid calls 0.56 -> 0.97 after two updates; one run of this test: 0.78 -> 1.00,
+    reward 0.21 -> 0.28). The untrained rate on these 32 episodes varies between runs, so valid
+    calls must either rise by more than the noise of 32 episodes or end at a rate the untrained
+    model does not reach; the rest checks the pipeline's bookkeeping."""
     example = load_pipeline_example()
-    rows = await example.main(steps=3, seed=0, max_steps_off_policy=1, path=str(tmp_path), eval_problems=24,
-                              eval_every_n_steps=3)
-    assert [row["step"] for row in rows] == [0, 1, 2]
+    rows = await example.main(steps=2, seed=0, max_steps_off_policy=1, path=str(tmp_path), eval_problems=32,
+                              eval_every_n_steps=2)
+    assert [row["step"] for row in rows] == [0, 1]
     assert all(row["data/step_num_groups_trainable"] == 4 for row in rows)
     assert all(row["offpolicy/steps_off_policy_max"] <= 1 for row in rows)
     assert all(0 < row["throughput/trainer_busy_fraction"] <= 1 for row in rows)
     run = tmp_path / "tool-agent" / "models" / "pipeline-calculator-seed0"
     history_rows = [json.loads(line) for line in (run / "history.jsonl").open()]
     evals = {row["step"]: row for row in history_rows if row["split"] == "val"}
-    assert sorted(evals) == [0, 3]
-    trend = {key: [round(evals[s][f"val/{key}"], 2) for s in (0, 3)] for key in ("valid_tool_call", "reward")}
-    assert evals[3]["val/valid_tool_call"] >= evals[0]["val/valid_tool_call"] + 0.2, trend
-    assert evals[3]["val/reward"] > evals[0]["val/reward"], trend
+    assert sorted(evals) == [0, 2]
+    trend = {key: [round(evals[s][f"val/{key}"], 2) for s in (0, 2)] for key in ("valid_tool_call", "reward")}
+    print("pipeline tool agent, evaluations at steps 0 and 2:", trend)
+    before, after = evals[0]["val/valid_tool_call"], evals[2]["val/valid_tool_call"]
+    assert after >= before + 0.15 or (after >= 0.85 and after > before), trend
+    assert evals[2]["val/reward"] >= evals[0]["val/reward"], trend
     state = json.loads((run / "state.json").read_text())["_pipeline_trainer"]
-    assert state["training_step"] == 3 and state["accepted_trainable_groups"] == 12
+    assert state["training_step"] == 2 and state["accepted_trainable_groups"] == 8

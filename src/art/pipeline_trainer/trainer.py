@@ -9,9 +9,12 @@ event loop:
 
 - **Rollouts.** `num_rollout_workers` tasks each take the next scenario and run
   `rollout_fn(model, scenario, config)` against the engine, which keeps serving while a step
-  trains (`art.service.update`). A worker starts a scenario only while the policy it would
-  sample is at most `max_steps_off_policy` steps behind the step being trained, and while fewer
-  than `queue_maxsize` finished groups wait for a batch.
+  trains (`art.service.update`). A worker starts a scenario only while the group it would
+  sample could still train in time: the policy is at most `max_steps_off_policy` steps behind
+  the step being formed, and fewer groups are out (running or waiting) than the steps that may
+  still take it can train, so no group is sampled only to be dropped. Fewer than
+  `queue_maxsize` finished groups wait for a batch. Groups whose rewards are all equal carry no
+  signal; they are set aside as they finish and counted, so they take no place in the queue.
 - **Dating.** Each trajectory is dated by the steps its choices say sampled them (the server
   reports `step` on every choice), the oldest turn first (`Trajectory.initial_policy_version`),
   else by the policy when its rollout started. A group is as old as its oldest trajectory.
@@ -19,8 +22,8 @@ event loop:
   groups, in scenario order. A group sampled more than `max_steps_off_policy` steps before s is
   dropped (`stale_groups="drop"`, ART's behaviour) or never arises (`"wait"`: before training,
   the trainer waits for every running rollout that would be too old after this step, and trains
-  it now). Groups whose rewards are all equal carry no signal and are set aside. Both are counted.
-  The importance ratio against the sampler's logprobs corrects the rest of the lag.
+  it now), and counted. The importance ratio against the sampler's logprobs corrects the rest
+  of the lag.
 - **Resume.** After each step the scenarios used up and the counters are saved (`state.py`),
   with the step's checkpoint already on disk; a killed pipeline started again resumes at the
   model's step and runs again only the scenarios whose groups were not trained yet.
@@ -333,15 +336,21 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             index += 1
 
     def _may_start(self) -> bool:
-        """A new rollout would sample a policy at most the bound behind the step being trained,
-        and fewer than `queue_maxsize` finished groups wait. With stale_groups="wait", also no
-        more groups are out than the next max_steps_off_policy + 1 batches can take, so none is
-        waited for beyond its bound (with a bound of 0: exactly one batch, the synchronous loop)."""
-        bound = self.max_steps_off_policy
-        fresh = bound is None or self._policy >= self._next_step - bound
-        if self.stale_groups == "wait" and len(self._running) + len(self._ready) >= (bound + 1) * self.max_batch_size:
+        """A group sampled now could still train in time, fewer groups are out than the steps
+        that may take it can train, and fewer than `queue_maxsize` finished groups wait.
+
+        A group sampled by policy p may train at steps up to p + max_steps_off_policy; from the
+        step being formed on, that is `steps_left` steps of at most `max_batch_size` groups.
+        Starting more (running or waiting to train) would only sample groups bound to be dropped,
+        and on a shared device would take the trainer's time to do it. With a bound of 0 and
+        stale_groups="wait": exactly one batch at a time, the synchronous loop."""
+        if len(self._ready) >= self.queue_maxsize:
             return False
-        return fresh and len(self._ready) < self.queue_maxsize
+        bound = self.max_steps_off_policy
+        if bound is None:
+            return True
+        steps_left = self._policy + bound - self._next_step + 1
+        return len(self._running) + len(self._ready) < steps_left * self.max_batch_size
 
     async def _worker(self) -> None:
         try:
@@ -399,7 +408,15 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             trajectory.initial_policy_version, trajectory.final_policy_version = policy_versions(
                 trajectory, version, self._policy)
         group_version = min((t.initial_policy_version for t in group.trajectories), default=version)
-        self._ready.append(_Finished(index, group, group_version, elapsed))
+        if has_signal(group):
+            self._zero_variance_in_a_row = 0
+            self._ready.append(_Finished(index, group, group_version, elapsed))
+        else:  # set aside at once: it would hold a place in the queue and train nothing
+            self._zero_variance_in_a_row += 1
+            self._interval.zero_variance += 1
+            self.state.discarded_zero_variance_groups += 1
+            self._set_aside.append(group)
+            self.state.use_up(index)
         self._interval.rollout_s += elapsed
         self._interval.rollouts += len(group.trajectories)
         self._interval.completion_tokens += sum(completion_tokens(t) for t in group.trajectories)
@@ -446,22 +463,15 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             await self._changes.wait()
 
     def _set_aside_unusable(self, step: int) -> None:
-        """Drop what is too old to train at `step` (with stale_groups="drop") and set aside the
-        groups whose rewards are all equal; both are counted and used up."""
+        """Drop what is too old to train at `step` (with stale_groups="drop"), counted and used
+        up. (Groups whose rewards are all equal were set aside as they finished.)"""
         bound, keep = self.max_steps_off_policy, []
         for item in self._ready:
             if bound is not None and item.version < step - bound:
                 self._interval.stale += 1
                 self.state.discarded_stale_groups += 1
                 self.state.use_up(item.index)
-            elif not has_signal(item.group):
-                self._interval.zero_variance += 1
-                self._zero_variance_in_a_row += 1
-                self.state.discarded_zero_variance_groups += 1
-                self._set_aside.append(item.group)
-                self.state.use_up(item.index)
             else:
-                self._zero_variance_in_a_row = 0
                 keep.append(item)
         if len(keep) < len(self._ready):  # room in the queue: workers held by queue_maxsize may start
             self._changes.notify()
