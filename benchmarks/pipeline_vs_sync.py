@@ -2,10 +2,10 @@
 
     python benchmarks/pipeline_vs_sync.py [--steps 10] [--seed 0] [--max-steps-off-policy 2]
                                           [--workers 8] [--learning-rate 1e-3] [--order sync,pipeline]
-                                          [--dedicated-cores] [--reward-latency 0] [--path DIR]
+                                          [--dedicated-cores] [--reward-latency 0] [--path DIR] [--eager]
 
 The task is examples/tool_agent.py's calculator agent on the default model (SmolLM2-135M-Instruct),
-CPU. Both runs see the same stream of problems (examples/pipeline_tool_agent.py's `problems(seed)`)
+on CUDA when there is a GPU, else the CPU. Both runs see the same stream of problems (examples/pipeline_tool_agent.py's `problems(seed)`)
 and train the same number of groups: 4 groups of 8 episodes per step whose rewards differ (a group
 whose episodes all scored alike trains nothing), `--steps` steps, learning rate 1e-3, ART's
 default objective (CISPO), each in a fresh `LocalBackend`, one after the other in this process.
@@ -18,7 +18,9 @@ default objective (CISPO), each in a fresh `LocalBackend`, one after the other i
             trains beside it (on the CPU the cores are split while the engine has work: the engine
             keeps half; the trainer takes them all while it is idle).
 
-Two arrangements of the 2 CPU cores:
+On a GPU the engine and the trainer share it (the engine decodes on a CUDA stream of its own while
+a step trains beside it; `--eager` turns the engine's CUDA graphs off). Two arrangements of the
+2 CPU cores:
 
   shared (default)   the engine and the trainer share both cores: the sync loop trains on both,
                      the pipeline splits them while the engine has work. Overlap can only hide the
@@ -113,15 +115,17 @@ async def group_of(model, scenario, recorder: Recorder, reward_latency: float) -
     return recorder.group(group)
 
 
-async def registered(root: str, name: str):
+async def registered(root: str, name: str, eager: bool = False):
     backend = art.LocalBackend(path=root)
-    model = art.TrainableModel(name=name, project="pipeline-vs-sync", base_model=art.DEFAULT_MODEL)
+    internal = {"engine_args": {"enforce_eager": True}} if eager else None
+    model = art.TrainableModel(name=name, project="pipeline-vs-sync", base_model=art.DEFAULT_MODEL,
+                               _internal_config=internal)
     await model.register(backend)
     return backend, model
 
 
 async def run_sync(args, root: str) -> dict:
-    backend, model = await registered(root, "sync")
+    backend, model = await registered(root, "sync", args.eager)
     problems, recorder, step_ends, groups_trained = pipeline_example.problems(args.seed), Recorder(), [], 0
     for step in range(args.steps):
         groups = await art.gather_trajectory_groups(
@@ -139,7 +143,7 @@ async def run_sync(args, root: str) -> dict:
 
 
 async def run_pipeline(args, root: str) -> dict:
-    backend, model = await registered(root, "pipeline")
+    backend, model = await registered(root, "pipeline", args.eager)
     recorder = Recorder()
 
     async def rollout_fn(model, scenario, config):
@@ -208,9 +212,10 @@ def summary(name: str, recorder: Recorder, step_ends: list[float], groups_traine
 
 
 def main(args: argparse.Namespace) -> None:
-    if args.dedicated_cores:
-        import torch
+    import torch
 
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    if args.dedicated_cores:
         torch.set_num_threads(1)  # threads started later (the engine's, the trainer's) take 1 too
     runners = {"sync": run_sync, "pipeline": run_pipeline}
     results = {}
@@ -251,7 +256,7 @@ def main(args: argparse.Namespace) -> None:
           " (goal <= 0.7)")
     if not args.dedicated_cores:
         print(f"the sync loop trained {sync['trainer_busy_fraction']:.0%} of its wall time: with the trainer and the"
-              f" engine on the same cores, overlap alone cannot bring the ratio below"
+              f" engine on the same {'GPU' if device != 'cpu' else 'cores'}, overlap alone cannot bring the ratio below"
               f" {sync['trainer_busy_fraction']:.2f}")
     print(f"pipeline: off policy {pipe['steps_off_policy_mean']} steps on average (max {pipe['steps_off_policy_max']}),"
           f" {pipe['dropped_groups']} groups dropped as stale")
@@ -271,13 +276,13 @@ def main(args: argparse.Namespace) -> None:
         "ratio_floor_from_sync_training_time": sync["trainer_busy_fraction"],
         "goals": {"ratio_le_0_7": None if time_ratio is None else time_ratio <= 0.7,
                   "final_reward_no_lower": pipe["final_reward"] >= sync["final_reward"]},
-        "settings": {"task": "examples/tool_agent.py", "model": art.DEFAULT_MODEL, "device": "cpu",
+        "settings": {"task": "examples/tool_agent.py", "model": art.DEFAULT_MODEL, "device": device,
                      "steps": args.steps, "groups_per_step": GROUPS_PER_STEP, "group_size": GROUP_SIZE,
                      "learning_rate": args.learning_rate, "seed": args.seed, "workers": args.workers,
                      "max_steps_off_policy": args.max_steps_off_policy, "order": args.order,
                      "reward_window_episodes": WINDOW, "objective": "cispo (ART's default)",
                      "cores": "dedicated" if args.dedicated_cores else "shared",
-                     "reward_latency_s": args.reward_latency},
+                     "reward_latency_s": args.reward_latency, "engine_cuda_graphs": not args.eager},
     }
     report.update(environment())
     print(json.dumps(report))
@@ -295,5 +300,6 @@ if __name__ == "__main__":
     parser.add_argument("--reward-latency", type=float, default=0.0,
                         help="seconds each episode's reward takes, off the device")
     parser.add_argument("--path", help="keep both runs here (default: a temporary folder)")
+    parser.add_argument("--eager", action="store_true", help="CUDA: the engine without CUDA graphs")
     parser.add_argument("--order", default="sync,pipeline", help="which runs first (machine drift hits the later)")
     main(parser.parse_args())

@@ -209,3 +209,81 @@ def test_a_model_served_through_transformers_gets_a_kv_budget_on_cuda(tiny_model
     with pytest.raises(ArtValueError) as info:
         LLMEngine(model, tokenizer, gpu_memory_utilization=1e-6)
     assert info.value.field == "engine_args.gpu_memory_utilization"
+
+
+async def test_a_step_published_from_the_trainers_thread_reaches_only_the_requests_after_it(tiny_model_path):
+    """On CUDA the engine decodes on a stream of its own while the trainer's thread writes the live
+    adapter on its thread's stream (`serving_while_training`, with graphs). A request decoding when
+    the trainer publishes step 2 ends on step 1's weights; one admitted after samples step 2.
+    float32, so the references are exact to kernel noise and a mix-up shows."""
+    import threading
+
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from tests.support.fakes import randomize_lora
+
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32).to("cuda")
+    model = get_peft_model(base, LoraConfig(task_type="CAUSAL_LM", r=4, lora_alpha=8,
+                                            target_modules=["q_proj", "v_proj", "down_proj"])).eval()
+    randomize_lora(model, seed=5)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_path)
+    prompt, live = [5, 9, 13, 200], AdapterRef("tiny", None, None)
+
+    def lora_state() -> dict[str, torch.Tensor]:
+        return {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" in n}
+
+    def reference(state: dict[str, torch.Tensor], tokens: list[int]) -> torch.Tensor:
+        now = lora_state()
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                if name in state:
+                    param.copy_(state[name])
+            logits = model(input_ids=torch.tensor([prompt + tokens], device="cuda")).logits[0, len(prompt) - 1:-1]
+            for name, param in model.named_parameters():
+                if name in now:
+                    param.copy_(now[name])
+        return logits.log_softmax(-1).gather(1, torch.tensor(tokens, device="cuda")[:, None])[:, 0].cpu()
+
+    engine = LLMEngine(model, tokenizer, adapters=AdapterSet(model, live_step=1), max_num_seqs=8, dtype="float32")
+    try:
+        assert engine.config.on_cuda and engine.runner.graphs is not None and engine.serves_while_training
+        step1 = lora_state()
+        long = SamplingParams(temperature=0, max_tokens=500, ignore_eos=True)  # decoding all through the step
+        short = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+        published = {}
+
+        def train_and_publish() -> None:
+            """The trainer's thread: queued work on its own stream, then the writes, then the publish."""
+            x = torch.randn(2048, 2048, device="cuda")
+            for _ in range(10):
+                x = (x @ x).tanh()  # the trainer's stream is busy while the engine's decodes
+            randomize_lora(model, seed=6)
+            published["step2"] = lora_state()
+            with engine.lock:
+                published["running"] = engine.running
+                engine.weights_updated(2)
+
+        with engine.serving_while_training():
+            stream = engine.stream(prompt, long, live)
+            seen = []
+            async for item in stream:
+                seen += item.token_ids
+                if len(seen) >= 3:
+                    break
+            during = (await engine.generate(prompt, short, live))[0]
+            trainer = threading.Thread(target=train_and_publish)
+            trainer.start()
+            await asyncio.to_thread(trainer.join)
+            after = (await engine.generate(prompt, short, live))[0]
+            spanning = [item async for item in stream][-1][0]
+    finally:
+        engine.stop()
+
+    assert published["running"] == 1  # the long request was decoding when step 2 was published
+    assert during.step == 1 and spanning.step == 1 and after.step == 2 and len(spanning.token_ids) == 500
+    step2 = published["step2"]
+    torch.testing.assert_close(torch.tensor(spanning.logprobs), reference(step1, spanning.token_ids), atol=2e-3, rtol=0)
+    torch.testing.assert_close(torch.tensor(during.logprobs), reference(step1, during.token_ids), atol=2e-3, rtol=0)
+    torch.testing.assert_close(torch.tensor(after.logprobs), reference(step2, after.token_ids), atol=2e-3, rtol=0)
+    assert (reference(step2, spanning.token_ids) - torch.tensor(spanning.logprobs)).abs().max() > 5e-2
