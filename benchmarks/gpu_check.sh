@@ -34,7 +34,12 @@ if [ "${1:-}" = "--prepare" ]; then
   rm -rf .whl  # one version of each wheel: two stop the whole install there
   # datasets 5.2.0 cannot build TRL's Dataset.from_list with pyarrow 24-26 (PicklingError on
   # pyarrow's MonthDayNano in its fingerprint); 4.8.5 can. pip merges the pin with wheels.sh's name.
-  EXTRA_WHEELS="datasets==4.8.5 ${EXTRA_WHEELS:-}" bash ../shared/gpu/wheels.sh
+  EXTRA_WHEELS="datasets==4.8.5 truststore ${EXTRA_WHEELS:-}" bash ../shared/gpu/wheels.sh
+  # What the first H200 run (2026-12-04) found missing: truststore (httpcore2 imports it, so every
+  # openai client failed) and llguidance (structured outputs and forced tool calls), whose wheel
+  # for our pin needs glibc 2.31, a platform tag wheels.sh does not list.
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_31_x86_64 --platform manylinux_2_28_x86_64 -d .whl "llguidance>=1.9,<2"
   grep -qx '/.gpu_assets/' .git/info/exclude 2>/dev/null || echo '/.gpu_assets/' >> .git/info/exclude
   source=$(.venv/bin/python -c "import art, art.base_models as b; print(b.resolve(art.DEFAULT_MODEL))")
   mkdir -p .gpu_assets/smollm2

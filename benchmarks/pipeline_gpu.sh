@@ -13,6 +13,8 @@
 # gpu_check.sh's sanity stage (benchmarks/gpu_sanity.py).
 # Call 2 (~300 s): the model from both halves, then the benchmark; if it fails, once more with
 # the engine's CUDA graphs off (--eager), in the time left.
+# `bash benchmarks/pipeline_gpu.sh check` (.whl and .gpu_assets carried): the CUDA tests alone, once
+# under PyTorch's SDPA kernel choice and once without cuDNN's (ART_ENGINE_SDPA), ~2 minutes.
 # Outputs in $OUT (else /tmp/pipeline_gpu): tests.txt, sanity.txt; bench.txt and bench.json (its JSON line).
 # PIPELINE_GPU_ARGS: the benchmark's flags (default "--steps 10 --workers 8 --max-steps-off-policy 1").
 set -uo pipefail
@@ -43,6 +45,17 @@ if command -v nvidia-smi > /dev/null; then  # the device machine (elsewhere: a l
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 fi
 echo "commit $(cat .gpu_assets/commit 2>/dev/null)"
+
+if [ "${1:-}" = check ]; then  # the CUDA tests only, under PyTorch's SDPA choice and then without cuDNN's
+  for sdpa in default efficient,flash,math; do
+    echo "== ART_ENGINE_SDPA=$sdpa"
+    ART_ENGINE_SDPA=$sdpa timeout -k 5 "${TESTS_S:-60}" $py -m pytest -q -rfE -p no:cacheprovider -x \
+      tests/engine/test_cuda.py 2>&1 | tee "$out/tests-$sdpa.txt" | grep -E "passed|failed|^E  |Error" | head -30
+  done
+  timeout -k 5 "${TESTS_S:-60}" $py -m pytest -q -rfE -p no:cacheprovider tests/service/test_serving_while_training.py \
+    tests/training/test_mixed_precision.py 2>&1 | tee "$out/tests-service.txt" | grep -E "passed|failed|^E  |Error" | head -30
+  exit 0
+fi
 
 if [ "${1:-}" = 1 ]; then
   mkdir -p /tmp/gguf && cp .gguf_a/part.aa /tmp/gguf/ && echo "first half in /tmp/gguf"

@@ -93,6 +93,7 @@ async def test_with_serving_while_training_off_a_request_waits_for_the_step(tiny
 
 
 @pytest.mark.skipif(__import__("torch").get_num_threads() < 2, reason="needs two cores to split")
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="the CPU's split (on CUDA they share the GPU)")
 async def test_on_the_cpu_the_trainer_takes_every_core_while_the_engine_is_idle(tiny_model_path, tmp_path):
     import torch
 

@@ -14,14 +14,23 @@ It does not know about requests, sampling or adapters' names. Architectures it d
 
 from __future__ import annotations
 
+import os
+from contextlib import nullcontext
+
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from art.engine.adapters import is_peft
 from art.engine.kv_cache import KVCache
 from art.engine.served_weights import Route, ServedWeights
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+SDPA_ENV = "ART_ENGINE_SDPA"
+"""SDPA kernels the engine's attention may use, e.g. "efficient,flash,math" (unset: PyTorch's choice);
+for measuring on a GPU which ones compute the step right and fastest (benchmarks/gpu_check.sh)."""
+_SDPA_NAMES = {"efficient": SDPBackend.EFFICIENT_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
+               "cudnn": SDPBackend.CUDNN_ATTENTION, "math": SDPBackend.MATH}
 _LAYER_PARTS = ("input_layernorm", "post_attention_layernorm", "self_attn.q_proj", "self_attn.k_proj",
                 "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj", "mlp.act_fn")
 
@@ -81,6 +90,7 @@ class Decoder:
         self.device, self.dtype = device, dtype
         self.repeat_kv = device.type == "cuda"
         """Masked prefills repeat keys per query head (see `_attend`) instead of SDPA's GQA."""
+        self.sdpa_backends = sdpa_backends(os.environ.get(SDPA_ENV, ""))
         # The residual stream stays in float32 over float32 master weights (full fine-tuning on
         # CUDA, served in bf16), as the trainer's autocast keeps it; only matmul inputs are cast.
         embedding = trunk.embed_tokens.weight.dtype
@@ -183,6 +193,10 @@ class Decoder:
           per query head (one layer's worth), so the masked kernel is the memory-efficient one
           rather than SDPA's math fallback, whose memory grows with tokens x width.
         """
+        with sdpa_kernel(self.sdpa_backends) if self.sdpa_backends else nullcontext():
+            return self._sdpa(q, keys, values, mask, after)
+
+    def _sdpa(self, q, keys, values, mask, after):
         rows, heads, tokens, dim = q.shape
         grouped = self.kv_heads != heads
         if mask is not None and tokens == 1:
@@ -199,6 +213,17 @@ class Decoder:
         out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, is_causal=mask is None,
                                              scale=self.scale, enable_gqa=grouped)
         return out[:, :, after:] if mask is None and after else out
+
+
+def sdpa_backends(names: str) -> list[SDPBackend] | None:
+    """The kernels a comma-separated list names ("" or "default": None, PyTorch's choice)."""
+    names = [n.strip().lower() for n in names.split(",") if n.strip()]
+    if not names or names == ["default"]:
+        return None
+    unknown = [n for n in names if n not in _SDPA_NAMES]
+    if unknown:
+        raise ValueError(f"{SDPA_ENV}: unknown SDPA kernel {unknown[0]!r} (choose from {', '.join(_SDPA_NAMES)})")
+    return [_SDPA_NAMES[n] for n in names]
 
 
 _RMS_NORMS = ("LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm")

@@ -277,6 +277,7 @@ class StaticRunner:
         Wider widths (and the base model's route) are recorded when first needed."""
         width = self._width(1)
         route = self.weights.route([LIVE], self.device)
+        self.weights.refresh()  # the live LoRA's copies exist before a graph records their addresses
         buckets = [b for b in ROW_BUCKETS if b <= self.cache.slots_at(width)]
         with torch.inference_mode():
             self.cache.arrange(max(buckets), width, live=0, length=0)
