@@ -65,6 +65,8 @@ def _convert_gguf(gguf: Path, target: Path) -> None:
             delattr(config, attr)
     plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     plain.load_state_dict(quantized.state_dict())
+    agree_on_eos(tokenizer, quantized)
+    byte_level_decoder(tokenizer)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".tmp-"))
     try:  # write beside the target, then rename: a killed conversion leaves no half cache
@@ -75,6 +77,43 @@ def _convert_gguf(gguf: Path, target: Path) -> None:
         os.replace(tmp, target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def agree_on_eos(tokenizer, model) -> None:
+    """Give the tokenizer the model's end-of-turn token. transformers before 5.2x read SmolLM2's
+    GGUF tokenizer with `<|im_start|>` as its EOS (the model's is `<|im_end|>`, id 2): every
+    grammar then ended on the wrong token, and forced tool calls came back as 7 tokens of nothing
+    (seen on the first H200 run, transformers 5.17)."""
+    eos = getattr(model.generation_config, "eos_token_id", None) or model.config.eos_token_id
+    eos = eos[0] if isinstance(eos, (list, tuple)) and eos else eos
+    if not isinstance(eos, int) or tokenizer.eos_token_id == eos:
+        return
+    log.warning("the GGUF's tokenizer ends turns with %r, its model with %r: using the model's",
+                tokenizer.eos_token, tokenizer.convert_ids_to_tokens(eos))
+    tokenizer.eos_token = tokenizer.convert_ids_to_tokens(eos)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+
+
+def byte_level_decoder(tokenizer) -> None:
+    """A byte-level BPE decodes with ByteLevel alone. transformers before 5.2x gave SmolLM2's GGUF
+    tokenizer a decoder chain (ByteFallback, Fuse, "\u2581" -> " ", ByteLevel) that llguidance reads
+    token bytes through wrongly: a forced tool call stopped after `<tool_call>\n`."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return
+    import json
+
+    from tokenizers import decoders
+
+    state = json.loads(backend.to_str())
+    pre, decoder = state.get("pre_tokenizer") or {}, state.get("decoder") or {}
+    chain = decoder.get("decoders") or []
+    if pre.get("type") == "ByteLevel" and decoder.get("type") == "Sequence" and \
+            any(d.get("type") == "ByteLevel" for d in chain):
+        log.warning("replacing the GGUF tokenizer's decoder chain (%s) with ByteLevel",
+                    ", ".join(d.get("type", "?") for d in chain))
+        backend.decoder = decoders.ByteLevel()
 
 
 def load(base_model: str, *, dtype=None, device=None):

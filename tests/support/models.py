@@ -23,8 +23,11 @@ def save_tiny_llama(out: Path) -> Path:
     if os.environ.get("ART_TEST_TOKENIZER"):  # a folder with SmolLM2's tokenizer files (the GPU machine)
         tokenizer = AutoTokenizer.from_pretrained(os.environ["ART_TEST_TOKENIZER"])
     else:
+        from art.base_models import byte_level_decoder
+
         gguf = _bundled_gguf()
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        byte_level_decoder(tokenizer)  # as the default model's conversion does (older transformers)
     config = LlamaConfig(
         vocab_size=len(tokenizer),
         hidden_size=64,

@@ -96,6 +96,11 @@ class EngineConfig:
     pad_batches: bool | None = None
     """Pad decode batches to a few bucket sizes (static shapes). None: on CUDA, where each bucket
     is one CUDA graph; on the CPU padding only costs time."""
+    kv_layout: str | None = None
+    """"fixed": one KV buffer of positions laid out with each step's width as its stride, widths
+    doubling from 256, keys repeated per query head in masked prefills (CUDA's, for its graphs);
+    "growable": a cache that grows with the work (the CPU's). None: by device. "fixed" on the
+    CPU runs CUDA's layout code where tests can check it without a GPU."""
     ignored: tuple[str, ...] = field(default=(), compare=False)
     """The vLLM engine args that were given and ignored (for the record)."""
 
@@ -135,6 +140,8 @@ class EngineConfig:
             if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
                 problems.append((name, f"engine_args.{name} must be an int >= {minimum}, got {value!r}"))
 
+        if self.kv_layout not in (None, "fixed", "growable"):
+            problems.append(("kv_layout", f"engine_args.kv_layout must be 'fixed', 'growable' or None, got {self.kv_layout!r}"))
         for name in ("max_num_seqs", "kv_cache_bytes", "prefill_tokens", "max_loaded_adapters"):
             positive_int(name)
         positive_int("prefix_cache_tokens", 0)
@@ -186,3 +193,8 @@ class EngineConfig:
     @property
     def on_cuda(self) -> bool:
         return self.device.startswith("cuda")
+
+    @property
+    def fixed_kv_layout(self) -> bool:
+        """CUDA's KV layout (`kv_layout`)."""
+        return self.kv_layout == "fixed" or (self.kv_layout is None and self.on_cuda)

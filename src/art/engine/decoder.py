@@ -75,7 +75,7 @@ def unsupported_reason(model) -> str | None:
 
 class Decoder:
     def __init__(self, model, weights: ServedWeights, *, max_positions: int, device: torch.device,
-                 dtype: torch.dtype) -> None:
+                 dtype: torch.dtype, repeat_kv: bool | None = None) -> None:
         base, trunk = causal_lm_parts(model)
         self.config = config = base.config
         self.trunk, self.lm_head, self.weights = trunk, base.lm_head, weights
@@ -88,7 +88,7 @@ class Decoder:
         self.qk_norm = hasattr(attention, "q_norm")
         self.windows = [_sliding_window(layer.self_attn, config) for layer in self.layers]
         self.device, self.dtype = device, dtype
-        self.repeat_kv = device.type == "cuda"
+        self.repeat_kv = device.type == "cuda" if repeat_kv is None else repeat_kv
         """Masked prefills repeat keys per query head (see `_attend`) instead of SDPA's GQA."""
         self.sdpa_backends = sdpa_backends(os.environ.get(SDPA_ENV, ""))
         # The residual stream stays in float32 over float32 master weights (full fine-tuning on

@@ -93,7 +93,7 @@ class LLMEngine:
         """The scheduler's KV budget in positions: on CUDA the cache's (rows x the width of the
         longest must fit in it); on the CPU kv_cache_bytes bounds the sum over running samples of
         prompt + max_tokens."""
-        if self.config.on_cuda:
+        if self.runner.row_width is not None:  # a fixed layout (CUDA's)
             return self.runner.kv_positions
         heads, head_dim = kv_heads_and_dim(self.model.config)
         element = self.config.torch_dtype.itemsize

@@ -65,17 +65,19 @@ class StaticRunner:
         self.max_model_len = max_model_len
         self.max_width = -(-max_model_len // WIDTH_MULTIPLE) * WIDTH_MULTIPLE
         # Padding tokens of a prefill may run past the longest prompt: room for twice the length.
+        self.fixed = config.fixed_kv_layout
+        """CUDA's layout (on the CPU too under kv_layout="fixed"): one buffer, the width as stride."""
         self.decoder = Decoder(model, self.weights, max_positions=2 * self.max_width, device=self.device,
-                               dtype=config.torch_dtype)
+                               dtype=config.torch_dtype, repeat_kv=self.fixed)
         self.lengths: list[int] = []
         """Tokens in each running row's slot."""
         self.ends: list[int] = []
         """The length each running row may reach (prompt + max_tokens): how far a CPU cache grows."""
         self.graphs = None
-        if config.on_cuda:
-            self.cache = self._cuda_cache(model)
+        if self.fixed:
+            self.cache = self._fixed_cache(model)
             self.max_rows = self.cache.slots_at(CUDA_MIN_WIDTH)
-            if not config.enforce_eager:
+            if config.on_cuda and not config.enforce_eager:
                 self.graphs = DecodeGraphs(self.decoder, self.cache, self.max_rows)
                 self._capture_at_start()
         else:
@@ -88,7 +90,7 @@ class StaticRunner:
     def row_width(self):
         """For the scheduler on CUDA: the width a row of a given final length holds (every slot has
         the stride of the widest row). None on the CPU, where the budget is a sum of lengths."""
-        return self._width if self.config.on_cuda else None
+        return self._width if self.fixed else None
 
     @property
     def kv_positions(self) -> int:
@@ -212,11 +214,11 @@ class StaticRunner:
 
     # -- sizes --------------------------------------------------------------------------------
     def _bucket(self, rows: int, width: int) -> int:
-        limit = self.cache.slots_at(width) if self.config.on_cuda else self.max_rows
+        limit = self.cache.slots_at(width) if self.fixed else self.max_rows
         return min(next((b for b in ROW_BUCKETS if b >= rows), rows), max(rows, limit))
 
     def _width(self, needed: int) -> int:
-        if self.config.on_cuda:
+        if self.fixed:
             width = CUDA_MIN_WIDTH
             while width < needed:
                 width *= 2
@@ -229,7 +231,7 @@ class StaticRunner:
         On CUDA the stride becomes exactly the width (what a graph for that width reads); a CPU
         cache grows by doubling, no further than its longest row can reach."""
         cache, live, length = self.cache, len(self.lengths), max(self.lengths, default=0)
-        if self.config.on_cuda:
+        if self.fixed:
             cache.arrange(rows, max(width, self._width(length + 1) if live else width), live=live, length=length)
             return
         if rows <= cache.rows and width <= cache.tokens:
@@ -239,10 +241,14 @@ class StaticRunner:
         slots = cache.rows if rows <= cache.rows else max(rows, min(2 * cache.rows, self.max_rows))
         cache.arrange(slots, stride, live=live, length=length)
 
-    def _cuda_cache(self, model) -> KVCache:
-        """The KV buffer: every position the engine's share of the GPU leaves (`memory.py`) after
-        a reserve for what a step allocates beside it."""
+    def _fixed_cache(self, model) -> KVCache:
+        """The KV buffer: on CUDA every position the engine's share of the GPU leaves (`memory.py`)
+        after a reserve for what a step allocates beside it; on the CPU what kv_cache_bytes holds."""
         config, decoder = self.config, self.decoder
+        if not config.on_cuda:
+            per_position = 2 * len(decoder.layers) * decoder.kv_heads * decoder.head_dim * config.torch_dtype.itemsize
+            return decoder.kv_cache(max_rows=config.max_num_seqs, max_tokens=self.max_width, growable=False,
+                                    capacity=max(self.max_width, config.kv_cache_bytes // per_position))
         layers, element = len(decoder.layers), config.torch_dtype.itemsize
         per_position = 2 * layers * decoder.kv_heads * decoder.head_dim * element
         hidden, vocab = decoder.config.hidden_size, decoder.config.vocab_size

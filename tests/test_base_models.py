@@ -1,0 +1,52 @@
+"""The bundled default model's conversion: what an older transformers gets wrong in the GGUF's
+tokenizer is repaired before it is cached (first seen on the H200 machine, transformers 5.17)."""
+
+import pytest
+
+from art.base_models import agree_on_eos, byte_level_decoder
+
+TOOLS = [{"type": "function", "function": {"name": "calculate", "parameters": {
+    "type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]}}}]
+
+
+@pytest.fixture()
+def tokenizer(tiny_model_path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_model_path)  # SmolLM2's tokenizer
+
+
+def forced_call_is_accepted(tokenizer) -> bool:
+    """Whether llguidance, reading token bytes through this tokenizer, accepts a forced tool call."""
+    from art.engine.grammar import Grammars, consume
+    from art.server.structured_output import grammar_for
+
+    grammars = Grammars(tokenizer, len(tokenizer), {tokenizer.eos_token_id})
+    matcher = grammars.matcher(grammar_for(None, TOOLS, "required"))
+    for token in tokenizer.encode('<tool_call>\n{"name": "calculate", "arguments": {"expression": "23 * 45"}}\n'
+                                  '</tool_call>', add_special_tokens=False):
+        consume(matcher, token)
+    return not matcher.is_error() and matcher.is_accepting()
+
+
+def test_a_decoder_chain_over_byte_level_is_replaced_so_grammars_read_the_right_bytes(tokenizer):
+    from tokenizers import decoders
+
+    assert forced_call_is_accepted(tokenizer)
+    tokenizer.backend_tokenizer.decoder = decoders.Sequence(  # what transformers 5.17 built from the GGUF
+        [decoders.ByteFallback(), decoders.Fuse(), decoders.Replace("\u2581", " "), decoders.ByteLevel()])
+    assert not forced_call_is_accepted(tokenizer)
+    byte_level_decoder(tokenizer)
+    assert forced_call_is_accepted(tokenizer)
+    text = ' {"a": "é 1"}\n'
+    assert tokenizer.decode(tokenizer.encode(text, add_special_tokens=False)) == text
+
+
+def test_the_models_end_of_turn_token_wins(tokenizer):
+    from types import SimpleNamespace
+
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    tokenizer.eos_token = "<|im_start|>"  # what transformers 5.17 read from the GGUF
+    model = SimpleNamespace(generation_config=SimpleNamespace(eos_token_id=end), config=SimpleNamespace(eos_token_id=end))
+    agree_on_eos(tokenizer, model)
+    assert tokenizer.eos_token == "<|im_end|>" and tokenizer.eos_token_id == end
