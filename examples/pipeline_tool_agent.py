@@ -56,7 +56,8 @@ async def eval_fn(model: art.TrainableModel, step: int, config: dict) -> list[ar
 
 
 async def main(steps: int = 10, seed: int = 0, max_steps_off_policy: int = 1, learning_rate: float = 1e-3,
-               path: str = ".art", eval_problems: int = 8, eval_every_n_steps: int = 5) -> list[dict]:
+               path: str = ".art", eval_problems: int = 8, eval_every_n_steps: int = 5,
+               eval_at_start: bool = True) -> list[dict]:
     """Train; returns the history's train rows (one per step: the trained groups' rewards, so
     mixed outcomes only; groups whose episodes all scored alike are logged as "discarded")."""
     backend = art.LocalBackend(path=path)
@@ -72,6 +73,7 @@ async def main(steps: int = 10, seed: int = 0, max_steps_off_policy: int = 1, le
         learning_rate=learning_rate,
         max_steps=max(0, steps - start),
         eval_every_n_steps=eval_every_n_steps,
+        eval_at_start=eval_at_start,
     )
     await trainer.train()
     rows = [row for row in await backend.get_history(model) if row.get("split") == "train"]

@@ -23,6 +23,8 @@ LAYERS: list[tuple[str, ...]] = [
         "art.types",
         "art.naming",
         "art.metrics",
+        "art.metrics_taxonomy",
+        "art.costs",
         "art.base_models",
         "art._retry",
         "art.observability",

@@ -8,7 +8,15 @@ from art import dev, utils
 from art.backends.local import LocalBackend
 from art.backends.remote import RemoteBackend
 from art.base_models import DEFAULT_MODEL
-from art.capture import AutoTrajectoryContext, auto_trajectory, capture_auto_trajectory
+from art.capture import (
+    AutoTrajectoryContext,
+    auto_trajectory,
+    capture_auto_trajectory,
+    current_trajectory,
+    no_capture,
+    trajectory,
+    trajectory_group,
+)
 from art.errors import (
     ArtError,
     ArtValueError,
@@ -23,7 +31,13 @@ from art.gather import gather_trajectories, gather_trajectory_groups, trajectory
 from art.model import Model, TrainableModel
 from art.pipeline_trainer import PipelineTrainer, make_group_rollout_fn
 from art._retry import retry
-from art.trajectories import History, Trajectory, TrajectoryGroup
+from art.trajectories import (
+    ChatCompletionsExchange,
+    History,
+    Trajectory,
+    TrajectoryExchanges,
+    TrajectoryGroup,
+)
 from art.types import Messages, MessagesAndChoices, Tools, TrainConfig, TrainSFTConfig
 
 Backend = RemoteBackend  # ART's name for the client of its HTTP server
@@ -37,6 +51,7 @@ __all__ = [
     "AutoTrajectoryContext",
     "Backend",
     "BackendError",
+    "ChatCompletionsExchange",
     "ContextLengthError",
     "History",
     "LocalBackend",
@@ -54,14 +69,19 @@ __all__ = [
     "TrainableModel",
     "Trajectory",
     "TrajectoryError",
+    "TrajectoryExchanges",
     "TrajectoryGroup",
     "auto_trajectory",
     "capture_auto_trajectory",
+    "current_trajectory",
     "dev",
     "gather_trajectories",
     "gather_trajectory_groups",
     "make_group_rollout_fn",
+    "no_capture",
     "retry",
+    "trajectory",
+    "trajectory_group",
     "trajectory_group_batches",
     "utils",
 ]

@@ -1,15 +1,20 @@
 """Automatic trajectory capture: record an agent's chat completions without rewriting the agent.
 
-    trajectory = await art.capture_auto_trajectory(run_agent(scenario))
-    trajectory.reward = score(...)   # or, inside the agent: art.auto_trajectory(required=True).reward = ...
+    trajectory = await art.trajectory(run_agent(scenario))   # ART's older name: capture_auto_trajectory
+    trajectory.reward = score(...)   # or, inside the agent: art.current_trajectory(require=True).reward = ...
+    group = await art.trajectory_group(art.trajectory(run_agent(s)) for _ in range(4))
 
 While a capture is active in the current context (`contextvars`: it follows the task and the tasks
 it starts), every chat completion sent through an `httpx` or `httpx2` client (the official
 `openai` client uses one of them, newer releases the second; LangChain's `ChatOpenAI` and other
 libraries built on it go through the same) is recorded: the request's messages as dicts, then the
 `Choice` the server returned, with its token ids and logprobs, so a captured trajectory trains
-like a hand-built one. A streamed completion is rebuilt from its chunks into the `Choice` the
-same request returns whole.
+like a hand-built one. Beside them, `trajectory.exchanges` keeps each call whole (request as sent,
+`ChatCompletion` as received). A `stream=True` answer is read as server-sent events whatever
+content type it came with, and rebuilt from its chunks into the `Choice` the same request
+returns whole. A stream that ends with `[DONE]` without ever naming a `finish_reason` counts
+as finished: "tool_calls" when tool calls streamed, else "stop" (its exchange keeps ART's
+reading, "stop").
 
 Each call joins the conversation it extends: the history (the trajectory itself or one of its
 `additional_histories`) whose messages and tools begin the request's, the longest one when
@@ -25,20 +30,35 @@ nothing of models, backends, training or torch.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import contextvars
+import copy
 import functools
 import importlib
 import importlib.util
+import inspect
 import json
 import logging
 import threading
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator, Mapping
+from datetime import datetime
 from typing import Any, Literal, overload
 
-from openai.types.chat.chat_completion import Choice
+from openai.types.chat.chat_completion import ChatCompletion, Choice
 
 from .errors import CaptureError
-from .trajectories import History, Trajectory, get_messages
+from .trajectories import (
+    ChatCompletionsExchange,
+    ChatCompletionsRequest,
+    ExceptionRecord,
+    History,
+    MetadataValue,
+    MetricValue,
+    Trajectory,
+    TrajectoryGroup,
+    get_messages,
+)
 
 log = logging.getLogger(__name__)
 
@@ -63,28 +83,148 @@ class AutoTrajectoryContext:
         self.trajectory.finish()
 
 
+def _current(require: bool, how: str) -> Trajectory | None:
+    capture = _CURRENT.get()
+    if capture is None:
+        if require:
+            raise CaptureError(f"no trajectory is being captured here: call {how} inside `art.trajectory(...)`, "
+                               "`art.capture_auto_trajectory(...)` or `with art.AutoTrajectoryContext()` "
+                               "(and not under `art.no_capture()`)")
+        return None
+    return capture.trajectory
+
+
+@overload
+def current_trajectory(*, require: Literal[True], required: bool | None = None) -> Trajectory: ...
+@overload
+def current_trajectory(*, require: bool = False, required: Literal[True]) -> Trajectory: ...
+@overload
+def current_trajectory(*, require: bool = False, required: bool | None = None) -> Trajectory | None: ...
+def current_trajectory(*, require: bool = False, required: bool | None = None) -> Trajectory | None:
+    """The trajectory being captured here (ART's name), or None outside a capture; `require=True`
+    raises CaptureError (a RuntimeError) there instead. `required=` is ART's earlier spelling."""
+    return _current(bool(require or required), "art.current_trajectory(require=True)")
+
+
 @overload
 def auto_trajectory(*, required: Literal[True]) -> Trajectory: ...
 @overload
 def auto_trajectory(*, required: bool = False) -> Trajectory | None: ...
 def auto_trajectory(*, required: bool = False) -> Trajectory | None:
-    """The trajectory being captured here (to set its reward or metrics), or None outside a
-    capture; `required=True` raises CaptureError there instead."""
-    capture = _CURRENT.get()
-    if capture is None:
-        if required:
-            raise CaptureError("no trajectory is being captured here: call auto_trajectory(required=True) "
-                               "inside `art.capture_auto_trajectory(...)` or `with art.AutoTrajectoryContext()`")
-        return None
-    return capture.trajectory
+    """ART's older name of `current_trajectory`."""
+    return _current(required, "auto_trajectory(required=True)")
 
 
-async def capture_auto_trajectory(coroutine: Awaitable[Any]) -> Trajectory:
-    """Run `coroutine` (an agent) and return the trajectory of the chat completions it made.
-    Its return value is dropped; an exception it raises propagates."""
-    with AutoTrajectoryContext() as trajectory:
+@contextlib.contextmanager
+def no_capture() -> Iterator[None]:
+    """Hide the enclosing capture inside the block: calls made there are not recorded and
+    `current_trajectory()` is None; a new `art.trajectory(...)` inside still captures."""
+    token = _CURRENT.set(None)
+    try:
+        yield
+    finally:
+        _CURRENT.reset(token)
+
+
+def _check_coroutine(value: Any, name: str) -> None:
+    # A Task or Future started already, in the context of whoever created it: a capture opened
+    # now would never see its calls. ART refuses them the same way.
+    if isinstance(value, asyncio.Future) or not isinstance(value, Coroutine):
+        raise TypeError(f"{name}() takes the agent's coroutine itself, as in {name}(agent(...)); got "
+                        f"{type(value).__name__}. A Task or Future runs in the context it was created "
+                        "in, so a capture opened now would record none of its calls.")
+
+
+async def trajectory(coroutine: Coroutine[Any, Any, object]) -> Trajectory:
+    """Run `coroutine` (an agent) and return the trajectory of the chat completions it made
+    (ART's name). Its return value is dropped; an exception it raises propagates."""
+    _check_coroutine(coroutine, "trajectory")
+    return await _captured(coroutine)
+
+
+async def capture_auto_trajectory(coroutine: Coroutine[Any, Any, object]) -> Trajectory:
+    """ART's older name of `trajectory`."""
+    _check_coroutine(coroutine, "capture_auto_trajectory")
+    return await _captured(coroutine)
+
+
+async def _captured(coroutine: Coroutine[Any, Any, object]) -> Trajectory:
+    with AutoTrajectoryContext() as captured:
         await coroutine
-    return trajectory
+    return captured
+
+
+async def trajectory_group(
+    trajectories: Iterable[Trajectory | BaseException | Awaitable[Trajectory]],
+    *,
+    exceptions: Iterable[BaseException | ExceptionRecord | Mapping[str, str]] = (),
+    metadata: Mapping[str, MetadataValue] | None = None,
+    metrics: Mapping[str, MetricValue] | None = None,
+    logs: Iterable[str] | None = None,
+    return_exceptions: bool = False,
+) -> TrajectoryGroup:
+    """A finished group from rollouts (typically `art.trajectory(agent(...))` coroutines),
+    finished trajectories and exceptions, in the order given (ART's name).
+
+    The awaitables run concurrently, outside any enclosing capture (`no_capture`); one given
+    twice runs once. A rollout that raises fails the group, its siblings cancelled, unless
+    `return_exceptions=True`, which keeps the exception in `group.exceptions` instead.
+    Interrupts and cancellation always propagate.
+    """
+    given = list(exceptions)
+    for error in given:
+        _raise_interrupt(error)
+    results: list[Trajectory | BaseException | None] = []
+    slots: dict[asyncio.Future[Any], list[int]] = {}
+    started: dict[int, asyncio.Future[Any]] = {}
+    with no_capture():
+        try:
+            for item in trajectories:
+                if isinstance(item, (Trajectory, BaseException)):
+                    _raise_interrupt(item)
+                    results.append(item)
+                    continue
+                if not inspect.isawaitable(item):
+                    raise TypeError(f"trajectory_group() takes trajectories, exceptions and awaitables of "
+                                    f"trajectories; item {len(results)} is a {type(item).__name__}")
+                task = started.get(id(item))
+                if task is None:
+                    task = started[id(item)] = asyncio.ensure_future(item)
+                    slots[task] = []
+                slots[task].append(len(results))
+                results.append(None)
+            pending = set(slots)
+            while pending:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    outcome = _outcome(task, return_exceptions)
+                    for index in slots[task]:
+                        results[index] = outcome
+        except BaseException:
+            unfinished = [task for task in slots if not task.done()]
+            for task in unfinished:
+                task.cancel()
+            await asyncio.gather(*unfinished, return_exceptions=True)
+            raise
+    return TrajectoryGroup([r for r in results if r is not None], exceptions=given,
+                           metadata=metadata, metrics=metrics, logs=logs or ())
+
+
+def _raise_interrupt(item: Any) -> None:
+    if isinstance(item, BaseException) and not isinstance(item, Exception):
+        raise item
+
+
+def _outcome(task: asyncio.Future[Any], return_exceptions: bool) -> Trajectory | BaseException:
+    try:
+        result = task.result()
+    except Exception as error:  # noqa: BLE001 - a failed rollout; cancellation and interrupts propagate
+        if not return_exceptions:
+            raise
+        return error
+    if not isinstance(result, Trajectory):
+        raise TypeError(f"trajectory_group(): an awaitable gave a {type(result).__name__}, not a Trajectory")
+    return result
 
 
 # -- recording ---------------------------------------------------------------------------
@@ -107,36 +247,71 @@ class _Capture:
         for pending in list(self.open):
             pending.finish()
 
-    def record(self, request: dict[str, Any], headers: Mapping[str, str], content: bytes | Callable[[], bytes]) -> None:
-        """Add the call's new messages and choice 0 to the history it extends. Never raises: the
-        agent's call has succeeded whatever happens here."""
+    def record(self, request: dict[str, Any], headers: Mapping[str, str], content: bytes | Callable[[], bytes],
+               started: datetime) -> None:
+        """Add the call's new messages and choice 0 to the history it extends, and the call to
+        `exchanges`. Never raises: the agent's call has succeeded whatever happens here."""
         try:
-            self._record(request, headers, content() if callable(content) else content)
+            self._record(request, headers, content() if callable(content) else content, started)
         except Exception as exc:  # noqa: BLE001 - a capture bug must not fail the agent's call
             log.exception("auto trajectory: recording a chat completion failed")
             self.note(f"recording a chat completion failed ({type(exc).__name__}: {exc}); not recorded")
 
-    def _record(self, request: dict[str, Any], headers: Mapping[str, str], content: bytes) -> None:
+    def _record(self, request: dict[str, Any], headers: Mapping[str, str], content: bytes,
+                started: datetime) -> None:
         try:
-            choices = _choices(headers, content)
+            answer, ended = _answer(request, headers, content)
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             self.note(f"a chat completion's answer could not be read ({type(exc).__name__}: {exc}); not recorded")
             return
+        choices = [c for c in answer["choices"] if isinstance(c, Mapping)]
         first = next((c for c in choices if c.get("index", 0) == 0), None)
-        if first is None or first.get("finish_reason") is None:
+        if first is None or (first.get("finish_reason") is None and not ended):
             # Only a stream can end this way: closed (or left unread) before its choice finished.
             self.note("a streamed chat completion ended before its choice finished; not recorded")
             return
         try:
-            choice = Choice.model_validate(first)
+            choice = Choice.model_validate(_finished(first, _said_why(first)))
         except ValueError as exc:
             self.note(f"a chat completion's choice is not an OpenAI Choice ({exc}); not recorded")
             return
+        exchange = self._exchange(request, answer, started)
         if len(choices) > 1:
             self.note(f"a chat completion returned {len(choices)} choices (n > 1); only choice 0 is recorded")
         messages = [m for m in request.get("messages") or [] if isinstance(m, Mapping)]
         with self.lock:
             _place(self.trajectory, [dict(m) for m in messages], request.get("tools") or None, choice)
+            if exchange is not None:
+                self.trajectory._exchanges.append(exchange)
+
+    def _exchange(self, request: dict[str, Any], answer: dict[str, Any],
+                  started: datetime) -> ChatCompletionsExchange | None:
+        """The call as `trajectory.exchanges` shows it; None (and a note) when the answer is not
+        a ChatCompletion (a server that leaves out `id` or `created`): its choice still counts.
+        A choice that a stream never gave a reason reads "stop" here, as ART rebuilds it."""
+        choices = [_finished(c, "stop") for c in answer["choices"] if isinstance(c, Mapping)]
+        whole = {**answer, "choices": choices}
+        try:
+            response = ChatCompletion.model_validate(whole)
+        except ValueError as exc:
+            first_line = str(exc).splitlines()[0]
+            self.note(f"a chat completion's answer is not an OpenAI ChatCompletion ({first_line}); its choice is "
+                      "recorded, the call is not in trajectory.exchanges")
+            return None
+        return ChatCompletionsExchange(request=ChatCompletionsRequest(copy.deepcopy(request)), response=response,
+                                       start_time=started, end_time=datetime.now())
+
+
+def _said_why(choice: Mapping[str, Any]) -> str:
+    """The finish reason of a stream that ended (`[DONE]`) without one: what the model did."""
+    return "tool_calls" if (choice.get("message") or {}).get("tool_calls") else "stop"
+
+
+def _finished(choice: Mapping[str, Any], reason: str) -> dict[str, Any]:
+    """`choice` with `reason` as its finish reason where it has none."""
+    if choice.get("finish_reason") is not None:
+        return dict(choice)
+    return {**choice, "finish_reason": reason}
 
 
 def _place(trajectory: Trajectory, messages: list[dict], tools: list | None, choice: Choice) -> None:
@@ -197,37 +372,66 @@ def _tools_key(tools: Any) -> str:
 # -- reading answers ---------------------------------------------------------------------
 
 
-def _choices(headers: Mapping[str, str], content: bytes) -> list[dict[str, Any]]:
-    if "text/event-stream" not in headers.get("content-type", ""):
-        return list(json.loads(content)["choices"])
-    events = _sse_data(content)
+def _answer(request: Mapping[str, Any], headers: Mapping[str, str], content: bytes) -> tuple[dict[str, Any], bool]:
+    """The answer as one ChatCompletion dict, and whether it ended: a whole answer always has,
+    a stream when it sent `[DONE]`. `stream=True` is read as server-sent events whatever the
+    content type says (a bare server may send them as octet-stream or text/plain)."""
+    if request.get("stream") is not True and "text/event-stream" not in headers.get("content-type", ""):
+        answer = json.loads(content)
+        if not isinstance(answer, dict) or not isinstance(answer.get("choices"), list):
+            raise ValueError("the answer has no 'choices' list")
+        return answer, True
+    events, ended = _sse_data(content)
     failed = next((e["error"] for e in events if e.get("error")), None)
     if failed is not None:  # a failure after the 200 was sent ends the stream with an error event
         message = failed.get("message", failed) if isinstance(failed, dict) else failed
         raise ValueError(f"the stream ended with an error: {message}")
-    return assemble_stream(events)
+    return _whole(events, request), ended
 
 
-def _sse_data(content: bytes) -> list[dict[str, Any]]:
-    """The JSON payloads of a server-sent event stream, `[DONE]` left out."""
-    events, data = [], []
+def _whole(chunks: list[dict[str, Any]], request: Mapping[str, Any]) -> dict[str, Any]:
+    """Chunks -> the ChatCompletion dict the same request returns whole: the first chunk's id,
+    creation time and model, the last usage sent, the assembled choices."""
+    def first(key: str, default: Any = None) -> Any:
+        return next((c[key] for c in chunks if c.get(key) is not None), default)
+
+    answer = {"id": first("id", ""), "object": "chat.completion", "created": first("created", 0),
+              "model": first("model", request.get("model") or ""), "choices": assemble_stream(chunks)}
+    for key in ("system_fingerprint", "service_tier"):
+        if first(key) is not None:
+            answer[key] = first(key)
+    usage = [c["usage"] for c in chunks if c.get("usage") is not None]
+    if usage:
+        answer["usage"] = usage[-1]
+    return answer
+
+
+def _sse_data(content: bytes) -> tuple[list[dict[str, Any]], bool]:
+    """The JSON payloads of a server-sent event stream, and whether it sent `[DONE]`."""
+    events, data, ended = [], [], False
     for line in content.decode("utf-8").splitlines() + [""]:
         if line.startswith("data:"):
             data.append(line[5:].removeprefix(" "))
         elif not line and data:
             payload = "\n".join(data)
             data = []
-            if payload.strip() != "[DONE]":
-                events.append(json.loads(payload))
-    return events
+            if payload.strip() == "[DONE]":
+                ended = True
+            else:
+                event = json.loads(payload)
+                if isinstance(event, dict):
+                    events.append(event)
+    return events, ended
 
 
 def assemble_stream(chunks: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Chat completion chunks (dicts) -> the choices the same request returns whole.
 
-    Text and tool-call arguments are concatenated, logprobs entries and `token_ids` appended,
-    and `prompt_token_ids` taken from wherever the stream sent them (each choice or the chunk),
-    as is our server's `step` (the training step that sampled it). A choice without a `finish_reason` did not finish (the stream was cut).
+    Text and tool-call arguments are concatenated (a tool call's id and name are taken as
+    sent, not repeated when a server sends them with every delta), logprobs entries and
+    `token_ids` appended, and `prompt_token_ids` taken from wherever the stream sent them (each
+    choice or the chunk), as is our server's `step` (the training step that sampled it). A
+    choice the stream never gave a `finish_reason` keeps None.
     """
     out: dict[int, dict[str, Any]] = {}
     prompt = step = None
@@ -271,9 +475,10 @@ def _merge_call(calls: list[dict[str, Any]], delta: Mapping[str, Any]) -> None:
     call, function = calls[index], delta.get("function") or {}
     call["id"] = call["id"] or delta.get("id")
     call["type"] = delta.get("type") or call["type"]
-    for field in ("name", "arguments"):
-        if isinstance(function.get(field), str):
-            call["function"][field] += function[field]
+    if isinstance(function.get("name"), str) and function["name"]:
+        call["function"]["name"] = function["name"]
+    if isinstance(function.get("arguments"), str):
+        call["function"]["arguments"] += function["arguments"]
 
 
 # -- the HTTP hook -----------------------------------------------------------------------
@@ -293,8 +498,9 @@ def _chat_request(request: Any) -> dict[str, Any] | None:
 class _Pending:
     """A streamed answer being read: its bytes are kept until it ends or closes."""
 
-    def __init__(self, capture: _Capture, lib: Any, request: dict, response: Any) -> None:
+    def __init__(self, capture: _Capture, lib: Any, request: dict, response: Any, started: datetime) -> None:
         self.capture, self.lib, self.request, self.response = capture, lib, request, response
+        self.started = started
         self.parts: list[bytes] = []
         self.done = False
         capture.open.add(self)
@@ -305,7 +511,8 @@ class _Pending:
         self.done = True
         self.capture.open.discard(self)
         headers = self.response.headers
-        self.capture.record(self.request, headers, lambda: _decoded(self.lib, headers, b"".join(self.parts)))
+        self.capture.record(self.request, headers, lambda: _decoded(self.lib, headers, b"".join(self.parts)),
+                            self.started)
 
 
 def _decoded(lib: Any, headers: Mapping[str, str], raw: bytes) -> bytes:
@@ -368,7 +575,7 @@ def _tees(lib: Any) -> tuple[type, type]:
     return SyncTee, AsyncTee
 
 
-def _observe(capture: _Capture, lib: Any, request: dict, response: Any, sync: bool) -> None:
+def _observe(capture: _Capture, lib: Any, request: dict, response: Any, sync: bool, started: datetime) -> None:
     if not 200 <= response.status_code < 300:
         capture.note(f"a chat completion failed with HTTP {response.status_code}; not recorded")
         return
@@ -376,9 +583,10 @@ def _observe(capture: _Capture, lib: Any, request: dict, response: Any, sync: bo
         content = response.content  # read already: a whole (not streamed) answer
     except lib.ResponseNotRead:
         sync_tee, async_tee = _tees(lib)
-        response.stream = (sync_tee if sync else async_tee)(response.stream, _Pending(capture, lib, request, response))
+        pending = _Pending(capture, lib, request, response, started)
+        response.stream = (sync_tee if sync else async_tee)(response.stream, pending)
         return
-    capture.record(request, response.headers, content)
+    capture.record(request, response.headers, content, started)
 
 
 def _hooked(lib: Any, original: Callable, sync: bool) -> Callable:
@@ -387,18 +595,20 @@ def _hooked(lib: Any, original: Callable, sync: bool) -> Callable:
         def send(self, request, *args, **kwargs):
             capture = _CURRENT.get()
             body = _chat_request(request) if capture is not None else None
+            started = datetime.now()
             response = original(self, request, *args, **kwargs)
             if body is not None:
-                _observe(capture, lib, body, response, sync=True)
+                _observe(capture, lib, body, response, sync=True, started=started)
             return response
     else:
         @functools.wraps(original)
         async def send(self, request, *args, **kwargs):
             capture = _CURRENT.get()
             body = _chat_request(request) if capture is not None else None
+            started = datetime.now()
             response = await original(self, request, *args, **kwargs)
             if body is not None:
-                _observe(capture, lib, body, response, sync=False)
+                _observe(capture, lib, body, response, sync=False, started=started)
             return response
     send.__art_capture__ = True  # type: ignore[attr-defined]
     return send

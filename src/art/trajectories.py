@@ -19,7 +19,7 @@ from contextvars import ContextVar
 from datetime import datetime
 from typing import Annotated, Any, Protocol, Union
 
-from openai.types.chat.chat_completion import Choice
+from openai.types.chat.chat_completion import ChatCompletion, Choice
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -27,6 +27,7 @@ from pydantic import (
     PlainSerializer,
     PlainValidator,
     PrivateAttr,
+    RootModel,
     ValidationError,
     field_validator,
 )
@@ -143,6 +144,47 @@ def get_messages(messages_and_choices: Iterable[Any]) -> Messages:
     return messages
 
 
+class ChatCompletionsRequest(RootModel[dict[str, Any]]):
+    """The JSON body of one chat completion request as it was sent (`.root`, or index it)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    def __getitem__(self, key: str) -> Any:
+        return self.root[key]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.root.get(key, default)
+
+
+class ChatCompletionsExchange(BaseModel):
+    """One chat completion call an automatic capture saw (ART's name): the request as sent and
+    the answer as received, a stream rebuilt into the whole `ChatCompletion`."""
+
+    model_config = ConfigDict(frozen=True)
+
+    request: ChatCompletionsRequest
+    response: ChatCompletion
+    start_time: datetime
+    end_time: datetime
+
+    @property
+    def model(self) -> str | None:
+        """The model asked for, else the one that answered."""
+        asked = self.request.get("model")
+        return asked if isinstance(asked, str) else self.response.model
+
+
+class TrajectoryExchanges(BaseModel):
+    """The calls behind a captured trajectory, in the order they finished (read-only)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    chat_completions: tuple[ChatCompletionsExchange, ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.chat_completions)
+
+
 class History(BaseModel):
     """Another conversation of the same rollout (e.g. a sub-agent), trained with its reward."""
 
@@ -153,6 +195,10 @@ class History(BaseModel):
 
     def messages(self) -> Messages:
         return get_messages(self.messages_and_choices)
+
+
+LegacyHistory = History
+"""ART's newer name for `History` (its docs: `from art.trajectories import LegacyHistory`)."""
 
 
 class Trajectory(BaseModel):
@@ -180,6 +226,8 @@ class Trajectory(BaseModel):
     is counted from. `art.PipelineTrainer` sets it (`policy_versions`); None: not dated."""
     final_policy_version: int | None = None
     """The step whose weights sampled its newest turn."""
+    _exchanges: list[ChatCompletionsExchange] = PrivateAttr(default_factory=list)
+    """Appended to by `art.capture` only; read through `exchanges`."""
 
     @field_validator("reward")
     @classmethod
@@ -198,6 +246,13 @@ class Trajectory(BaseModel):
 
     def log(self, message: str) -> None:
         self.logs.append(message)
+
+    @property
+    def exchanges(self) -> TrajectoryExchanges:
+        """What `art.trajectory()` (or `capture_auto_trajectory`) recorded, call by call: a view
+        beside `messages_and_choices`, which is what trains and is logged. Empty for a
+        trajectory built by hand; not saved with the trajectory."""
+        return TrajectoryExchanges(chat_completions=tuple(self._exchanges))
 
     def for_logging(self) -> dict[str, Any]:
         """A JSON-serialisable dict; Choices are dumped whole (token ids, logprobs, extras)."""

@@ -9,12 +9,17 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import json
+import threading
 from collections import Counter
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import openai
 import pytest
 import pytest_asyncio
+from openai.types.chat.chat_completion import ChatCompletion, Choice
+from pydantic import ValidationError
 
 import art
 from art.errors import CaptureError
@@ -112,6 +117,15 @@ async def test_three_calls_two_conversations_streamed_and_not(model):
     assert got == want
     assert [e["token"] for e in got_lp] == [e["token"] for e in want_lp]
     assert [e["logprob"] for e in got_lp] == pytest.approx([e["logprob"] for e in want_lp], abs=1e-4)
+
+    # Each call is also kept whole, in the order it finished: request as sent, answer as received.
+    exchanges = trajectory.exchanges.chat_completions
+    assert [e.request["messages"][-1]["content"] for e in exchanges] == ["Name a color.", "Another one.",
+                                                                         "Count to three."]
+    assert exchanges[0].response.model_dump() == seen["first"].model_dump()
+    assert exchanges[1].response.choices[0].model_dump() == second.model_dump()
+    assert exchanges[1].response.usage == seen["chunks"][-1].usage is not None  # include_usage's last chunk
+    assert all(e.model == model.name and e.start_time <= e.end_time for e in exchanges)
 
     assert_trains_whole(trajectory)
 
@@ -274,3 +288,203 @@ async def test_the_readme_snippet_runs_as_written(model):
     trajectory = await namespace["rollout"](model, "Say yes.")
     assert [type(i).__name__ for i in trajectory.messages_and_choices] == ["dict", "Choice"]
     assert trajectory.reward == float("yes" in trajectory.messages_and_choices[1].message.content.lower())
+
+
+# -- servers that are not ours: ART's unit test shapes, a scripted loopback server ---------------
+
+
+def sse(chunks: list[dict], done: bool = True) -> bytes:
+    events = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks)
+    return (events + ("data: [DONE]\n\n" if done else "")).encode()
+
+
+def chunk(delta: dict, logprob: float | None = None, finish_reason: str | None = None) -> dict:
+    logprobs = None if logprob is None else {
+        "content": [{"token": f"t{logprob}", "logprob": logprob, "bytes": None, "top_logprobs": []}]}
+    return {"id": "chunked", "object": "chat.completion.chunk", "created": 7, "model": "scripted",
+            "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}]}
+
+
+WHOLE = {"id": "whole", "object": "chat.completion", "created": 5, "model": "scripted", "usage": None,
+         "choices": [{"index": 0, "finish_reason": "stop", "stop_reason": None,
+                      "message": {"role": "assistant", "content": "Hello!", "tool_calls": []},
+                      "logprobs": {"content": [{"token": "Hello", "logprob": -0.25, "bytes": None,
+                                                "top_logprobs": []}]}}]}
+# A vLLM-style tool-call stream that repeats the call's id and name with each delta, sends no
+# finish_reason at all, then `[DONE]`, with a content type that is not text/event-stream.
+CALL = {"id": "call-9", "type": "function", "index": 0, "function": {"name": "pick", "arguments": '{"x": '}}
+TOOL_STREAM = sse([chunk({"role": "assistant", "content": ""}), chunk({"tool_calls": [CALL]}, -0.5),
+                   chunk({"tool_calls": [{**CALL, "function": {"name": "pick", "arguments": '"a"}'}}]}, -0.25)])
+TEXT_STREAM = sse([chunk({"role": "assistant", "content": "Hi"}, -0.5), chunk({"content": " there"}, -0.75)])
+CUT_STREAM = sse([chunk({"role": "assistant", "content": "Hi"}, -0.5)], done=False)
+REPLIES = {  # the last user message -> (content type, body)
+    "whole": ("application/json", json.dumps(WHOLE).encode()),
+    "tools": ("application/octet-stream", TOOL_STREAM),
+    "text": ("text/plain", TEXT_STREAM),
+    "cut": ("text/event-stream", CUT_STREAM),
+}
+
+
+class ScriptedHandler(BaseHTTPRequestHandler):
+    def do_POST(self):  # noqa: N802 - http.server's name
+        body = json.loads(self.rfile.read(int(self.headers["content-length"])))
+        content_type, reply = REPLIES[body["messages"][-1]["content"]]
+        self.send_response(200)
+        self.send_header("content-type", content_type)
+        self.send_header("content-length", str(len(reply)))
+        self.end_headers()
+        self.wfile.write(reply)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture(scope="module")
+def scripted():
+    """An OpenAI-compatible server that answers canned bodies, like ART's unit test's server."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), ScriptedHandler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{server.server_address[1]}/v1", api_key="x",
+                             max_retries=0)
+    server.shutdown()
+    thread.join()
+
+
+def ask(text: str) -> list[dict]:
+    return [{"role": "user", "content": text}]
+
+
+async def drain(stream) -> None:
+    async for _ in stream:
+        pass
+
+
+async def test_streams_end_at_done_whatever_their_content_type(scripted):
+    tools = [PICK]
+
+    async def agent():
+        await scripted.chat.completions.create(model="scripted", messages=ask("whole"), tools=tools)
+        await drain(await scripted.chat.completions.create(model="scripted", messages=ask("tools"), tools=tools,
+                                                           tool_choice="required", stream=True))
+        await drain(await scripted.chat.completions.create(model="scripted", messages=ask("text"), stream=True))
+        await drain(await scripted.chat.completions.create(model="scripted", messages=ask("cut"), stream=True))
+        art.current_trajectory(require=True).reward = 1.0
+
+    trajectory = await art.trajectory(agent())
+
+    assert trajectory.reward == 1.0
+    assert trajectory.logs == ["a streamed chat completion ended before its choice finished; not recorded"]
+    whole, tools_call, text = [h.messages_and_choices[1] for h in [trajectory, *trajectory.additional_histories]]
+    assert whole == Choice.model_validate(WHOLE["choices"][0])
+    # Never told why they finished, the streams say what the model did.
+    assert tools_call.finish_reason == "tool_calls" and text.finish_reason == "stop"
+    assert text.message.content == "Hi there" and [e.logprob for e in text.logprobs.content] == [-0.5, -0.75]
+    [call] = tools_call.message.tool_calls
+    assert (call.id, call.function.name, call.function.arguments) == ("call-9", "pick", '{"x": "a"}')
+    assert tools_call.message.content is None and [e.logprob for e in tools_call.logprobs.content] == [-0.5, -0.25]
+
+    # The exchanges: one per recorded call, the stream rebuilt as ART rebuilds it (its finish "stop").
+    exchanges = trajectory.exchanges.chat_completions
+    assert len(exchanges) == 3 and all(e.model == "scripted" for e in exchanges)
+    assert exchanges[0].request.root == {"model": "scripted", "messages": ask("whole"), "tools": tools}
+    assert exchanges[0].response == ChatCompletion.model_validate(WHOLE)
+    streamed = exchanges[1].response
+    assert (streamed.id, streamed.created, streamed.object) == ("chunked", 7, "chat.completion")
+    assert streamed.choices[0] == Choice.model_validate({**tools_call.model_dump(), "finish_reason": "stop"})
+    assert exchanges[2].response.choices[0] == text
+
+
+async def test_exchanges_are_a_read_only_view(scripted):
+    trajectory = await art.trajectory(scripted.chat.completions.create(model="scripted", messages=ask("whole")))
+    [exchange] = trajectory.exchanges.chat_completions
+    with pytest.raises(AttributeError):
+        trajectory.exchanges = art.TrajectoryExchanges()
+    with pytest.raises(ValidationError):
+        exchange.response = exchange.response
+    assert "exchanges" not in trajectory.model_dump()  # logged and trained: messages_and_choices
+    assert not art.Trajectory().exchanges and art.Trajectory().exchanges.chat_completions == ()
+    exchange.request.root["model"] = "changed"  # the request dict is the exchange's own copy
+    assert trajectory.exchanges.chat_completions[0].request["model"] == "changed"
+    assert trajectory.messages_and_choices[0] == ask("whole")[0]
+
+
+async def test_trajectory_scope_names(scripted):
+    async def agent():
+        outer = art.current_trajectory(require=True)
+        assert art.current_trajectory(required=True) is outer is art.auto_trajectory()
+        with art.no_capture():
+            assert art.current_trajectory() is None
+            with pytest.raises(CaptureError, match="current_trajectory"):
+                art.current_trajectory(require=True)
+            await scripted.chat.completions.create(model="scripted", messages=ask("whole"))  # not recorded
+            inner = await art.trajectory(scripted.chat.completions.create(model="scripted", messages=ask("whole")))
+        assert art.current_trajectory() is outer
+        outer.metadata["inner"] = inner.messages_and_choices[0]["content"]
+
+    assert art.current_trajectory() is None
+    trajectory = await art.trajectory(agent())
+    assert trajectory.messages_and_choices == [] and trajectory.metadata == {"inner": "whole"}
+    assert trajectory.end_time is not None
+
+    # A Task already runs in the context it was made in: nothing would be recorded, so it is refused.
+    task = asyncio.ensure_future(asyncio.sleep(0))
+    with pytest.raises(TypeError, match="coroutine itself"):
+        await art.trajectory(task)
+    with pytest.raises(TypeError, match="coroutine itself"):
+        await art.capture_auto_trajectory(task)
+    await task
+
+
+async def test_trajectory_group_runs_rollouts_together(scripted):
+    running, most = 0, 0
+
+    async def rollout(text: str, reward: float) -> None:
+        nonlocal running, most
+        running += 1
+        most = max(most, running)
+        await asyncio.sleep(0.05)
+        await scripted.chat.completions.create(model="scripted", messages=ask(text))
+        art.current_trajectory(require=True).reward = reward
+        running -= 1
+
+    async def fails() -> art.Trajectory:
+        raise ValueError("rollout failed")
+
+    done = art.Trajectory(reward=9.0)
+    shared = art.trajectory(rollout("whole", 2.0))
+    group = await art.trajectory_group([art.trajectory(rollout("whole", 1.0)), done, shared, shared,
+                                        fails()], return_exceptions=True, metadata={"scenario": "s1"},
+                                       metrics={"m": 1}, logs=["built"])
+    assert [t.reward for t in group] == [1.0, 9.0, 2.0, 2.0] and group.trajectories[2] is group.trajectories[3]
+    assert most == 2  # the two rollouts ran at once (the shared one once)
+    assert [e.message for e in group.exceptions] == ["rollout failed"]
+    assert (group.metadata, group.metrics, group.logs) == ({"scenario": "s1"}, {"m": 1}, ["built"])
+    assert all(len(t.messages_and_choices) == 2 for t in group if t is not done)
+
+    # Without return_exceptions the first failure fails the group, and its siblings are cancelled.
+    cancelled = asyncio.Event()
+
+    async def slow() -> art.Trajectory:
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+        return art.Trajectory()
+
+    with pytest.raises(ValueError, match="rollout failed"):
+        await art.trajectory_group([slow(), fails()])
+    assert cancelled.is_set()
+
+    # An enclosing capture does not record its rollouts' calls, nor do rollouts see it.
+    async def agent():
+        group = await art.trajectory_group([art.trajectory(rollout("whole", 0.5))])
+        assert len(group.trajectories[0].messages_and_choices) == 2  # the rollout's own capture saw it
+        assert art.current_trajectory() is not None
+
+    outer = await art.trajectory(agent())
+    assert outer.messages_and_choices == [] and not outer.exchanges
+
+    with pytest.raises(TypeError, match="item 0 is a str"):
+        await art.trajectory_group(["not a rollout"])

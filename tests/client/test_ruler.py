@@ -23,6 +23,7 @@ from art.errors import JudgeError
 from art.rewards import RulerStats, ruler, ruler_score_group
 from art.rewards.judge_answer import answer_schema, parse_answer
 from art.rewards.judge_prompt import judge_messages
+from art.rewards.ruler import Response, _get_response_format_for_ollama, _is_ollama_model
 from art.server.thread import ServerThread
 
 SYSTEM = {"role": "system", "content": "You answer with one word: yes, no or maybe. SYSTEM-MARKER"}
@@ -57,6 +58,8 @@ class ScriptedJudge:
     def __init__(self, refuse_schemas: bool = False) -> None:
         self.answers: list = []
         self.requests: list[dict] = []
+        self.keys: list[str] = []
+        """The API key of each request (its Authorization header)."""
         self.refuse_schemas = refuse_schemas
         app = FastAPI()
 
@@ -64,6 +67,7 @@ class ScriptedJudge:
         async def chat(request: Request):
             body = await request.json()
             self.requests.append(body)
+            self.keys.append(request.headers.get("authorization", "").removeprefix("Bearer "))
             if self.refuse_schemas and (body.get("response_format") or {}).get("type") == "json_schema":
                 return JSONResponse({"error": {"message": "response_format json_schema is not supported",
                                                "type": "invalid_request_error", "param": "response_format"}}, 400)
@@ -309,3 +313,54 @@ async def test_the_seed_loop_trains_two_steps_on_ruler_rewards(long_tiny_model, 
         assert len(list((run / "ruler_cache").glob("*.json"))) == 4  # the run's own judge cache
     finally:
         await backend.close()
+
+
+# -- ART's helper names and an Ollama judge ------------------------------------------------------
+
+
+def test_art_helper_names_answer_as_arts_do():
+    assert _is_ollama_model("ollama/qwen2.5:7b") is True and _is_ollama_model("ollama_chat/qwen2.5:7b") is True
+    assert _is_ollama_model("openai/gpt-4o") is False and _is_ollama_model("qwen2.5:7b") is False
+    assert _is_ollama_model("openrouter/ollama/x") is False  # a prefix, not a substring
+    fmt = _get_response_format_for_ollama(Response)
+    assert fmt["type"] == "json_schema" and fmt["json_schema"]["name"] == "Response"
+    schema = fmt["json_schema"]["schema"]
+    assert schema == Response.model_json_schema() and set(schema["properties"]) == {"scores"}
+    # The schema is the answer the parser reads: an answer of that shape parses.
+    scores, _ = parse_answer(Response.model_validate_json(answer(0.25, 0.75)).model_dump_json(), 2)
+    assert [s.score for s in scores] == [0.25, 0.75]
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("prefix,base_suffix", [("ollama/", ""), ("ollama_chat/", "/v1")])
+async def test_an_ollama_judge_is_the_local_endpoint_asked_for_the_plain_schema(monkeypatch, prefix, base_suffix):
+    """`judge_model="ollama/..."` with no judge= goes where LiteLLM would send it: Ollama's
+    OpenAI-compatible endpoint at OLLAMA_API_BASE, without the OpenAI key, model name unprefixed."""
+    scripted = ScriptedJudge()
+    with ServerThread(scripted.app) as server:
+        monkeypatch.setenv("OLLAMA_API_BASE", server.base_url + base_suffix)
+        monkeypatch.setenv("OPENAI_API_KEY", "sk-not-for-ollama")
+        scripted.answers = [answer(0.7, 0.3)]
+        scores = await ruler(list(group("yes", "no").trajectories), prefix + "qwen2.5:7b", cache=False)
+    assert [s.score for s in scores] == [0.7, 0.3]
+    (request,) = scripted.requests
+    assert request["model"] == "qwen2.5:7b"
+    assert request["response_format"] == _get_response_format_for_ollama(Response)
+    assert scripted.keys == ["ollama"]
+
+
+@pytest.mark.integration
+async def test_the_judge_sees_the_tools_the_agent_had(judge):
+    tools = [{"type": "function", "function": {"name": "get_forecast", "description": "Tomorrow's weather",
+                                              "parameters": {"type": "object", "properties": {}}}}]
+    g = group("yes", "no")
+    for trajectory in g.trajectories:
+        trajectory.tools = tools
+    judge.answers = [answer(0.6, 0.4), answer(0.5, 0.5)]
+    judged = await ruler_score_group(g, "m", judge=judge.client, cache=False)
+    assert [t.reward for t in judged.trajectories] == [0.6, 0.4]
+    user = judge.requests[0]["messages"][1]["content"]
+    assert "<available_tools>" in user and "get_forecast" in user and "Tomorrow's weather" in user
+    # ART's positional order: ruler(message_lists, judge_model, extra_litellm_params, rubric, tools).
+    await ruler([t.messages() for t in g.trajectories], "m", None, "- rubric", [], judge=judge.client, cache=False)
+    assert "<available_tools>" not in judge.requests[1]["messages"][1]["content"]

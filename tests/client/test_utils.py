@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import random
 
 import pytest
 
@@ -42,6 +43,14 @@ def test_resume_continues_exactly_where_it_stopped(initial_step):
     full = run(data, groups_per_step=3, num_epochs=2)  # 4 steps per epoch, 8 in all
     resumed = run(data, groups_per_step=3, num_epochs=2, initial_step=initial_step)
     assert resumed == full[initial_step:]
+
+
+def test_iterate_dataset_leaves_the_global_random_state_alone():
+    random.seed(5)
+    expected = [random.random() for _ in range(3)]
+    random.seed(5)
+    next(iterate_dataset(list(range(10)), groups_per_step=2, num_epochs=2, use_tqdm=False))
+    assert [random.random() for _ in range(3)] == expected  # a user's seeded run is not disturbed
 
 
 def test_iterate_dataset_edge_cases(capsys):

@@ -225,7 +225,8 @@ def test_no_module_is_shadowed_by_a_name():
     """`package.x` is the module `package/x.py` wherever both exist, except where ART's own
     import paths have both (`from art.utils.iterate_dataset import ...` next to the function
     `art.utils.iterate_dataset`)."""
-    arts_own = {("art.rewards", "ruler"), ("art.utils", "iterate_dataset"), ("art.utils", "limit_concurrency")}
+    arts_own = {("art.rewards", "ruler"), ("art.utils", "iterate_dataset"), ("art.utils", "limit_concurrency"),
+                ("art.utils.benchmarking", "load_trajectories")}
     packages = [art] + [importlib.import_module(info.name)
                         for info in pkgutil.walk_packages(art.__path__, "art.") if info.ispkg]
     shadowed = []

@@ -164,13 +164,13 @@ async def test_sft_loss_falls_counts_one_step_per_call_and_resumes(tiny_model_pa
     trajectories = list(iterate_file(path, epochs=4))  # each batch of 3 holds the 3 rows: losses compare
     result = await backend.train_sft(model, trajectories, config=art.TrainSFTConfig(learning_rate=1e-2, batch_size=3),
                                      progress=events.append)
-    losses = [e["metrics"]["loss"] for e in events if e["type"] == "gradient_step"]
-    assert len(losses) == 4 and result.metrics["optimizer_steps"] == 4
+    losses = [e["metrics"]["loss/train"] for e in events if e["type"] == "gradient_step"]
+    assert len(losses) == 4 and result.metrics["data/step_num_gradient_steps"] == 4
     # The NLL of the answers falls (a random 64-wide model with tied embeddings cannot go far below ~10).
     assert all(b < a for a, b in zip(losses, losses[1:])) and losses[-1] < losses[0] - 0.4, losses
     assert result.step == 1 and await model.get_step() == 1  # one call, one checkpoint (as in ART)
     tokenizer.chat_template = art_template = backend.service.loaded(("sft", "sft")).tokenizer.chat_template
-    assert art_template and result.metrics["trained_tokens"] == sum(
+    assert art_template and result.metrics["sft/trained_tokens"] == sum(
         sum(render_chat(tokenizer, t.messages()).trained) for t in trajectories)
 
     # The ART helpers: a file in one call, then chunks with a schedule; each call is one step.
@@ -191,7 +191,10 @@ async def test_sft_loss_falls_counts_one_step_per_call_and_resumes(tiny_model_pa
     assert info.value.field == "trajectories[0].messages_and_choices"
     assert await model.get_step() == 3
     history = [json.loads(line) for line in (tmp_path / "runs" / "sft" / "models" / "sft" / "history.jsonl").open()]
-    assert [row["step"] for row in history] == [1, 2] and "sft/loss" in history[0]
+    # One row per optimizer step and a summary, at the step each call wrote (ART's layout).
+    assert [(row["step"], row.get("sft/gradient_step")) for row in history] == [
+        (2, 1.0), (2, 2.0), (2, None), (3, 1.0), (3, None)]
+    assert history[2]["loss/train"] == pytest.approx((history[0]["sft/loss/train"] + history[1]["sft/loss/train"]) / 2)
     await backend.close()
 
     # A new backend resumes mid-run: the step counter, checkpoints and SFT optimizer state continue.
@@ -225,10 +228,11 @@ async def test_sft_over_art_serve(tiny_model_path, tmp_path):
         assert result.step == 1 and await model.get_step() == 1
         kinds = [e["type"] for e in events]
         assert kinds[0] == "accepted" and kinds.count("gradient_step") == 2 and kinds[-1] == "result"
-        assert [e["metrics"]["learning_rate"] for e in events if e["type"] == "gradient_step"] == [1e-2, 5e-3]
+        assert [e["metrics"]["loss/learning_rate"] for e in events if e["type"] == "gradient_step"] == [1e-2, 5e-3]
         await model.train_sft([art.Trajectory(messages_and_choices=rows[0]["messages"])])
         assert await model.get_step() == 2
-        assert [row["step"] for row in await backend.get_history(model)] == [1]
+        history = await backend.get_history(model)
+        assert [(row["step"], row.get("sft/gradient_step")) for row in history] == [(2, 1.0), (2, None)]
         with pytest.raises(art.ArtValueError) as info:  # the server's error names the field
             await backend.train_sft(model, [{"messages": [{"role": "user", "content": "hi"}]}])
         assert info.value.field == "trajectories[0].messages_and_choices"

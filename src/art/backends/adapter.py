@@ -147,9 +147,12 @@ class ServiceBackend:
         StepCancelledError). False when none is running."""
         return await self.service.cancel_training(model_key(model))
 
-    async def log(self, model, *, split: str, step: int, metrics: dict, groups: list) -> None:
-        """Store a history row (already summarised by `model.log`) and the step's trajectories."""
-        await self.service.log(model_key(model), split=split, step=step, metrics=metrics, groups=groups)
+    async def log(self, model, *, split: str, step: int, metrics: dict, groups: list,
+                  scenario_ids: list[str] = ()) -> dict:
+        """Store a history row (already summarised by `model.log`) and the step's trajectories;
+        the row as written, with the running totals it derived."""
+        return await self.service.log(model_key(model), split=split, step=step, metrics=metrics, groups=groups,
+                                      scenario_ids=list(scenario_ids))
 
     async def list_checkpoints(self, model) -> list[int]:
         return await self.service.checkpoints(model_key(model))

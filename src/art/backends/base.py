@@ -29,7 +29,8 @@ class Backend(Protocol):
     async def get_step(self, model) -> int:
         ...
 
-    async def log(self, model, *, split: str, step: int, metrics: dict, groups: list) -> None:
+    async def log(self, model, *, split: str, step: int, metrics: dict, groups: list,
+                  scenario_ids: list[str] = ()) -> dict:
         ...
 
     async def train(self, model, trajectory_groups: Iterable, *, config: TrainConfig | None = None,

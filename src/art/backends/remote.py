@@ -150,22 +150,24 @@ class RemoteService:
     async def cancel_training(self, key: ModelKey) -> bool:
         return (await self._request("DELETE", _path(key, "train")))["cancelled"]
 
-    async def log(self, key: ModelKey, *, split: str, step: int, metrics: dict, groups: list) -> None:
+    async def log(self, key: ModelKey, *, split: str, step: int, metrics: dict, groups: list,
+                  scenario_ids: list[str] = ()) -> dict:
         """Groups the last train call uploaded (`model.train` logs what it trained on) are
         named by their digest instead of sent again; a server that no longer holds them gets
         them in full."""
-        body = {"split": split, "step": step, "metrics": to_jsonable_python(metrics, serialize_unknown=True)}
+        body = {"split": split, "step": step, "metrics": to_jsonable_python(metrics, serialize_unknown=True),
+                "scenario_ids": list(scenario_ids)}
         payload = [group.for_logging() for group in groups]
         digest = _digest(payload) if payload else None
         if digest is not None and self._uploaded.get(key) == digest:
             del self._uploaded[key]
             try:
-                await self._request("POST", _path(key, "log"), {**body, "trajectory_groups_from": digest})
-                return
+                return (await self._request("POST", _path(key, "log"),
+                                            {**body, "trajectory_groups_from": digest})).get("row") or {}
             except ArtValueError as exc:
                 if exc.field != "trajectory_groups_from":
                     raise
-        await self._request("POST", _path(key, "log"), {**body, "trajectory_groups": payload})
+        return (await self._request("POST", _path(key, "log"), {**body, "trajectory_groups": payload})).get("row") or {}
 
     async def checkpoints(self, key: ModelKey) -> list[int]:
         return (await self._request("GET", _path(key, "checkpoints")))["steps"]

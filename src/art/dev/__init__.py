@@ -126,6 +126,16 @@ class LoRAConfig(TypedDict, total=False):
     use_rslora: bool
 
 
+class InitArgs(TypedDict, total=False):
+    """ART's `art.dev.InitArgs` (Unsloth's model loading): these three are honoured, the rest of
+    Unsloth's keys are accepted and named once in a warning."""
+
+    max_seq_length: int
+    """The engine's max_model_len."""
+    gpu_memory_utilization: float
+    full_finetuning: bool
+
+
 class InternalModelConfig(TypedDict, total=False):
     """Passed as `TrainableModel(_internal_config=...)`; stored in model.json. ART's other keys
     (`trainer_args`, `_decouple_vllm_and_unsloth`, most of `init_args`, ...) are accepted and
@@ -134,7 +144,7 @@ class InternalModelConfig(TypedDict, total=False):
     peft_args: PeftArgs
     lora_config: LoRAConfig
     engine_args: EngineArgs
-    init_args: dict
+    init_args: InitArgs
     """Unsloth's: `max_seq_length` (-> engine max_model_len), `gpu_memory_utilization` and
     `full_finetuning` are honoured."""
     seed: int
@@ -146,4 +156,4 @@ class InternalModelConfig(TypedDict, total=False):
     Default False."""
 
 
-__all__ = ["EngineArgs", "InternalModelConfig", "LoRAConfig", "PeftArgs", "TrainConfig", "TrainSFTConfig"]
+__all__ = ["EngineArgs", "InitArgs", "InternalModelConfig", "LoRAConfig", "PeftArgs", "TrainConfig", "TrainSFTConfig"]

@@ -49,6 +49,7 @@ from tqdm.auto import tqdm
 
 from art.errors import ArtValueError, TooManyExceptionsError
 from art.gather import completion_tokens, has_signal
+from art.metrics_taxonomy import route
 from art.pipeline_trainer.checkpoint_retention import (
     CheckpointInfo,
     CheckpointRetentionContext,
@@ -506,8 +507,10 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         self.state.accepted_trainable_groups += len(batch)
         for item in batch:
             self.state.use_up(item.index)
-        metrics = {f"train/{k}": v for k, v in result.metrics.items()}
+        metrics = route(result.metrics, "train")
         metrics.update(self._step_metrics(step, batch, interval, idle_s, train_s))
+        if "trained_tokens" in result.metrics:  # with time/step_trainer_s: throughput/avg_trainer_tok_per_s
+            metrics["data/step_trainer_tokens"] = result.metrics["trained_tokens"]
         await self.model.log(groups, split="train", step=step, metrics=metrics)
         if self._set_aside:
             aside, self._set_aside = self._set_aside, []
@@ -545,6 +548,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             "time/step_wall_s": wall,
             "time/step_trainer_idle_s": idle_s,
             "time/step_backend_train_s": train_s,
+            "time/step_trainer_s": train_s,
             "time/step_rollout_s": interval.rollout_s,
             "time/step_rollout_idle_s": interval.rollout_idle_s,
             "throughput/rollout_completion_tokens_per_s": interval.completion_tokens / wall if wall > 0 else 0.0,

@@ -26,7 +26,9 @@ class TrajectoryScore(BaseModel):
     score: float = Field(description="A score between 0 and 1.")
 
 
-class JudgeAnswer(BaseModel):
+class Response(BaseModel):
+    """The judge's whole answer (ART's class and name: its JSON schema is named after it)."""
+
     scores: list[TrajectoryScore] = Field(description="The scores for each trajectory.")
 
 
@@ -67,7 +69,7 @@ def parse_answer(content: str | None, n: int) -> tuple[list[TrajectoryScore], in
     """(scores in trajectory order "1".."n", how many were clamped into [0, 1])."""
     data = _json_object(content or "")
     try:
-        answer = JudgeAnswer.model_validate(data)
+        answer = Response.model_validate(data)
     except ValidationError as exc:
         raise JudgeAnswerError(f"the answer does not match the schema: {exc.errors()[0]['msg']} "
                                f"at {'.'.join(map(str, exc.errors()[0]['loc']))}") from exc

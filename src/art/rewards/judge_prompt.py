@@ -75,8 +75,10 @@ def truncate(text: str, max_tokens: int) -> str:
 
 
 def judge_messages(message_lists: list[list[dict[str, Any]]], rubric: str,
-                   max_trajectory_tokens: int) -> list[dict[str, str]]:
-    """The judge's system and user messages for one group (ids "1".."n" in order)."""
+                   max_trajectory_tokens: int, tools: list[Any] | None = None) -> list[dict[str, str]]:
+    """The judge's system and user messages for one group (ids "1".."n" in order). `tools`, the
+    tool definitions the agent was given, are shown once in `<available_tools>` (as ART shows
+    them), so the judge can tell a valid call from an invented one."""
     shared = common_prefix_length(message_lists)
     identical = all(len(m) == shared for m in message_lists)
     if identical:  # nothing differs: show each whole (the judge still scores every id)
@@ -85,6 +87,9 @@ def judge_messages(message_lists: list[list[dict[str, Any]]], rubric: str,
     if shared:
         context = "\n".join(render_message(m) for m in message_lists[0][:shared])
         parts.append(f"<context>\n{truncate(context, max_trajectory_tokens)}\n</context>")
+    if tools:
+        listed = json.dumps(tools, ensure_ascii=False, default=str)
+        parts.append(f"<available_tools>\n{truncate(listed, max_trajectory_tokens)}\n</available_tools>")
     for i, messages in enumerate(message_lists, start=1):
         body = "\n".join(render_message(m) for m in messages[shared:])
         parts.append(f'<trajectory id="{i}">\n{truncate(body, max_trajectory_tokens)}\n</trajectory>')
@@ -98,5 +103,7 @@ def judge_messages(message_lists: list[list[dict[str, Any]]], rubric: str,
         """
     ).strip().format(rubric=rubric.strip())
     intro = "The messages shared by every trajectory are in <context>.\n\n" if shared else ""
+    if tools:
+        intro += "The tools the agent could call are in <available_tools>.\n\n"
     return [{"role": "system", "content": system},
             {"role": "user", "content": intro + "Trajectories:\n\n" + "\n\n".join(parts)}]

@@ -6,7 +6,10 @@ behaviour are ART's (`art.rewards.ruler_score_group`, `ruler`); the judge is any
 OpenAI-compatible endpoint, reached with the official `openai` client (no LiteLLM):
 
 - `judge=None`: OpenAI itself (`OPENAI_API_KEY`, `OPENAI_BASE_URL`); `judge_model="openai/o3"`
-  (LiteLLM's `openai/` prefix is dropped).
+  (LiteLLM's `openai/` prefix is dropped). `judge_model="ollama/qwen3:32b"` (or `ollama_chat/`)
+  is a local Ollama's OpenAI-compatible endpoint at `OLLAMA_API_BASE` (LiteLLM's variable;
+  default http://localhost:11434), sent the plain answer schema as ART sends it
+  (`_get_response_format_for_ollama`).
 - `judge=AsyncOpenAI(...)`, `judge="http://host:8000/v1"` (+ `judge_api_key`), or an `art.Model`
   registered with a backend (our own server, e.g. the base model served next to the one being
   trained: `judge=model, judge_model=model.base_model`).
@@ -27,9 +30,10 @@ from pathlib import Path
 from typing import Any
 
 from openai import APIConnectionError, APIStatusError, AsyncOpenAI, BadRequestError, OpenAIError
+from pydantic import BaseModel
 
 from art.errors import ArtValueError, JudgeError
-from art.rewards.judge_answer import JudgeAnswerError, TrajectoryScore, answer_schema, parse_answer
+from art.rewards.judge_answer import JudgeAnswerError, Response, TrajectoryScore, answer_schema, parse_answer
 from art.rewards.judge_cache import JudgeCache
 from art.rewards.judge_prompt import DEFAULT_RUBRIC, judge_messages
 from art.trajectories import Trajectory, TrajectoryGroup, get_messages, is_choice
@@ -41,9 +45,13 @@ DEFAULT_CACHE = Path(".art") / "ruler_cache"
 FORMATS = ("json_schema", "json_object", None)
 """What the judge is asked for, most structured first."""
 _format_of: dict[str, int] = {}
+"""Per endpoint + model: the index in FORMATS that it accepted last."""
 RETRY_TEMPERATURE = 1.0
 """Retries of a request sent at temperature 0 are sampled at this temperature instead."""
-"""Per endpoint + model: the index in FORMATS that it accepted last."""
+OLLAMA_PREFIXES = ("ollama/", "ollama_chat/")
+"""LiteLLM's prefixes for a model served by Ollama (ART's judge names)."""
+DEFAULT_OLLAMA_BASE = "http://localhost:11434"
+"""Where Ollama listens unless `OLLAMA_API_BASE` says otherwise (LiteLLM's default)."""
 
 
 @dataclass
@@ -72,10 +80,36 @@ class _Judge:
     """Where it is served (part of the cache key and of the remembered response format)."""
     owned: bool = False
     """Made here (from None or a URL), so closed here after the call."""
+    ollama: bool = False
+    """An Ollama model (`ollama/...`): asked for the plain answer schema."""
+
+
+def _is_ollama_model(judge_model: str) -> bool:
+    """Whether `judge_model` names an Ollama model by LiteLLM's prefixes (`ollama/qwen2.5:7b`)."""
+    return judge_model.startswith(OLLAMA_PREFIXES)
+
+
+def _get_response_format_for_ollama(answer_model: type[BaseModel]) -> dict[str, Any]:
+    """A `response_format` asking for `answer_model`'s JSON schema, named after the class, as
+    ART asks an Ollama judge (`Response` for RULER's answer). Ollama's grammar takes this plain
+    schema; the per-group one (`answer_schema`) uses keywords such as `prefixItems` that a
+    converter may not implement, and `parse_answer` checks ids and scores either way."""
+    return {"type": "json_schema",
+            "json_schema": {"name": answer_model.__name__, "schema": answer_model.model_json_schema()}}
+
+
+def _ollama_base_url() -> str:
+    base = os.environ.get("OLLAMA_API_BASE", DEFAULT_OLLAMA_BASE).rstrip("/")
+    return base if base.endswith("/v1") else base + "/v1"
 
 
 def _judge(judge: Any, judge_model: str, api_key: str | None) -> _Judge:
+    ollama = _is_ollama_model(judge_model)
     model = judge_model.removeprefix("openai/")
+    for prefix in OLLAMA_PREFIXES:
+        model = model.removeprefix(prefix)
+    if judge is None and ollama:
+        judge, api_key = _ollama_base_url(), api_key or "ollama"  # Ollama ignores the key
     if judge is None or isinstance(judge, str):
         try:
             client = AsyncOpenAI(base_url=judge, api_key=api_key or os.environ.get("OPENAI_API_KEY")
@@ -90,7 +124,7 @@ def _judge(judge: Any, judge_model: str, api_key: str | None) -> _Judge:
     else:
         raise ArtValueError(f"judge must be an AsyncOpenAI client, a base URL or an art.Model, got "
                             f"{type(judge).__name__}", "judge")
-    return _Judge(client, model, str(client.base_url), owned=judge is None or isinstance(judge, str))
+    return _Judge(client, model, str(client.base_url), owned=judge is None or isinstance(judge, str), ollama=ollama)
 
 
 def _message_list(item: Any) -> list[dict[str, Any]]:
@@ -107,6 +141,7 @@ async def ruler(
     judge_model: str = "openai/o3",
     extra_litellm_params: dict | None = None,
     rubric: str = DEFAULT_RUBRIC,
+    tools: list[Any] | None = None,
     *,
     judge: Any = None,
     judge_api_key: str | None = None,
@@ -121,6 +156,7 @@ async def ruler(
     """Score trajectories (Trajectory objects or message lists) relative to each other.
 
     Returns one `TrajectoryScore` per input, in order, each clamped to [0, 1].
+    - `tools`: the tool definitions the agent had (ART's argument), shown to the judge once.
     - `extra_params` (or ART's `extra_litellm_params`): request settings for the judge, e.g.
       `{"temperature": 0, "max_tokens": 2000}`; they are part of the cache key.
     - `max_trajectory_tokens`: each trajectory (and the shared context) is cut to about this
@@ -139,7 +175,8 @@ async def ruler(
     stats = stats if stats is not None else RulerStats()
     target = _judge(judge, judge_model, judge_api_key)
     try:
-        return await _score(lists, target, rubric=rubric, params={**(extra_litellm_params or {}), **(extra_params or {})},
+        return await _score(lists, target, rubric=rubric, tools=tools,
+                            params={**(extra_litellm_params or {}), **(extra_params or {})},
                             max_retries=max_retries, max_trajectory_tokens=max_trajectory_tokens, store=_cache(cache),
                             structured=structured, debug=debug, stats=stats)
     finally:
@@ -147,11 +184,11 @@ async def ruler(
             await target.client.close()
 
 
-async def _score(lists: list[list[dict]], target: _Judge, *, rubric: str, params: dict, max_retries: int,
-                 max_trajectory_tokens: int, store: JudgeCache | None, structured: bool | None, debug: bool,
-                 stats: RulerStats) -> list[TrajectoryScore]:
+async def _score(lists: list[list[dict]], target: _Judge, *, rubric: str, tools: list[Any] | None, params: dict,
+                 max_retries: int, max_trajectory_tokens: int, store: JudgeCache | None, structured: bool | None,
+                 debug: bool, stats: RulerStats) -> list[TrajectoryScore]:
     """Ask the judge until an answer parses (at most 1 + max_retries tries), using the cache."""
-    messages = judge_messages(lists, rubric, max_trajectory_tokens)
+    messages = judge_messages(lists, rubric, max_trajectory_tokens, tools)
     where = f"{target.endpoint}|{target.model}"
     level = 0 if structured else 2 if structured is False else _format_of.get(where, 0)
     last_error: Exception | None = None
@@ -159,7 +196,7 @@ async def _score(lists: list[list[dict]], target: _Judge, *, rubric: str, params
     for attempt in range(max_retries + 1):
         content = None
         while content is None:  # a refused response_format is the same try, asked differently
-            request = _request(target.model, messages, params, FORMATS[level], len(lists))
+            request = _request(target, messages, params, FORMATS[level], len(lists))
             if attempt and params.get("temperature") == 0:
                 request["temperature"] = RETRY_TEMPERATURE  # greedy would repeat the same bad answer
             if attempt == 0 and store:  # the answer is cached under the first try's request
@@ -199,9 +236,11 @@ async def _score(lists: list[list[dict]], target: _Judge, *, rubric: str, params
     raise JudgeError(f"the judge {target.model} gave no usable answer in {max_retries + 1} tries; last: {last_error}")
 
 
-def _request(model: str, messages: list[dict], params: dict, response_format: str | None, n: int) -> dict:
-    request = {"model": model, "messages": messages, **params}
-    if response_format == "json_schema":
+def _request(target: _Judge, messages: list[dict], params: dict, response_format: str | None, n: int) -> dict:
+    request = {"model": target.model, "messages": messages, **params}
+    if response_format == "json_schema" and target.ollama:
+        request["response_format"] = _get_response_format_for_ollama(Response)
+    elif response_format == "json_schema":
         request["response_format"] = {"type": "json_schema", "json_schema": {
             "name": "ruler_scores", "schema": answer_schema(n), "strict": True}}
     elif response_format == "json_object":
@@ -281,7 +320,7 @@ async def ruler_score_group(
     stats = RulerStats()
     try:
         scores = await ruler(list(group.trajectories), judge_model, extra_litellm_params, rubric,
-                             debug=debug, stats=stats, **options)
+                             options.pop("tools", group.trajectories[0].tools), debug=debug, stats=stats, **options)
     except Exception as exc:
         if not swallow_exceptions:
             raise

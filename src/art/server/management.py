@@ -245,8 +245,10 @@ def management_router(service: Service, *, heartbeat_s: float = 10.0,
                                     "here (another train call replaced it, or the server restarted): send "
                                     "trajectory_groups", field="trajectory_groups_from")
             del uploads[key]
-        await service.log(key, split=body.split, step=body.step, metrics=body.metrics, groups=groups)
-        return Logged(split=body.split, step=body.step, trajectories=sum(len(g.trajectories) for g in groups))
+        row = await service.log(key, split=body.split, step=body.step, metrics=body.metrics, groups=groups,
+                                scenario_ids=body.scenario_ids)
+        return Logged(split=body.split, step=body.step, trajectories=sum(len(g.trajectories) for g in groups),
+                      row=row)
 
     @router.get("/models/{project}/{name}/checkpoints", response_model=Checkpoints, summary="Saved steps")
     @_answer_errors

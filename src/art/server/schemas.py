@@ -61,12 +61,12 @@ from that file (`LocalService.spec`), at its latest complete checkpoint, before 
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from art.chat_template import ChatMessage
-from art.naming import MAX_STEP, echo
+from art.naming import MAX_METRIC_NAME, MAX_STEP, echo
 from art.storage.layout import validate_name
 from art.trajectories import ExceptionRecord, MetadataValue, MetricValue, Trajectory, TrajectoryGroup
 from art.types import TrainConfig, TrainSFTConfig
@@ -352,6 +352,8 @@ class LogRequest(_Strict):
     step: int = Field(ge=0, le=MAX_STEP)
     metrics: dict[str, Union[float, int, bool, str, None]] = {}
     trajectory_groups: list[TrajectoryGroupPayload] = []
+    scenario_ids: list[Annotated[str, Field(max_length=MAX_METRIC_NAME)]] = Field(
+        [], max_length=100_000, description="The step's scenarios, for `data/cum/num_unique_scenarios`.")
     trajectory_groups_from: str | None = Field(
         None, min_length=1, max_length=128, description="The `upload_id` of this model's last train call: log the "
         "groups it uploaded without sending them again. A 400 naming this field when the server no longer holds "
@@ -367,6 +369,7 @@ class Logged(BaseModel):
     split: str
     step: int
     trajectories: int
+    row: dict = Field({}, description="The history row as written, with the running totals it derived.")
 
 
 class StepInfo(BaseModel):

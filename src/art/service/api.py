@@ -125,8 +125,10 @@ class Service(Protocol):
         """Stop the running update (it rolls back); False when none was running."""
         ...
 
-    async def log(self, key: ModelKey, *, split: str, step: int, metrics: dict, groups: list) -> None:
-        """Append a history row and write the step's trajectories."""
+    async def log(self, key: ModelKey, *, split: str, step: int, metrics: dict, groups: list,
+                  scenario_ids: list[str] = ()) -> dict:
+        """Write the step's trajectories and append a history row (with what the run's running
+        totals derive from it, counting `scenario_ids` as seen); the row as written."""
         ...
 
     async def checkpoints(self, key: ModelKey) -> list[int]:

@@ -152,11 +152,14 @@ class LocalService:
         """Supervised fine-tuning (`art.training.sft`) in the same transaction as `train`: one
         call, one optimizer step per batch, one checkpoint (the step counter advances by one,
         as in ART), then the weight-sync probe. The trajectories are rendered first, so bad
-        input is refused before anything moves."""
+        input is refused before anything moves; with nothing left to train (no trajectories, or
+        all longer than the context) the model stays at its step, as in ART."""
         from art.service.update import run_update
 
         loaded = await self._trainable(key)
         plan = await asyncio.to_thread(loaded.prepare_sft, list(trajectories), options)
+        if not plan.batches:
+            return TrainResult(loaded.step, plan.counts())
         return await run_update(loaded, plan, loaded.fit_sft, options, expected_step=expected_step,
                                 progress=progress)
 
@@ -167,10 +170,11 @@ class LocalService:
     async def cancel_training(self, key: ModelKey) -> bool:
         return (await self._trainable(key)).cancel()
 
-    async def log(self, key: ModelKey, *, split: str, step: int, metrics: dict, groups: list) -> None:
+    async def log(self, key: ModelKey, *, split: str, step: int, metrics: dict, groups: list,
+                  scenario_ids: list[str] = ()) -> dict:
         """Any model's logs, registered or not (a prompted baseline only logs)."""
-        await asyncio.to_thread(write_log, ModelDir(self.root, *key), split=split, step=step, metrics=metrics,
-                                groups=groups)
+        return await asyncio.to_thread(write_log, ModelDir(self.root, *key), split=split, step=step,
+                                       metrics=metrics, groups=groups, scenario_ids=scenario_ids)
 
     async def checkpoints(self, key: ModelKey) -> list[int]:
         return await asyncio.to_thread((await self._trainable(key)).store.steps)

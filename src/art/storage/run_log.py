@@ -1,17 +1,26 @@
-"""Writes what `model.log` records: a history row and the step's trajectories."""
+"""Writes what `model.log` records: a history row and the step's trajectories (JSONL, and a copy
+in ART's Parquet layout when pyarrow is installed)."""
 
 from __future__ import annotations
 
 import json
+import logging
+import threading
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 from art.errors import ArtValueError
+from art.metrics_taxonomy import TRAINING_STEP_KEY
 from art.naming import MAX_METRIC_NAME, MAX_STEP, echo
-from art.storage.history import append_history, append_jsonl
+from art.storage import trajectory_parquet
+from art.storage.history import append_jsonl
+from art.storage.metric_totals import append_with_totals
 from art.storage.layout import ModelDir, write_atomic
 
-ROW_KEYS = ("step", "split", "recorded_at")
+log = logging.getLogger(__name__)
+
+ROW_KEYS = ("step", "split", "recorded_at", TRAINING_STEP_KEY)
 """What every history row carries itself; a metric may not take these names."""
 
 
@@ -44,6 +53,29 @@ def trainer_logprobs_file(model_dir: ModelDir, step: int) -> Path:
     return path.with_name(f"{path.stem}.trainer_logprobs.jsonl")
 
 
+def parquet_file(model_dir: ModelDir, split: str, step: int) -> Path:
+    """`trajectories/{split}/{step:04d}.parquet`: the step's groups in ART's Parquet layout
+    (art.storage.trajectory_parquet), written beside the JSONL when pyarrow is installed, so
+    ART's `read_trajectory_groups_parquet` reads our runs."""
+    return model_dir.trajectories(split, step).with_suffix(".parquet")
+
+
+_PARQUET_LOCK = threading.Lock()  # two logs of one step in this process: each rewrite sees the other
+
+
+def write_parquet_copy(model_dir: ModelDir, split: str, step: int, groups) -> None:
+    """Add `groups` to the step's Parquet file (rewritten whole: Parquet does not append). The
+    JSONL is the record: a failure here is logged, never raised into a training run."""
+    path = parquet_file(model_dir, split, step)
+    try:
+        with _PARQUET_LOCK:
+            earlier = trajectory_parquet.read_groups(path) if path.exists() else []
+            trajectory_parquet.write_groups([*earlier, *groups], path)
+    except Exception:  # noqa: BLE001 - the copy in ART's format is a convenience
+        log.warning("could not write %s; the step's trajectories are in %s", path,
+                    model_dir.trajectories(split, step), exc_info=True)
+
+
 def write_trainer_logprobs(model_dir: ModelDir, step: int, rows: list[dict]) -> None:
     """Replace the step's file (a step trained again after a rollback writes it anew)."""
     path = trainer_logprobs_file(model_dir, step)
@@ -51,7 +83,10 @@ def write_trainer_logprobs(model_dir: ModelDir, step: int, rows: list[dict]) -> 
     write_atomic(path, "".join(json.dumps(row, separators=(",", ":")) + "\n" for row in rows))
 
 
-def write_log(model_dir: ModelDir, *, split: str, step: int, metrics: dict, groups=()) -> None:
+def write_log(model_dir: ModelDir, *, split: str, step: int, metrics: dict, groups=(),
+              scenario_ids: Iterable[str] = ()) -> dict:
+    """Write the step's trajectories, then its history row (with `training_step` and what the run's
+    running totals derive from it, art.storage.metric_totals); the row as written."""
     check_log(step, metrics)
     rows = []
     for index, group in enumerate(groups):
@@ -65,4 +100,7 @@ def write_log(model_dir: ModelDir, *, split: str, step: int, metrics: dict, grou
         append_jsonl(model_dir.trajectories(split, step), rows)
     if failed:  # beside them, so each line of the trajectories file stays one trajectory
         append_jsonl(exceptions_file(model_dir, split, step), failed)
-    append_history(model_dir.history, {"step": step, "split": split, "recorded_at": time.time(), **metrics})
+    if groups and trajectory_parquet.available():
+        write_parquet_copy(model_dir, split, step, groups)
+    row = {"step": step, "split": split, "recorded_at": time.time(), TRAINING_STEP_KEY: step, **metrics}
+    return append_with_totals(model_dir.history, row, scenario_ids)

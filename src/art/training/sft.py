@@ -13,6 +13,11 @@ over the batch's sequences i and their assistant tokens y_i. The update transact
 same as for GRPO: one `train_sft` call writes one checkpoint, whatever its number of batches,
 as in ART.
 
+Metrics use ART's sections: each optimizer step reports `loss/train`, `loss/grad_norm`,
+`loss/learning_rate` and `data/step_trainer_tokens`; the call's summary averages the first
+three and adds `data/` counts and `sft/` details (`art.training.sft_history` turns them into
+history rows).
+
 The optimizer is shared with GRPO, but its moments are not: switching between SFT and GRPO
 resets AdamW's state (as ART does), since NLL gradients clipped at 1.0 and policy gradients
 clipped at 0.1 live on different scales. The mode rides in the optimizer's param groups, so it
@@ -24,8 +29,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -38,7 +42,6 @@ from art.training.sft_options import SFTOptions
 
 log = logging.getLogger(__name__)
 
-TOO_LONG = "sft_sequence_longer_than_context"
 MODE_KEY = "art_mode"
 
 
@@ -53,42 +56,52 @@ class Plan:
     """What `prepare` made of a call's trajectories."""
 
     batches: list[Batch]
+    """The batches that train, each one optimizer step; empty when nothing is left to train."""
     trajectories: int
-    skipped: Counter = field(default_factory=Counter)
+    """Trajectories given, dropped ones included."""
+    dropped: int = 0
+    """Trajectories left out: a conversation of theirs is longer than the model's context."""
+
+    def counts(self) -> dict[str, float]:
+        """What the plan trains, in ART's `data/` names (the whole report when nothing trains)."""
+        return {"data/step_num_gradient_steps": float(len(self.batches)),
+                "data/step_num_trajectories": float(self.trajectories - self.dropped),
+                "data/step_num_dropped_trajectories": float(self.dropped)}
 
 
 def prepare(trajectories: list, options: SFTOptions, tokenizer, *, stop_ids: set[int] | None = None,
             max_tokens: int | None = None) -> Plan:
-    """Sequences in batches. Bad input raises TrajectoryError naming `trajectories[i]...`;
-    sequences longer than `max_tokens` are dropped and counted (all of them: an error)."""
-    if not trajectories:
-        raise ArtValueError("train_sft got no trajectories", field="trajectories")
+    """Sequences in batches of `batch_size` trajectories. Bad input raises TrajectoryError naming
+    `trajectories[i]...`. A trajectory with a conversation longer than `max_tokens` is dropped
+    and counted. As in ART, a batch left empty is no optimizer step and uses no learning rate
+    (the k-th batch that trains takes the k-th rate of a list), and with nothing left to train
+    the plan is empty: the call trains nothing and writes no checkpoint."""
     count = math.ceil(len(trajectories) / options.batch_size)
-    if isinstance(options.learning_rate, tuple) and len(options.learning_rate) != count:
+    if trajectories and isinstance(options.learning_rate, tuple) and len(options.learning_rate) != count:
         raise ArtValueError(f"learning_rate has {len(options.learning_rate)} values but {len(trajectories)} "
                             f"trajectories make {count} batches of {options.batch_size}: give one value per batch",
                             field="learning_rate")
-    skipped: Counter = Counter()
-    batches = []
+    dropped = 0
+    batches: list[Batch] = []
     for b in range(count):
         sequences = []
         for i in range(b * options.batch_size, min((b + 1) * options.batch_size, len(trajectories))):
-            for sequence in _sequences(trajectories[i], f"trajectories[{i}]", options, tokenizer, stop_ids):
-                if max_tokens is not None and len(sequence.token_ids) > max_tokens:
-                    skipped[TOO_LONG] += 1
-                    continue
+            rendered = _sequences(trajectories[i], f"trajectories[{i}]", options, tokenizer, stop_ids)
+            if max_tokens is not None and any(len(sequence.token_ids) > max_tokens for sequence in rendered):
+                dropped += 1
+                continue
+            for sequence in rendered:
                 sequence.group = 0  # one group per batch: a shared system prompt is computed once
                 sequence.member = i
                 sequences.append(sequence)
         if sequences:
-            batches.append(Batch(sequences, options.rate(b)))
+            batches.append(Batch(sequences, options.rate(len(batches))))
+    if dropped:
+        log.warning("SFT: %d of %d trajectories are longer than the model's context (%s tokens) and left out",
+                    dropped, len(trajectories), max_tokens)
     if not batches:
-        raise ArtValueError(f"every conversation is longer than the model's context ({max_tokens} tokens)",
-                            field="trajectories")
-    if skipped:
-        log.warning("SFT: %d conversations longer than the context (%s tokens) are left out", skipped[TOO_LONG],
-                    max_tokens)
-    return Plan(batches, len(trajectories), skipped)
+        log.warning("SFT: nothing to train (%d trajectories given): no step, no checkpoint", len(trajectories))
+    return Plan(batches, len(trajectories), dropped)
 
 
 def _sequences(trajectory, where: str, options: SFTOptions, tokenizer, stop_ids) -> list[Sequence]:
@@ -164,26 +177,25 @@ def fit(trainer, plan: Plan, options: SFTOptions, *, desc: str = "sft", on_optim
             norms.append(norm)
             rates.append(batch.learning_rate)
             if on_optimizer_step is not None:
-                on_optimizer_step(index + 1, len(plan.batches),
-                                  {"loss": loss, "grad_norm": norm, "learning_rate": batch.learning_rate})
+                on_optimizer_step(index + 1, len(plan.batches), {
+                    "loss/train": loss, "loss/grad_norm": norm, "loss/learning_rate": batch.learning_rate,
+                    "data/step_trainer_tokens": float(sum(len(s.token_ids) for s in batch.sequences))})
             bar.set_postfix(loss=f"{loss:.4f}")
     sequences = [s for batch in plan.batches for s in batch.sequences]
-    metrics = {f"skipped/{k}": float(v) for k, v in sorted(plan.skipped.items())}
-    metrics.update({
-        "loss": sum(losses) / len(losses),
-        "loss_first": losses[0],
-        "loss_last": losses[-1],
-        "grad_norm": sum(norms) / len(norms),
-        "learning_rate": sum(rates) / len(rates),
-        "optimizer_steps": float(len(losses)),
-        "trajectories": float(plan.trajectories),
-        "sequences": float(len(sequences)),
-        "trained_tokens": float(sum(s.num_trained for s in sequences)),
-        "tokens_in_batch": float(sum(len(s.token_ids) for s in sequences)),
-        "tokens_computed": float(computed),
-    })
+    metrics = {
+        "loss/train": sum(losses) / len(losses),
+        "loss/grad_norm": sum(norms) / len(norms),
+        "loss/learning_rate": sum(rates) / len(rates),
+        **plan.counts(),
+        "data/step_trainer_tokens": float(sum(len(s.token_ids) for s in sequences)),
+        "sft/loss_first": losses[0],
+        "sft/loss_last": losses[-1],
+        "sft/sequences": float(len(sequences)),
+        "sft/trained_tokens": float(sum(s.num_trained for s in sequences)),
+        "sft/tokens_computed": float(computed),
+    }
     if trainer.device.type == "cuda":
-        metrics["peak_gpu_memory_gb"] = torch.cuda.max_memory_allocated(trainer.device) / 2**30
+        metrics["sft/peak_gpu_memory_gb"] = torch.cuda.max_memory_allocated(trainer.device) / 2**30
     return metrics
 
 

@@ -23,6 +23,7 @@ import torch
 from tqdm.auto import tqdm
 
 from art.errors import ArtValueError, StepCancelledError
+from art.metrics_taxonomy import TRAIN_GRADIENT_STEPS_KEY
 from art.observability import tracing
 
 from art.training import fsdp
@@ -135,6 +136,7 @@ class Trainer:
             "grad_norm": sum(norms) / len(norms),
             "learning_rate": options.learning_rate,
             "optimizer_steps": float(len(norms)),
+            TRAIN_GRADIENT_STEPS_KEY: float(len(norms)),  # ART's name for the same count
             "trained_tokens": float(sum(s.num_trained for s in sequences)),
             "tokens_in_batch": float(sum(len(s.token_ids) for s in sequences)),
             "tokens_computed": float(computed),

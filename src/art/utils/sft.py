@@ -6,9 +6,10 @@ format; every assistant message is trained unless `assistant_turns="last"` or it
 optimizer step per batch; these helpers cut a dataset into calls and give each batch its
 learning rate from one schedule over the whole run, so warmup and decay span every call.
 
-Resuming: `create_sft_dataset_iterator(..., initial_step=k * chunk_size)` continues after the
-k chunks already trained, and `train_sft_from_file(initial_step=..., final_step=...)` trains a
-slice of the batches (both count batches, as ART does, not checkpoints).
+Resuming: `create_sft_dataset_iterator(..., initial_step=k)` continues at batch k, even inside
+a chunk (that chunk comes back without the batches before k, so none is trained twice), and
+`train_sft_from_file(initial_step=..., final_step=...)` trains a slice of the batches (both
+count batches, as ART does, not checkpoints).
 Client-side and torch-free.
 """
 
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
     from art.model import TrainableModel
 
 Schedule = Literal["cosine", "linear", "constant"]
+AssistantTurns = Literal["all", "last"]
 
 
 class SFTChunk(NamedTuple):
@@ -50,12 +52,13 @@ def create_lr_schedule(total_steps: int, peak_lr: float, method: Schedule = "lin
                        min_lr: float = 0.0) -> list[float]:
     """One learning rate per batch: a linear ramp up to `peak_lr` over `warmup_steps` (its first
     value already above `min_lr`), then `method` from `peak_lr` down to `min_lr` at the last
-    batch ("constant" stays at `peak_lr`)."""
+    batch ("constant" stays at `peak_lr`). A warmup longer than the run is cut short, not
+    squeezed: the run ends part-way up the ramp (as in ART)."""
     if method not in ("cosine", "linear", "constant"):
         raise ArtValueError(f"schedule must be 'cosine', 'linear' or 'constant', got {method!r}", field="schedule_type")
     if not peak_lr > 0 or not 0 <= min_lr <= peak_lr:
         raise ArtValueError(f"need peak_lr > 0 and 0 <= min_lr <= peak_lr, got {peak_lr!r}, {min_lr!r}", field="peak_lr")
-    warmup_steps = max(0, min(warmup_steps, total_steps))
+    warmup_steps = max(0, warmup_steps)
     rates = []
     decay = total_steps - warmup_steps
     for step in range(max(total_steps, 0)):
@@ -131,8 +134,9 @@ def create_sft_dataset_iterator(trajectories: list[Trajectory], chunk_size: int 
                                 initial_step: int = 0, show_progress: bool = True) -> Iterator[SFTChunk]:
     """Chunks of `chunk_size` batches for successive `model.train_sft(chunk.trajectories,
     chunk.config)` calls (one checkpoint each), the learning rates cut from one schedule over
-    every epoch. Each epoch is shuffled with `seed + epoch`. `initial_step` (in batches) skips
-    the chunks before it."""
+    every epoch. Each epoch is shuffled with `seed + epoch`, and chunks never span two epochs.
+    `initial_step` (in batches) resumes at that batch: earlier chunks are skipped, and the
+    chunk holding it starts there (its `step` and `epoch_step` are those of its first batch)."""
     if chunk_size < 1 or batch_size < 1 or epochs < 1:
         field = "chunk_size" if chunk_size < 1 else "batch_size" if batch_size < 1 else "epochs"
         raise ArtValueError(f"{field} must be at least 1", field=field)
@@ -148,14 +152,17 @@ def create_sft_dataset_iterator(trajectories: list[Trajectory], chunk_size: int 
             order = list(trajectories)
             if shuffle:
                 random.Random(seed + epoch).shuffle(order)
-            for start in range(0, len(order), chunk_items):
-                first = epoch * per_epoch + start // batch_size
-                part = order[start:start + chunk_items]
-                batches = math.ceil(len(part) / batch_size)
-                if first + batches <= initial_step:
+            for chunk_start in range(0, len(order), chunk_items):
+                chunk_end = min(chunk_start + chunk_items, len(order))
+                # Resuming inside this chunk drops its batches before `initial_step`.
+                done = max(0, initial_step - (epoch * per_epoch + chunk_start // batch_size))
+                start = min(chunk_start + done * batch_size, chunk_end)
+                if start == chunk_end:
                     continue
+                first = epoch * per_epoch + start // batch_size
+                batches = math.ceil((chunk_end - start) / batch_size)
                 config = TrainSFTConfig(learning_rate=rates[first:first + batches], batch_size=batch_size)
-                yield SFTChunk(part, config, first, epoch, start // batch_size)
+                yield SFTChunk(order[start:chunk_end], config, first, epoch, start // batch_size)
                 bar.update(batches)
     finally:
         bar.close()
@@ -165,11 +172,12 @@ async def train_sft_from_file(model: TrainableModel, file_path: str | Path, epoc
                               peak_lr: float = 2e-4, schedule_type: Schedule = "linear", warmup_ratio: float = 0.1,
                               initial_step: int = 0, final_step: int | None = None, _config: dict | None = None,
                               verbose: bool = False, shuffle_buffer_size: int = 10_000,
-                              log_metrics: bool = True) -> None:
+                              log_metrics: bool = True, assistant_turns: AssistantTurns = "all") -> None:
     """SFT on a JSONL file in one `model.train_sft` call (one checkpoint): `epochs` passes in
     batches of `batch_size`, the learning rate following `schedule_type` with a warmup over
     `warmup_ratio` of the batches. `initial_step`/`final_step` (batches) train a slice of the
-    run, e.g. to evaluate between slices."""
+    run, e.g. to evaluate between slices. `assistant_turns="last"` trains only the last
+    assistant message of each conversation (the earlier ones are context)."""
     rows = get_file_row_count(file_path)
     total = math.ceil(rows * epochs / batch_size)
     rates = create_lr_schedule(total, peak_lr, schedule_type, int(total * warmup_ratio))
@@ -182,8 +190,8 @@ async def train_sft_from_file(model: TrainableModel, file_path: str | Path, epoc
     trajectories = list(itertools.islice(
         iterate_file(file_path, epochs, shuffle_buffer_size, initial_skip=initial_step * batch_size),
         len(rates) * batch_size))
-    await model.train_sft(trajectories, TrainSFTConfig(learning_rate=rates, batch_size=batch_size), _config=_config,
-                          verbose=verbose, log_metrics=log_metrics)
+    config = TrainSFTConfig(learning_rate=rates, batch_size=batch_size, assistant_turns=assistant_turns)
+    await model.train_sft(trajectories, config, _config=_config, verbose=verbose, log_metrics=log_metrics)
 
 
 def _jsonl(file_path: str | Path) -> Path:

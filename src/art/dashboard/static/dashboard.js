@@ -6,7 +6,7 @@
 const API = "/dashboard/api";
 const POLL_MS = 2000;
 const COLORS = ["#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2", "#be185d", "#4d7c0f"];
-const ROW_KEYS = new Set(["step", "split", "recorded_at"]);
+const ROW_KEYS = new Set(["step", "split", "recorded_at", "training_step"]);
 
 const state = {
   runs: [],            // /api/runs entries
