@@ -1,11 +1,16 @@
 """Sampling throughput of our serving path against Hugging Face `generate` and llama.cpp.
 
-    python benchmarks/engine_throughput.py [--max-tokens 64] [--shapes a,b] [--skip-hf] [--skip-llama-cpp] [--tracing on]
+    python benchmarks/engine_throughput.py [--max-tokens 64] [--shapes a,b,c] [--burst-max-tokens 100]
+                                           [--skip-hf] [--skip-llama-cpp] [--tracing on]
 
-Two request shapes, the same sampling settings everywhere (temperature 1, top_p 1, no top-k,
+Three request shapes, the same sampling settings everywhere (temperature 1, top_p 1, no top-k,
 no min-p, end-of-sequence disabled so every completion has exactly max_tokens tokens):
   A  32 different chat prompts, n=1, sent concurrently (an agent's rollouts)
   B  4 prompts x n=8 (GRPO groups)
+  C  ART's dev/yes_no_maybe.py burst: its 36 short prompts x 8 separate requests (288), all sent
+     at once, --burst-max-tokens each (100, as that script asks); its clients give up after
+     100 s, so ours' `seconds` (the last answer) should stay under that. hf: one batch of 288.
+     Not in the default --shapes (about 10 minutes on 2 cores).
 Systems, all in this one process on the default model:
   ours       `art.LocalBackend` + a registered `TrainableModel`: the official `openai` client over
              loopback HTTP, the engine behind it, the step-0 LoRA adapter (what RL rollouts use);
@@ -15,7 +20,8 @@ Systems, all in this one process on the default model:
   llama.cpp  llama-cpp-python on the same GGUF file, one request at a time as it serves them;
              EOS ids get a -inf `logit_bias`
 tokens/s = completion tokens counted from the responses / wall seconds (time.perf_counter).
-Prints a table, then one JSON line. Goal (the issue): >= 4x hf on both shapes, >= 2x llama.cpp on B.
+Prints a table, then one JSON line. Goal (the issue): >= 4x hf on both shapes, >= 2x llama.cpp on B;
+on C, every answer inside the 100 s client timeout (issue 26).
 """
 
 from __future__ import annotations
@@ -43,6 +49,24 @@ TOPICS = [
     "how glass is made", "the speed of light", "migrating birds", "how a piano makes sound",
 ]
 PROMPTS = [f"Explain {topic} to a curious ten-year-old." for topic in TOPICS]
+
+
+def _yes_no_maybe_prompts() -> list[str]:
+    """The 36 prompts of ART's dev/yes_no_maybe.py ("respond with 'yes', 'no', 'maybe'", ...)."""
+    orders = [["yes", "no", "maybe"], ["maybe", "yes", "no"], ["no", "yes", "maybe"], ["yes", "maybe", "no"],
+              ["yes", "no"], ["maybe", "no"], ["no", "maybe"], ["no", "yes"], ["yes", "no"]]
+    out = []
+    for prefix in ("respond", "just respond"):
+        for quoted in (True, False):
+            for words in orders:
+                shown = [f"'{w}'" if quoted else w for w in words]
+                out.append(f"{prefix} with {', '.join(shown)}" if len(words) == 3
+                           else f"{prefix} with {words[0]} or {words[1]}")
+    return out
+
+
+BURST_PROMPTS = [p for p in _yes_no_maybe_prompts() for _ in range(8)]  # 8 requests per prompt, as ART sends a group
+BURST_CLIENT_TIMEOUT_S = 100  # yes_no_maybe.py's `timeout=100` on every request
 SAMPLING = {"temperature": 1.0, "top_p": 1.0}  # top-k and min-p off everywhere
 
 
@@ -146,7 +170,8 @@ def rate(result: tuple[int, float] | None) -> float | None:
 
 
 async def main(args: argparse.Namespace) -> None:
-    all_shapes = {"a": Shape("a", PROMPTS, 1, args.max_tokens), "b": Shape("b", PROMPTS[:4], 8, args.max_tokens)}
+    all_shapes = {"a": Shape("a", PROMPTS, 1, args.max_tokens), "b": Shape("b", PROMPTS[:4], 8, args.max_tokens),
+                  "c": Shape("c", BURST_PROMPTS, 1, args.burst_max_tokens)}
     shapes = [all_shapes[s.strip()] for s in args.shapes.split(",") if s.strip()]
     warm = Shape("warm-up", PROMPTS[:1], 1, 4)
 
@@ -201,7 +226,10 @@ async def main(args: argparse.Namespace) -> None:
             "ours_tok_s": ours_tps, "hf_generate_tok_s": hf_tps, "llama_cpp_tok_s": llama_tps,
             "ratio_vs_hf": ratio(ours_tps, hf_tps), "ratio_vs_llama_cpp": ratio(ours_tps, llama_tps),
             "completion_tokens": {k: v[0] for k, v in r.items() if v},
+            "seconds": {k: round(v[1], 1) for k, v in r.items() if v},
         }
+        if name == "c":
+            report["shape_c"]["inside_client_timeout"] = r["ours"][1] < BURST_CLIENT_TIMEOUT_S
     report["ours_base_model"] = {f"shape_{n}_tok_s": rate(r["ours_base"]) for n, r in results.items()}
     report["llama_cpp"] = {
         "status": llama_status,
@@ -209,8 +237,10 @@ async def main(args: argparse.Namespace) -> None:
                "logit_bias -inf on every end-of-generation id; tokens counted from usage"}
     report["settings"] = {
         "model": art.DEFAULT_MODEL, "max_tokens": args.max_tokens, **SAMPLING, "top_k": "off", "min_p": "off",
-        "ignore_eos": True, "shapes": {s.name: f"{len(s.prompts)} prompts x n={s.n}" for s in shapes},
-        "goal": ">= 4x hf_generate on both shapes, >= 2x llama_cpp on shape b"}
+        "ignore_eos": True, "shapes": {s.name: f"{len(s.prompts)} prompts x n={s.n}, max_tokens {s.max_tokens}"
+                                       for s in shapes},
+        "goal": ">= 4x hf_generate on shapes a and b, >= 2x llama_cpp on shape b; shape c: seconds.ours "
+                f"< {BURST_CLIENT_TIMEOUT_S} (the burst's client timeout)"}
     report["tracing"] = {"mode": args.tracing, "spans": len(exporter.get_finished_spans()) if exporter else 0}
     report.update(environment())
     print()
@@ -221,7 +251,9 @@ async def main(args: argparse.Namespace) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--max-tokens", type=int, default=64, help="completion tokens per completion")
-    parser.add_argument("--shapes", default="a,b", help="comma-separated subset of a,b")
+    parser.add_argument("--shapes", default="a,b", help="comma-separated subset of a,b,c (c: the 288-request burst)")
+    parser.add_argument("--burst-max-tokens", type=int, default=100,
+                        help="completion tokens per request of shape c (yes_no_maybe.py asks 100)")
     parser.add_argument("--skip-hf", action="store_true", help="do not run the transformers generate baseline")
     parser.add_argument("--skip-llama-cpp", action="store_true", help="do not run the llama.cpp reference")
     parser.add_argument("--tracing", choices=["off", "on"], default="off",

@@ -50,3 +50,21 @@ def test_the_models_end_of_turn_token_wins(tokenizer):
     model = SimpleNamespace(generation_config=SimpleNamespace(eos_token_id=end), config=SimpleNamespace(eos_token_id=end))
     agree_on_eos(tokenizer, model)
     assert tokenizer.eos_token == "<|im_end|>" and tokenizer.eos_token_id == end
+
+
+def test_loading_a_lora_policy_warns_nothing_about_checkpointing(tiny_model_path):
+    """peft asks the model `is_gradient_checkpointing`, which transformers 5 deprecates with a
+    FutureWarning on every load; the flag itself is read (checkpointing starts off)."""
+    import warnings
+
+    from art.base_models import load_policy
+    from art.training.options import LORA_DEFAULTS
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model, _ = load_policy(str(tiny_model_path), dict(LORA_DEFAULTS), dtype=None, device=None)
+        warnings.warn("still recorded", FutureWarning)  # nothing is left filtered after the load
+    messages = [str(w.message) for w in caught]
+    assert not [m for m in messages if "checkpointing" in m], messages
+    assert "still recorded" in messages
+    assert not model.get_base_model().is_activation_checkpointing

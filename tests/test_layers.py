@@ -39,7 +39,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("art.server", "art.capture", "art.gather", "art.rewards", "art.model", "art.utils", "art.backends.base"),
     ("art.dashboard", "art.pipeline_trainer"),
     ("art.backends", "art.serve"),
-    ("art.cli", "art.dev", "art.local", "art.__main__", "art"),
+    ("art.cli", "art.dev", "art.local", "art.backend", "art.__main__", "art"),
 ]
 SIBLINGS = {("art.engine", "art.training"), ("art.training", "art.engine")}
 

@@ -13,6 +13,7 @@ import logging
 import os
 import shutil
 import tempfile
+import warnings
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -146,7 +147,12 @@ def load_policy(base_model: str, lora: dict | None, *, dtype, device, trainable:
     if lora is not None:
         from peft import LoraConfig, get_peft_model
 
-        model = get_peft_model(model, LoraConfig(task_type="CAUSAL_LM", **lora))
+        with warnings.catch_warnings():
+            # peft (0.21) asks the model `is_gradient_checkpointing`, an alias transformers 5
+            # deprecates with a FutureWarning on every load; nothing of ours reads it.
+            warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated",
+                                    category=FutureWarning)
+            model = get_peft_model(model, LoraConfig(task_type="CAUSAL_LM", **lora))
     if whole_and_trained:
         model.requires_grad_(True)
     elif not trainable:

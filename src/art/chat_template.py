@@ -265,12 +265,14 @@ def _history_as_text(messages: list[dict[str, Any]], tool_role: str) -> list[dic
 
 
 def prompt_ids(tokenizer, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, *,
-               add_generation_prompt: bool, where: str) -> list[int]:
+               add_generation_prompt: bool, where: str, template_kwargs: dict[str, Any] | None = None) -> list[int]:
     """The token ids of `apply_chat_template(messages, tools)` (`template_messages`' output) as
-    a plain list. `where` names the messages in the ArtValueError a template's failure becomes."""
+    a plain list. `template_kwargs` are the template's own variables (vLLM's and ART's
+    `chat_template_kwargs`, e.g. `enable_thinking`). `where` names the messages in the
+    ArtValueError a template's failure becomes."""
     try:
         ids = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=add_generation_prompt,
-                                            tokenize=True)
+                                            tokenize=True, **(template_kwargs or {}))
     except (jinja2.TemplateError, TypeError, ValueError, KeyError, AttributeError, IndexError) as exc:
         # Templates are user-facing programs: whatever they raise on these messages is the
         # messages' problem (or a model without a chat template), never the server's.

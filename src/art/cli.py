@@ -112,7 +112,7 @@ def _serve(args: argparse.Namespace) -> int:
 
         from art.service.local import LocalService
         from art.server.security import default_model_roots, redact_access_log
-        from art.serve import create_serve_app
+        from art.serve import ArtServer, create_serve_app
         from art.server.thread import KEEP_ALIVE_S, bind, url_for
     except ImportError as exc:
         print(f"art serve: missing {exc.name or exc}: install the backend extra, "
@@ -138,14 +138,14 @@ def _serve(args: argparse.Namespace) -> int:
                            max_body_bytes=int(args.max_body_mb * 2**20),
                            max_chat_body_bytes=int(args.max_chat_body_mb * 2**20), watchdog_s=args.watchdog_s,
                            watchdog_train_s=args.watchdog_train_s, model_roots=roots)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="info", timeout_graceful_shutdown=10,
-                                           timeout_keep_alive=KEEP_ALIVE_S))
+    server = ArtServer(uvicorn.Config(app, log_level="info", timeout_graceful_shutdown=10,
+                                      timeout_keep_alive=KEEP_ALIVE_S))
     url = url_for(args.host, port)
     print(f"art serve: listening on {url} (storage {args.path}, auth {'on' if api_key else 'off'}, "
           f"replicas and ranks in {placement}); "
           f"OpenAI routes at {url}/v1, management at {url}/art, schema at {url}/openapi.json, "
           f"dashboard at {url}/dashboard", flush=True)
-    try:  # until SIGINT/SIGTERM: uvicorn finishes open requests, the app's lifespan stops the engines
+    try:  # until SIGINT/SIGTERM: training steps are abandoned, open requests finish, the lifespan stops the engines
         server.run(sockets=[sock])
     finally:
         sock.close()

@@ -60,12 +60,13 @@ class _Progress:
         self.total = 0
         self.exceptions = 0
         self.first_exception: BaseException | None = None
-        self.reward_sum, self.finished = 0.0, 0
+        self.reward_sum, self.rewards, self.finished = 0.0, 0, 0
         self.metric_sums: dict[str, float] = {}
         self.metric_counts: dict[str, int] = {}
         self.tokens = 0
         self._expected: dict[int, object] = {}  # id -> object, kept alive so ids stay unique
-        self._recorded: dict[int, object] = {}
+        self._recorded: dict[int, tuple[object, float, dict[str, float]]] = {}
+        """id -> (trajectory, its reward and metrics as counted): what `rescore` takes back out."""
         self.notes: dict[str, int] = {}
         self.pbar = tqdm(total=0, desc=desc, disable=desc is None, unit="traj")
 
@@ -85,17 +86,46 @@ class _Progress:
     def record_trajectory(self, trajectory: Trajectory) -> None:
         if id(trajectory) in self._recorded:
             return
-        self._recorded[id(trajectory)] = trajectory
-        self.reward_sum += trajectory.reward
+        self._add(trajectory)
         self.finished += 1
-        for key, value in trajectory.metrics.items():
-            # The bar must never fail a gather: skip values that are not finite numbers.
-            if isinstance(value, (int, float)) and math.isfinite(value):
-                self.metric_sums[key] = self.metric_sums.get(key, 0.0) + float(value)
-                self.metric_counts[key] = self.metric_counts.get(key, 0) + 1
         if self.show_tokens:
             self.tokens += completion_tokens(trajectory)
         self._advance()
+
+    def rescore(self, before: TrajectoryGroup, after: TrajectoryGroup) -> None:
+        """Show the rewards and metrics `after_each` gave a group (RULER's scores) in place of
+        those its rollouts finished with: they are what trains. Rollout counts do not change."""
+        for trajectory in before.trajectories:
+            self._remove(trajectory)
+        for trajectory in after.trajectories:
+            self._remove(trajectory)  # (one changed in place is counted with its new values)
+            self._add(trajectory)
+        self._show()
+
+    def _add(self, trajectory: Trajectory) -> None:
+        # The bar must never fail a gather: skip metric values that are not finite numbers.
+        metrics = {key: float(value) for key, value in trajectory.metrics.items()
+                   if isinstance(value, (int, float)) and math.isfinite(value)}
+        self._recorded[id(trajectory)] = (trajectory, trajectory.reward, metrics)
+        self.reward_sum += trajectory.reward
+        self.rewards += 1
+        for key, value in metrics.items():
+            self.metric_sums[key] = self.metric_sums.get(key, 0.0) + value
+            self.metric_counts[key] = self.metric_counts.get(key, 0) + 1
+
+    def _remove(self, trajectory: Trajectory) -> None:
+        entry = self._recorded.pop(id(trajectory), None)
+        if entry is None:
+            return
+        _, reward, metrics = entry
+        self.reward_sum -= reward
+        self.rewards -= 1
+        for key, value in metrics.items():
+            self.metric_counts[key] -= 1
+            if self.metric_counts[key]:
+                self.metric_sums[key] -= value
+            else:
+                del self.metric_counts[key], self.metric_sums[key]
 
     def record_exception(self, exception: BaseException) -> None:
         self.exceptions += 1
@@ -108,7 +138,8 @@ class _Progress:
             raise TooManyExceptionsError(
                 f"{self.exceptions} of {self.total} rollouts raised, more than {self.limit_name}="
                 f"{self.max_exceptions!r} allows (limit {limit}); the first was "
-                f"{type(first).__name__}: {first}. Raise {self.limit_name} to drop failed rollouts instead."
+                f"{type(first).__name__}: {str(first).rstrip('.')}. Raise {self.limit_name} to drop failed "
+                "rollouts instead."
             ) from first
 
     def account(self, group: TrajectoryGroup) -> None:
@@ -118,9 +149,13 @@ class _Progress:
             self.record_trajectory(trajectory)
 
     def _advance(self) -> None:
+        self._show()
+        self.pbar.update(1)
+
+    def _show(self) -> None:
         postfix: dict[str, Any] = {}
-        if self.finished:
-            postfix["reward"] = self.reward_sum / self.finished
+        if self.rewards:
+            postfix["reward"] = self.reward_sum / self.rewards
         keys = list(self.metric_sums)[: self.max_metrics]
         postfix.update({key: self.metric_sums[key] / self.metric_counts[key] for key in keys})
         if self.exceptions:
@@ -129,19 +164,19 @@ class _Progress:
         if self.show_tokens and self.tokens:
             postfix["completion_tokens"] = self.tokens
         self.pbar.set_postfix(postfix, refresh=False)
-        self.pbar.update(1)
 
     def reset(self, total: int) -> None:
         """Start counting anew (a new batch of `trajectory_group_batches`), `total` trajectories expected."""
         self.pbar.close()
         self.total, self.exceptions, self.first_exception = total, 0, None
-        self.reward_sum, self.finished, self.tokens = 0.0, 0, 0
+        self.reward_sum, self.rewards, self.finished, self.tokens = 0.0, 0, 0, 0
         self.metric_sums, self.metric_counts, self.notes = {}, {}, {}
         self.pbar = tqdm(total=total, desc=self.pbar.desc if not self.pbar.disable else None,
                          disable=self.pbar.disable, unit="traj")
 
     def reward_mean(self) -> float | None:
-        return self.reward_sum / self.finished if self.finished else None
+        """Over every finished rollout, with the reward `after_each` gave it where it did."""
+        return self.reward_sum / self.rewards if self.rewards else None
 
     def note(self, key: str, value: int) -> None:
         """A count shown after the metrics (e.g. groups dropped by dynamic sampling)."""
@@ -180,9 +215,12 @@ async def _finish_group(
     if not group.trajectories:
         return None
     if after_each is not None:
-        group = after_each(group)
-        if inspect.isawaitable(group):  # a plain function works too
-            group = await group
+        judged = after_each(group)
+        if inspect.isawaitable(judged):  # a plain function works too
+            judged = await judged
+        if isinstance(judged, TrajectoryGroup):
+            progress.rescore(group, judged)
+        group = judged
     return group if group is not None and len(group.trajectories) else None
 
 
@@ -199,7 +237,8 @@ class GatherStats:
     """Finished rollouts, failed ones included, in kept and dropped groups alike."""
     reward_mean: float | None = None
     """Mean reward of every finished rollout, dropped groups included: the policy's reward
-    (the kept groups alone over-represent mixed outcomes)."""
+    (the kept groups alone over-represent mixed outcomes). Where `after_each` rescored a group
+    (RULER), its rewards are the new ones, as the progress bar shows."""
 
 
 class GatheredGroups(list):

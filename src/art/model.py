@@ -25,6 +25,7 @@ from art.metrics import _Shared as _SharedBuilders
 from art.metrics_taxonomy import SFT_WANDB_GRADIENT_STEP_KEY, route
 from art.observability import log_to_wandb, tracing, update_wandb_config
 from art.observability.weave_sink import init_weave
+from art.storage.checkpoints import complete_steps
 from art.storage.layout import ModelDir, validate_name, write_atomic
 from art.storage.run_log import write_log
 from art.training.sft_history import history_rows
@@ -186,7 +187,27 @@ class Model(BaseModel, Generic[ModelConfig, StateType]):
         return base if step is None else f"{base}@{step}"
 
     async def get_step(self) -> int:
-        return await self._backend.get_step(self) if self._backend is not None else 0
+        """The model's latest step: the backend's answer once registered.
+
+        Before `register`, a trainable model reads its run stored under `base_path` (the latest
+        complete checkpoint, the step `register` resumes at; 0 for a run with none yet), and
+        with no run stored there raises ArtValueError, as ART does: a silent 0 would pass for a
+        fresh run (`LocalBackend(path=...)` sets `base_path` at `register`; a remote backend's
+        runs live on its server). A plain `Model` has no steps: 0, as in ART."""
+        if self._backend is not None:
+            return await self._backend.get_step(self)
+        if not self.trainable:
+            return 0
+        run = ModelDir(self.base_path, self.project, self.name)
+        steps = await asyncio.to_thread(complete_steps, run.checkpoints)
+        if steps:
+            return steps[-1]
+        if await asyncio.to_thread(run.model_json.is_file):
+            return 0
+        raise ArtValueError(
+            f"model {self.name!r} is not registered and no run of it is stored under {str(run.path)!r}: "
+            "`await model.register(backend)` first (or set base_path to the folder the run is stored in)",
+            field="base_path")
 
     async def log(
         self,

@@ -22,6 +22,8 @@ import art
 IMPORTS: list[tuple[str, tuple[str, ...]]] = [
     ("art.local", ("LocalBackend",)),
     ("art.local.backend", ("LocalBackend",)),
+    ("art.backend", ("Backend",)),
+    ("art.utils.litellm", ("convert_litellm_choice_to_openai",)),
     ("art.types", ("TrainConfig", "TrainSFTConfig", "Messages", "MessagesAndChoices", "Tools")),
     ("art.trajectories", ("Trajectory", "TrajectoryGroup", "History", "LegacyHistory")),
     ("art.dev", ("InternalModelConfig", "EngineArgs", "InitArgs", "PeftArgs", "LoRAConfig", "TrainConfig")),
@@ -59,6 +61,27 @@ def test_the_backend_paths_are_one_class():
     from art.local.backend import LocalBackend as long
 
     assert short is long is art.LocalBackend
+    from art.backend import Backend
+
+    assert Backend is art.Backend is art.RemoteBackend
+
+
+def test_a_litellm_choice_converts_with_its_calls_logprobs_and_ids():
+    from art.utils.litellm import convert_litellm_choice_to_openai
+
+    litellm_like = {  # what litellm's Choices dumps to, with our server's extra ids
+        "index": 0, "finish_reason": None, "token_ids": [5, 6],
+        "message": {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "add", "arguments": '{"a": 1}'}}]},
+        "logprobs": {"content": [{"token": "x", "logprob": -0.5, "bytes": None, "top_logprobs": []}]},
+    }
+    choice = convert_litellm_choice_to_openai(litellm_like)
+    assert isinstance(choice, Choice) and choice.finish_reason == "stop"
+    assert choice.message.tool_calls[0].function.name == "add" and choice.logprobs.content[0].logprob == -0.5
+    assert choice.model_extra["token_ids"] == [5, 6]
+    assert art.Trajectory(messages_and_choices=[{"role": "user", "content": "hi"}, choice]).messages()[-1]["tool_calls"]
+    with pytest.raises(art.ArtValueError, match="assistant"):
+        convert_litellm_choice_to_openai({"message": {"role": "user", "content": "hi"}})
 
 
 def test_legacy_history_is_an_additional_history():

@@ -283,3 +283,21 @@ async def test_remote_example_at_tiny_scale(tiny_model_path, tmp_path, monkeypat
     assert len(rewards) == 2
     assert (tmp_path / "curve.png").stat().st_size > 1000  # drawn as it went, on the client
     assert (tmp_path / "server" / "yes-no-maybe" / "models" / "maybe-seed0" / "checkpoints" / "0002").is_dir()
+
+
+def test_the_clients_bar_names_the_step_as_history_and_the_server_do():
+    """Events carry the step a call writes; an RL step's rows are filed under the one before."""
+    import io
+
+    from tqdm import tqdm
+
+    from art.backends.remote import _on_event
+
+    bar = tqdm(file=io.StringIO())
+    _on_event({"type": "accepted", "step": 3, "groups": 2, "trajectories": 8}, bar, "train")
+    assert bar.desc.startswith("train step 2:")
+    _on_event({"type": "gradient_step", "step": 3, "done": 1, "total": 2, "metrics": {"loss": 0.5}}, bar, "train")
+    assert bar.desc.startswith("train step 2:")
+    _on_event({"type": "gradient_step", "step": 3, "done": 1, "total": 2, "metrics": {}}, bar, "train_sft")
+    assert bar.desc.startswith("sft step 3:")
+    bar.close()

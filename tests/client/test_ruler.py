@@ -364,3 +364,44 @@ async def test_the_judge_sees_the_tools_the_agent_had(judge):
     # ART's positional order: ruler(message_lists, judge_model, extra_litellm_params, rubric, tools).
     await ruler([t.messages() for t in g.trajectories], "m", None, "- rubric", [], judge=judge.client, cache=False)
     assert "<available_tools>" not in judge.requests[1]["messages"][1]["content"]
+
+
+# -- a judge that cannot tell the candidates apart -----------------------------------------------
+
+
+@pytest.mark.integration
+async def test_a_judge_giving_every_candidate_one_score_is_counted_and_warned_once(judge, caplog):
+    """All scores equal is a group GRPO cannot learn from: counted in `ruler/uniform_groups`
+    every time, warned once per judge (naming it) and only where the candidates differ."""
+    identical = group("yes", "yes")
+    judge.answers = [answer(0.5, 0.5), answer(0.5, 0.5, 0.5), answer(0.5, 0.5, 0.5), answer(0.9, 0.1, 0.5)]
+    with caplog.at_level("WARNING", logger="art.rewards.ruler"):
+        same = await ruler_score_group(identical, "weak-judge", judge=judge.client, cache=False)
+        assert same.metrics["ruler/uniform_groups"] == 1.0 and not caplog.records  # alike answers, alike scores
+        first = await ruler_score_group(group("yes", "no", "maybe"), "weak-judge", judge=judge.client, cache=False)
+        second = await ruler_score_group(group("no", "maybe", "yes"), "weak-judge", judge=judge.client, cache=False)
+        separated = await ruler_score_group(group("a", "b", "c"), "weak-judge", judge=judge.client, cache=False)
+    assert [g.metrics["ruler/uniform_groups"] for g in (first, second, separated)] == [1.0, 1.0, 0.0]
+    (warning,) = caplog.records
+    message = warning.getMessage()
+    assert "weak-judge" in message and "all 3 different trajectories" in message and "0.500" in message
+    assert "stronger judge" in message and "rubric" in message and "ruler/uniform_groups" in message
+    stats = RulerStats()
+    judge.answers = [answer(0.25, 0.25)]
+    await ruler(list(group("a", "b").trajectories), "weak-judge", judge=judge.client, cache=False, stats=stats)
+    assert stats.uniform_groups == 1 and stats.as_metrics()["ruler/uniform_groups"] == 1.0
+
+
+@pytest.mark.integration
+async def test_the_gather_bar_shows_the_judges_scores(judge, capsys):
+    """The bar's reward (and the gather's `reward_mean`) is what will train: the judge's scores,
+    not the rollouts' rewards from before judging."""
+    judge.answers = [answer(1.0, 0.6), answer(0.8, 0.6)]
+    groups = await art.gather_trajectory_groups(
+        [group("a", "b"), group("c", "d")],
+        after_each=lambda g: ruler_score_group(g, "m", judge=judge.client, cache=False),
+        pbar_desc="judged", pbar_total_completion_tokens=False)
+    assert sorted(t.reward for g in groups for t in g.trajectories) == [0.6, 0.6, 0.8, 1.0]
+    assert groups.stats.reward_mean == pytest.approx(0.75)
+    bar = capsys.readouterr().err.splitlines()[-1]
+    assert "judged" in bar and "reward=0.75" in bar and "independent_reward=0" in bar

@@ -26,18 +26,25 @@ SHOTS = os.environ.get("ART_DASHBOARD_SHOTS")
 """A folder to copy the browser test's screenshots to (they are always saved under tmp_path)."""
 
 
-async def rollout(model: art.TrainableModel, seed: int) -> art.Trajectory:
-    messages = [{"role": "user", "content": "Pick a token."}]
+LONG_CONTEXT_LINES = 60
+"""Group 1's prompt has this many lines of rules: its trained tokens lie below the token view's fold."""
+
+
+async def rollout(model: art.TrainableModel, seed: int, rules: int = 0) -> art.Trajectory:
+    prompt = "Pick a token." + "".join(f"\nrule {i}" for i in range(rules))
+    messages = [{"role": "user", "content": prompt}]
     completion = await model.openai_client().chat.completions.create(
         model=model.get_inference_name(), messages=messages, max_tokens=4, seed=seed)
     # Alternating rewards: every group has a spread, so every trained token has an advantage.
     return art.Trajectory(messages_and_choices=[*messages, completion.choices[0]], reward=float(seed % 2),
-                          metrics={"tokens": len(completion.choices[0].token_ids)})
+                          metrics={"tokens": len(completion.choices[0].token_ids)},
+                          metadata={"scenario": f"game {seed}", "secret": seed % 7})
 
 
 async def train_step(model: art.TrainableModel, step: int) -> None:
     groups = await art.gather_trajectory_groups(
-        [art.TrajectoryGroup(rollout(model, seed=100 * step + 10 * g + i) for i in range(4)) for g in range(2)],
+        [art.TrajectoryGroup(rollout(model, seed=100 * step + 10 * g + i, rules=LONG_CONTEXT_LINES * g)
+                             for i in range(4)) for g in range(2)],
         pbar_desc=None)
     await model.train(groups, config=art.TrainConfig(learning_rate=1e-2))
 
@@ -458,7 +465,7 @@ def test_a_browser_logs_in_to_a_keyed_server_with_the_form(keyed, tmp_path):
         shoot("login-wrong-key")
         log_in(KEY)
         wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, 'tr[data-run="dash/tiny"]'), "the run is listed")
-        assert browser.current_url == f"{keyed}/dashboard/"
+        assert browser.current_url.split("#")[0] == f"{keyed}/dashboard/"  # the fragment holds the place shown
         (cookie,) = browser.get_cookies()
         assert cookie["name"] == "art_dashboard" and cookie["httpOnly"] and KEY not in cookie["value"]
         shoot("logged-in")
@@ -467,4 +474,245 @@ def test_a_browser_logs_in_to_a_keyed_server_with_the_form(keyed, tmp_path):
         assert not browser.get_cookies()
     finally:
         browser.quit()
+        keep(shots)
+
+
+# -- what a new user met in the browser (issue 26) --------------------------------------------
+
+LONG_RUN = "guess-the-number/qwen2.5-3b-instruct-grpo-lr1e-5-run-042"
+"""A run named as users name them: longer than the runs column was wide."""
+EVALS_RUN = "logged/evals"
+
+
+@pytest.fixture(scope="module")
+def crowded(run, tmp_path_factory):
+    """A dashboard over three runs: dash/tiny, the same run under LONG_RUN, and, the newest, an
+    evaluation logged from elsewhere (a history of val rows only, in ART's metric taxonomy)."""
+    root = tmp_path_factory.mktemp("crowded")
+    source = run[2] / "dash" / "models" / "tiny"
+    for key in ("dash/tiny", LONG_RUN):
+        project, name = key.split("/")
+        shutil.copytree(source, root / project / "models" / name)  # keeps the files' times: older
+    evals = root / "logged" / "models" / "evals"
+    evals.mkdir(parents=True)
+    rows = [{"step": s, "split": "val", "recorded_at": time.time(), "training_step": s, "val/reward": 0.25 * s,
+             "data/step_num_trajectories": 4, "time/step_wall_s": 1.5, "time/cum/wall_s": 1.5 * (s + 1)}
+            for s in range(3)]
+    (evals / "history.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    with ServerThread(create_dashboard_app(root)) as server:
+        yield server.base_url
+
+
+@pytest.fixture(scope="module")
+def page_browser():
+    """One headless Chromium for the tests below; each opens the page afresh."""
+    browser = chromium()
+    yield browser
+    browser.quit()
+
+
+def open_page(browser, url: str) -> None:
+    """A fresh load even when only the URL's fragment differs from the page shown."""
+    browser.get("about:blank")
+    browser.get(url)
+
+
+def fragment(browser) -> dict[str, str]:
+    """The page's URL state: its fragment's parameters."""
+    from urllib.parse import parse_qsl, urlsplit
+
+    return dict(parse_qsl(urlsplit(browser.current_url).fragment))
+
+
+def show_step(browser, wait_for, step: int) -> None:
+    """Click a train step's button and wait until its groups replace those shown before."""
+    from selenium.webdriver.common.by import By
+
+    button = f'#steps button[data-step="{step}"]'
+    wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, button), f"step {step} is listed")
+    browser.find_element(By.CSS_SELECTOR, button).click()
+    wait_for(lambda: f"train step {step}:" in browser.find_element(By.ID, "groups").text, f"step {step} is shown")
+
+
+UNSEEN_CELLS = """
+const unseen = [];
+for (const cell of document.querySelectorAll('#runs th, #runs td')) {
+  const range = document.createRange();
+  range.selectNodeContents(cell);
+  const boxes = [...range.getClientRects()].filter((r) => r.width > 0 && r.height > 0);
+  const hidden = (x, y) => {
+    if (x < 0 || y < 0 || x > innerWidth || y > innerHeight) return true;
+    const hit = document.elementFromPoint(x, y);
+    return !hit || !cell.contains(hit);
+  };
+  const covered = boxes.some((r) => hidden(r.left + 1, r.top + r.height / 2) || hidden(r.right - 1, r.top + r.height / 2));
+  if (covered || cell.scrollWidth > cell.clientWidth) unseen.push(cell.textContent.trim() || cell.innerHTML);
+}
+return unseen;
+"""
+"""The Runs table's cells whose content is cut off, outside the window or covered by another element."""
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("width, height", [(1400, 900), (1920, 1080)])
+def test_the_runs_table_shows_every_column_whole(crowded, page_browser, tmp_path, width, height):
+    from selenium.webdriver.common.by import By
+
+    browser, shots = page_browser, []
+    shoot, wait_for = browser_helpers(browser, tmp_path, shots)
+    reward = next(r["reward"] for r in get(f"{crowded}/dashboard/api/runs").json()["runs"]
+                  if f"{r['project']}/{r['name']}" == LONG_RUN)
+    try:
+        browser.set_window_size(width, height)
+        open_page(browser, f"{crowded}/dashboard")
+        wait_for(lambda: len(browser.find_elements(By.CSS_SELECTOR, "#runs tbody tr")) == 3, "three runs are listed")
+        row = browser.find_element(By.CSS_SELECTOR, f'tr[data-run="{LONG_RUN}"]')
+        assert row.find_elements(By.TAG_NAME, "td")[3].text == f"{reward:.3f}"  # every digit
+        shoot(f"runs-{width}")
+        assert browser.execute_script(UNSEEN_CELLS) == []
+    finally:
+        browser.set_window_size(1400, 1700)
+        keep(shots)
+
+
+@pytest.mark.integration
+def test_a_trajectory_shows_its_metadata(run, dashboard, page_browser, tmp_path):
+    from selenium.webdriver.common.by import By
+
+    browser, shots = page_browser, []
+    shoot, wait_for = browser_helpers(browser, tmp_path, shots)
+    try:
+        open_page(browser, f"{dashboard}/dashboard")
+        show_step(browser, wait_for, 1)
+        shown = wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, '.trajectory[data-index="1"] .metadata'),
+                         "trajectory 1 shows its metadata")
+        text = shown[0].text  # seed 101: step 1, group 0, member 1
+        assert "scenario" in text and "game 101" in text and "secret" in text and "3" in text, text
+        shoot("metadata")
+    finally:
+        keep(shots)
+
+
+@pytest.mark.integration
+def test_the_metric_chart_opens_on_the_reward(dashboard, crowded, page_browser):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    browser = page_browser
+    _, wait_for = browser_helpers(browser, Path("."), [])
+
+    def chart_metric() -> str | None:
+        return browser.find_element(By.ID, "chart-metric").get_attribute("data-metric")
+
+    open_page(browser, f"{dashboard}/dashboard")
+    wait_for(lambda: chart_metric() == "train/reward", "the metric chart opens on train/reward")
+    select = Select(browser.find_element(By.ID, "metric"))
+    assert select.first_selected_option.get_attribute("value") == "train/reward"
+    names = [o.get_attribute("value") for o in select.options]
+    assert "train/loss" in names and "data/step_num_trajectories" in names and "training_step" not in names
+    select.select_by_value("train/loss")  # the rest stay pickable
+    wait_for(lambda: chart_metric() == "train/loss", "the picked metric is drawn")
+    assert int(browser.find_element(By.ID, "chart-metric").get_attribute("data-points")) >= 2
+
+    open_page(browser, f"{crowded}/dashboard")  # the newest run there logged val rows only
+    wait_for(lambda: chart_metric() == "val/reward", "without train/reward, the chart opens on val/reward")
+
+
+@pytest.mark.integration
+def test_samples_open_on_the_latest_step(dashboard, page_browser):
+    from selenium.webdriver.common.by import By
+
+    browser = page_browser
+    _, wait_for = browser_helpers(browser, Path("."), [])
+    latest = max(get(f"{dashboard}/dashboard/api/runs/dash/tiny/steps").json()["train"])
+    open_page(browser, f"{dashboard}/dashboard")
+    wait_for(lambda: len(browser.find_elements(By.CSS_SELECTOR, "#groups .trajectory")) == 8,
+             "the latest step's trajectories are shown without a click")
+    assert browser.find_element(By.CSS_SELECTOR, "#steps button.on").get_attribute("data-step") == str(latest)
+    assert f"train step {latest}:" in browser.find_element(By.ID, "groups").text
+
+
+@pytest.mark.integration
+def test_the_url_links_a_run_split_step_and_trajectory(dashboard, crowded, page_browser, tmp_path):
+    from urllib.parse import urlencode
+
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    browser, shots = page_browser, []
+    shoot, wait_for = browser_helpers(browser, tmp_path, shots)
+
+    def step_on() -> str | None:
+        buttons = browser.find_elements(By.CSS_SELECTOR, "#steps button.on")
+        return buttons[0].get_attribute("data-step") if buttons else None
+
+    def tokens_title() -> str:
+        section = browser.find_element(By.ID, "tokens")
+        return "" if section.get_attribute("hidden") else browser.find_element(By.ID, "tokens-title").text
+
+    try:
+        link = urlencode({"run": "dash/tiny", "split": "train", "step": 0, "trajectory": 5})
+        open_page(browser, f"{dashboard}/dashboard#{link}")
+        wait_for(lambda: "train step 0 · trajectory #5" in tokens_title(), "the linked trajectory's tokens are open")
+        assert step_on() == "0" and "train step 0:" in browser.find_element(By.ID, "groups").text
+        assert browser.find_elements(By.CSS_SELECTOR, '.trajectory.selected[data-index="5"]')
+        shoot("linked")
+
+        browser.find_element(By.CSS_SELECTOR, '#steps button[data-step="1"]').click()
+        wait_for(lambda: fragment(browser) == {"run": "dash/tiny", "split": "train", "step": "1"}, "step 1 in the URL")
+        wait_for(lambda: step_on() == "1" and tokens_title() == "", "step 1 shown, no trajectory open")
+        wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, '.trajectory[data-index="2"] .show-tokens'), "step 1")
+        browser.find_element(By.CSS_SELECTOR, '.trajectory[data-index="2"] .show-tokens').click()
+        wait_for(lambda: fragment(browser).get("trajectory") == "2", "the opened trajectory in the URL")
+        Select(browser.find_element(By.ID, "split")).select_by_value("val")
+        wait_for(lambda: fragment(browser) == {"run": "dash/tiny", "split": "val", "step": "2"}, "val's latest step")
+        wait_for(lambda: step_on() == "2" and "val step 2:" in browser.find_element(By.ID, "groups").text, "val shown")
+
+        browser.back()  # back to train step 1 with trajectory 2 open
+        wait_for(lambda: "train step 1 · trajectory #2" in tokens_title(), "back: trajectory 2 of step 1")
+        assert step_on() == "1" and Select(browser.find_element(By.ID, "split")).first_selected_option.text == "train"
+        browser.back()
+        wait_for(lambda: step_on() == "1" and tokens_title() == "", "back: step 1, no trajectory")
+        browser.back()
+        wait_for(lambda: step_on() == "0" and "train step 0 · trajectory #5" in tokens_title(), "back: the link")
+        browser.forward()
+        wait_for(lambda: step_on() == "1" and tokens_title() == "", "forward: step 1")
+
+        open_page(browser, f"{crowded}/dashboard#{urlencode({'run': LONG_RUN, 'split': 'train', 'step': 0})}")
+        wait_for(lambda: browser.find_element(By.ID, "samples-run").text == LONG_RUN, "the linked run's samples")
+        wait_for(lambda: step_on() == "0", "the linked run's step")
+        assert browser.find_element(By.CSS_SELECTOR, "#runs tr.focus").get_attribute("data-run") == LONG_RUN
+        shoot("linked-run")
+        browser.find_element(By.CSS_SELECTOR, 'tr[data-run="dash/tiny"] a.run-name').click()
+        wait_for(lambda: browser.find_element(By.ID, "samples-run").text == "dash/tiny", "a clicked run's samples")
+        wait_for(lambda: fragment(browser).get("run") == "dash/tiny" and fragment(browser).get("step"), "its URL")
+        browser.back()
+        wait_for(lambda: browser.find_element(By.ID, "samples-run").text == LONG_RUN and step_on() == "0",
+                 "back: the linked run and step")
+    finally:
+        keep(shots)
+
+
+@pytest.mark.integration
+def test_the_token_view_opens_at_the_first_trained_token(dashboard, page_browser, tmp_path):
+    from selenium.webdriver.common.by import By
+
+    browser, shots = page_browser, []
+    shoot, wait_for = browser_helpers(browser, tmp_path, shots)
+    first_trained_in_view = """
+        const box = document.getElementById('token-text');
+        const first = box.querySelector('.tok[data-trained="1"]');
+        if (!first || box.scrollHeight < 2 * box.clientHeight) return false;  // a long context
+        const t = first.getBoundingClientRect(), b = box.getBoundingClientRect();
+        return t.top >= b.top && t.bottom <= b.bottom && t.top >= 0 && t.bottom <= innerHeight;"""
+    try:
+        browser.set_window_size(1400, 900)
+        open_page(browser, f"{dashboard}/dashboard")
+        show_step(browser, wait_for, 1)
+        browser.find_element(By.CSS_SELECTOR, '.trajectory[data-index="5"] .show-tokens').click()
+        wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, '#token-text .tok[data-trained="1"]'), "tokens shown")
+        wait_for(lambda: browser.execute_script(first_trained_in_view), "the first trained token is in view")
+        shoot("tokens-at-first-trained")
+    finally:
+        browser.set_window_size(1400, 1700)
         keep(shots)

@@ -75,6 +75,10 @@ async def test_step_with_nothing_to_train_says_why_and_advances(tiny_model_path,
     assert result.metrics["nothing_to_train"] == 1.0
     assert result.metrics["skipped/group_rewards_all_equal"] == 1.0
     assert "rewards are all equal" in caplog.text
+    # What to do about it, in the same message: a cold start needs a way to get differing rewards.
+    (said,) = [r.getMessage() for r in caplog.records if "nothing to train" in r.getMessage()]
+    for remedy in ("demonstration", "plain messages", "graded", "response_format", "train_sft"):
+        assert remedy in said, remedy
     printed = capsys.readouterr().out
     assert "training config" in printed and '"learning_rate": 0.001' in printed and '"ppo": false' in printed  # ART's default objective, CISPO
     saved = json.loads((tmp_path / "loop" / "models" / "flat" / "model.json").read_text())

@@ -3,6 +3,7 @@ accepted, the meaningful ones honoured, the rest named once in a warning, typos 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 import pytest
@@ -75,6 +76,42 @@ def test_auto_resolves_to_the_machine():
             EngineConfig(device="cuda").resolve()
         assert info.value.field == "engine_args.device" and "no CUDA" in str(info.value)
     assert EngineConfig(dtype="bf16").resolve().torch_dtype == torch.bfloat16
+
+
+def test_max_num_seqs_defaults_by_device_and_a_given_one_is_kept():
+    """A CPU engine decodes up to 256 rows at once: a burst of rollouts (ART's yes_no_maybe
+    sends 288) runs in one wide batch, where 64-row waves took about 1.35x as long."""
+    assert EngineConfig().max_num_seqs is None
+    assert EngineConfig(device="cpu").resolve().max_num_seqs == engine_config.CPU_MAX_NUM_SEQS == 256
+    assert EngineConfig(device="cpu", max_num_seqs=8).resolve().max_num_seqs == 8
+    if torch.cuda.is_available():
+        assert EngineConfig(device="cuda").resolve().max_num_seqs == engine_config.CUDA_MAX_NUM_SEQS == 64
+    with pytest.raises(ArtValueError) as info:
+        EngineConfig.from_engine_args({"max_num_seqs": 0})
+    assert info.value.field == "engine_args.max_num_seqs"
+
+
+async def test_a_cpu_engine_admits_a_burst_past_64_rows_in_one_step(tiny_model_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from art.engine.base import SamplingParams
+    from art.engine.llm_engine import LLMEngine
+
+    engine = LLMEngine(AutoModelForCausalLM.from_pretrained(tiny_model_path),
+                       AutoTokenizer.from_pretrained(tiny_model_path), device="cpu")
+    try:
+        with engine.paused():  # the burst arrives whole before the first step admits it
+            requests = [asyncio.ensure_future(engine.generate([1, 2, 3 + i], SamplingParams(max_tokens=4), None))
+                        for i in range(100)]
+            await asyncio.sleep(0.05)
+        peak = 0
+        while not all(r.done() for r in requests):
+            peak = max(peak, engine.running)
+            await asyncio.sleep(0.001)
+        await asyncio.gather(*requests)
+        assert engine.scheduler.max_num_seqs == 256 and peak == 100
+    finally:
+        engine.stop()
 
 
 def test_art_internal_config_keys(caplog):

@@ -1,6 +1,7 @@
 """The batched engine against the plain reference sampler, on a tiny model with adapters."""
 
 import asyncio
+import time
 
 import pytest
 import torch
@@ -138,6 +139,33 @@ async def test_stop_fails_unfinished_requests_and_ends_the_thread(tiny_model_pat
     assert not engine._thread.is_alive()
     with pytest.raises(BackendError):
         await engine.generate([1, 2, 3], params, None)
+
+
+def test_an_answer_for_a_closed_event_loop_leaves_the_engine_running(tiny_model_path):
+    """A caller's loop may close before its answer is ready (a script that raised): the answer
+    is dropped and the engine thread goes on serving others."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    engine = LLMEngine(AutoModelForCausalLM.from_pretrained(tiny_model_path),
+                       AutoTokenizer.from_pretrained(tiny_model_path), max_num_seqs=2)
+    try:
+        async def leave_early() -> None:
+            asyncio.ensure_future(engine.generate([1, 2, 3], SamplingParams(max_tokens=100, ignore_eos=True), None))
+            await asyncio.sleep(0.05)  # submitted; asyncio.run then cancels it and closes the loop
+
+        asyncio.run(leave_early())
+        for _ in range(3000):  # until the abandoned request has finished and its answer was delivered
+            if not engine.running and not engine.queue_depth:
+                break
+            time.sleep(0.01)
+        assert engine._thread.is_alive()
+
+        async def ask():
+            return await asyncio.wait_for(engine.generate([1, 2, 3], SamplingParams(max_tokens=4), None), 60)
+
+        assert len(asyncio.run(ask())[0].token_ids) <= 4
+    finally:
+        engine.stop()
 
 
 def test_bad_engine_limits_are_refused_by_name(tiny_model_path):

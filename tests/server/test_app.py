@@ -285,3 +285,25 @@ def test_idle_keep_alive_connection_outlives_the_clients_expiry(server):
         assert connection.sock is first_socket
     finally:
         connection.close()
+
+
+@pytest.mark.integration
+def test_chat_template_kwargs_reach_the_template(client, tokenizer):
+    """vLLM's `chat_template_kwargs` (ART sends `enable_thinking`) are the template's variables;
+    the prompt ids every response reports are the ones rendered with them."""
+    original = tokenizer.chat_template
+    tokenizer.chat_template = original + (
+        "{% if add_generation_prompt and enable_thinking is defined and not enable_thinking %}"
+        "<think>\n\n</think>\n\n{% endif %}")
+    try:
+        plain = create(client, max_tokens=1).model_extra["prompt_token_ids"]
+        thinking_off = create(client, max_tokens=1, extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+        rendered = tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=True,
+                                                 enable_thinking=False)
+        rendered = list(rendered if isinstance(rendered, list) else rendered["input_ids"])
+        assert thinking_off.model_extra["prompt_token_ids"] == rendered != plain
+        assert tokenizer.decode(rendered[len(plain):]) == "<think>\n\n</think>\n\n"
+        with pytest.raises(openai.BadRequestError, match="add_generation_prompt"):
+            create(client, extra_body={"chat_template_kwargs": {"add_generation_prompt": False}})
+    finally:
+        tokenizer.chat_template = original

@@ -148,6 +148,18 @@ REGISTER_CASES = [
          register(base_model="../../../../etc/hosts"), 400, "base_model"),
     Case("register base_model home", "POST", "/art/models", register(base_model="~/.ssh"), 400, "base_model"),
     Case("register base_model a number", "POST", "/art/models", register(base_model=7), 400, "base_model"),
+    Case("register base_model 10k chars", "POST", "/art/models", register(base_model="m" * 10_000), 400,
+         "base_model"),
+    Case("register base_model 300-char name", "POST", "/art/models", register(base_model="m" * 300), 400,
+         "base_model"),  # longer than a file name may be: the path check must not fail on it
+    Case("register base_model 300-char path", "POST", "/art/models", register(base_model="/" + "m" * 300), 400,
+         "base_model"),
+    Case("register base_model null byte", "POST", "/art/models", register(base_model="org/m\x00x"), 400,
+         "base_model"),
+    Case("register base_model path with a null byte", "POST", "/art/models", register(base_model="/m\x00x"), 400,
+         "base_model"),
+    Case("register base_model unknown user's home", "POST", "/art/models",
+         register(base_model="~no-such-user-4242/m"), 400, "base_model"),
     Case("register internal_config a string", "POST", "/art/models", register(internal_config="x"), 400,
          "internal_config"),
     Case("register engine_args typo", "POST", "/art/models", register(
@@ -207,6 +219,10 @@ OTHER_CASES = [
     Case("checkpoints of a bad name", "GET", "/art/models/p/bad%20name/checkpoints", None, 400, "name"),
     Case("cancel training of an unknown model", "DELETE", "/art/models/p/nobody/train", None, 404, "model"),
     Case("metrics of a bad name", "GET", "/art/models/p/x%00/metrics", None, 400, "name"),
+    Case("fork base_model 300-char name", "POST", "/art/models/p/forked/fork",
+         {"from_project": "p", "from_model": "tiny", "base_model": "m" * 300}, 400, "base_model"),
+    Case("fork base_model 10k chars", "POST", "/art/models/p/forked/fork",
+         {"from_project": "p", "from_model": "tiny", "base_model": "m" * 10_000}, 400, "base_model"),
 ]
 
 

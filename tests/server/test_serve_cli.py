@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -85,3 +86,54 @@ def test_art_serve_with_ray_places_peers_in_ray(tmp_path):
     finally:
         server.send_signal(signal.SIGTERM)
         assert server.wait(timeout=60) is not None
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.integration
+def test_sigterm_mid_step_abandons_it_in_one_line(tiny_model_path, tmp_path):
+    """SIGTERM while a training step runs: the step stops and rolls back at once, the client's
+    stream ends with an error that says so, the log says in one line what became of the step
+    (no traceback), and the server exits without waiting out uvicorn's graceful timeout."""
+    from tests.support.fakes import groups_of_choices
+    from tests.support.servers import start_server
+
+    root, log = tmp_path / "server", tmp_path / "serve.log"
+    process, url = start_server(root, log, models_dir=tiny_model_path.parent)
+    try:
+        body = {"name": "m", "project": "p", "trainable": True, "base_model": str(tiny_model_path)}
+        assert httpx.post(f"{url}/art/models", json=body, timeout=120).status_code == 200
+        groups = [g.for_logging() for g in groups_of_choices(seed=3)]
+        quick = httpx.post(f"{url}/art/models/p/m/train", json={"trajectory_groups": groups}, timeout=120)
+        assert json.loads(quick.text.splitlines()[-1]) == {**json.loads(quick.text.splitlines()[-1]),
+                                                           "type": "result", "step": 1}
+        before = _files(root / "p" / "models" / "m" / "checkpoints")
+        # Hundreds of optimizer steps: far longer than the test waits.
+        slow = {"trajectory_groups": groups, "options": {"epochs": 100, "mini_batches": 8}}
+        lines = []
+        with httpx.stream("POST", f"{url}/art/models/p/m/train", json=slow, timeout=60) as response:
+            stream = response.iter_lines()
+            for line in stream:
+                lines.append(json.loads(line))
+                if lines[-1]["type"] == "gradient_step":
+                    break
+            process.send_signal(signal.SIGTERM)
+            signalled = time.monotonic()
+            lines += [json.loads(line) for line in stream]
+        process.wait(timeout=30)
+        exited_after = time.monotonic() - signalled
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    output = log.read_text()
+    assert lines[-1]["type"] == "error", lines[-1]
+    error = lines[-1]["error"]
+    assert error["code"] == "unavailable" and "shutting down" in error["message"], error
+    assert "abandoned" in error["message"] and "stays at step 1" in error["message"], error
+    assert exited_after < 8, (exited_after, output)  # uvicorn alone waited out its 10 s graceful timeout
+    assert "shutting down: training step of p/m abandoned; the model stays at step 1" in output, output
+    assert "Traceback" not in output and "CancelledError" not in output, output
+    assert _files(root / "p" / "models" / "m" / "checkpoints") == before

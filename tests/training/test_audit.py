@@ -29,6 +29,14 @@ def test_audit_lists_trained_tokens_and_flags_a_rerendered_turn():
     assert "BREAK at choice 2" in text and "3 trained tokens in 2 sequence(s)" in text
 
 
+def test_audit_notes_assistant_dicts_as_context_or_unused():
+    demo = {"role": "assistant", "content": "a demonstration"}
+    trajectory = art.Trajectory(messages_and_choices=[demo, make_choice([1, 2], [3]), dict(demo)], reward=0.0)
+    report = audit(trajectory)
+    assert dict(report.issues) == {"context_assistant_turns": 1, "assistant_dict_after_last_choice": 1}
+    assert "note: 1 x context_assistant_turns" in report.format()
+
+
 @pytest.mark.integration
 async def test_audit_cli_on_a_logged_run_matches_trainer_logprobs(tiny_model_path, tmp_path, capsys):
     backend = art.LocalBackend(path=str(tmp_path))

@@ -13,7 +13,7 @@ from art.training.advantages import group_advantages
 from art.training.loss import policy_loss_terms
 from art.training.options import TrainOptions
 from art.training.sequences import (
-    ASSISTANT_DICT, NO_LOGPROBS, NO_TOKEN_IDS, SEQUENCE_BREAK, sequences_of_trajectory,
+    NO_LOGPROBS, NO_TOKEN_IDS, SEQUENCE_BREAK, assistant_dict_turns, sequences_of_trajectory,
 )
 from art.training.batch import EQUAL_REWARDS, prepare_batch
 from tests.support.fakes import make_choice
@@ -73,7 +73,7 @@ def test_multi_turn_tool_trajectory_trains_only_sampled_tokens():
     assert not issues
 
 
-def test_non_extending_prompt_starts_a_new_sequence_and_dicts_are_reported():
+def test_non_extending_prompt_starts_a_new_sequence_and_dicts_are_context():
     first = make_choice([1, 2], [3])
     second = make_choice([1, 9, 9], [4, 5])  # history was rewritten: does not extend [1, 2, 3]
     trajectory = art.Trajectory(messages_and_choices=[
@@ -83,7 +83,11 @@ def test_non_extending_prompt_starts_a_new_sequence_and_dicts_are_reported():
     issues = Counter()
     seqs = sequences_of_trajectory(trajectory, issues)
     assert [s.token_ids for s in seqs] == [[1, 2, 3], [1, 9, 9, 4, 5]]
-    assert issues == Counter({ASSISTANT_DICT: 1, NO_LOGPROBS: 1, SEQUENCE_BREAK: 1})
+    assert issues == Counter({NO_LOGPROBS: 1, SEQUENCE_BREAK: 1})  # the dict is context, not an issue
+    assert assistant_dict_turns(trajectory.messages_and_choices) == (1, 0)
+    after_the_last = [{"role": "user", "content": "q"}, first, {"role": "assistant", "content": "a"}]
+    assert assistant_dict_turns(after_the_last) == (0, 1)
+    assert assistant_dict_turns([{"role": "assistant", "content": "a"}]) == (0, 1)  # no Choice at all
 
 
 def test_prepare_batch_counts_what_cannot_train():

@@ -127,7 +127,7 @@ class RemoteService:
                         progress(event)
                     if event.get("type") == "error" and (event.get("error") or {}).get("code") != "step_conflict":
                         self._in_doubt.pop(key, None)  # the server says the step failed: nothing in doubt
-                    result = _on_event(event, bar)
+                    result = _on_event(event, bar, action)
                     if result is not None:
                         self._in_doubt.pop(key, None)
                         self._steps[key] = result.step
@@ -272,13 +272,19 @@ def _parse(text: str | bytes, response: httpx.Response) -> Any:
                            f"(is this an art server?): {text[:200]!r}") from None
 
 
-def _on_event(event: dict[str, Any], bar: tqdm) -> TrainResult | None:
+def _bar_label(action: str, step: int) -> str:
+    """Named as the server's bar is (`art.service.update`): an RL step by the step history files
+    its rows under (the one it trains from; events carry the step it writes), SFT by the step it writes."""
+    return f"train step {step - 1}" if action == "train" else f"sft step {step}"
+
+
+def _on_event(event: dict[str, Any], bar: tqdm, action: str = "train") -> TrainResult | None:
     kind = event.get("type")
     if kind == "accepted":
-        bar.set_description(f"train step {event['step']}")
+        bar.set_description(_bar_label(action, event["step"]))
         bar.set_postfix_str(f"{event.get('trajectories', '?')} trajectories sent")
     elif kind == "gradient_step":
-        bar.set_description(f"train step {event['step']}")
+        bar.set_description(_bar_label(action, event["step"]))
         bar.total = event.get("total")
         bar.update(1)
         bar.set_postfix({k: f"{v:.4g}" for k, v in (event.get("metrics") or {}).items() if isinstance(v, float)})

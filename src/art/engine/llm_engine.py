@@ -4,7 +4,8 @@
 boundary (scheduler), prefill them after their longest cached prefix (prefix cache) and sample
 each sample's first token, decode one token for every running row (runner), retire the rows
 that finished. A thin driver thread runs `step()` while there is work and answers requests
-when all their samples finish; `generate()` is the async face. It knows nothing about HTTP,
+when all their samples finish (every such thread is stopped at interpreter exit:
+`stop_all_engines`); `generate()` is the async face. It knows nothing about HTTP,
 chat formats or GRPO.
 
 The runner does the tensor work: `StaticRunner` (the engine's own decoder, static shapes, CUDA
@@ -14,10 +15,12 @@ graphs) for Llama-family models, `HFRunner` (transformers' forward) for the rest
 from __future__ import annotations
 
 import asyncio
+import atexit
 import logging
 import statistics
 import threading
 import time
+import weakref
 from collections import deque
 from contextlib import contextmanager
 from typing import AsyncIterator, Iterator
@@ -42,6 +45,9 @@ log = logging.getLogger(__name__)
 
 TTFT_WINDOW = 256
 """Requests whose time to first token /health summarises (the latest ones)."""
+
+_RUNNING: weakref.WeakSet[LLMEngine] = weakref.WeakSet()
+"""Engines whose thread has not been stopped: `stop_all_engines` stops them."""
 
 
 class LLMEngine:
@@ -88,6 +94,7 @@ class LLMEngine:
         """torch threads the engine thread should use (None: the process default); `set_threads`."""
         self._thread = threading.Thread(target=self._loop, name="art-engine", daemon=True)
         self._thread.start()
+        _RUNNING.add(self)
 
     def _kv_tokens(self) -> int:
         """The scheduler's KV budget in positions: on CUDA the cache's (rows x the width of the
@@ -113,7 +120,10 @@ class LLMEngine:
                     future.set_exception(result)
                 else:
                     future.set_result(result)
-            loop.call_soon_threadsafe(settle)
+            try:
+                loop.call_soon_threadsafe(settle)
+            except RuntimeError:  # the caller's loop is closed: nobody waits for the answer
+                pass
 
         self._submit(Request(list(prompt_token_ids), params, adapter, deliver))
         return await future
@@ -308,11 +318,13 @@ class LLMEngine:
 
     # -- driver thread ------------------------------------------------------------------------
     def stop(self) -> None:
-        """End the engine thread; requests still waiting or running get a BackendUnavailableError."""
+        """End the engine thread (after the step it is in); requests still waiting or running get
+        a BackendUnavailableError."""
         with self._cv:
             self._stopped = True
             self._cv.notify_all()
         self._thread.join(timeout=30)
+        _RUNNING.discard(self)
 
     def set_threads(self, threads: int | None) -> None:
         """torch threads for the engine thread from its next step on (None: the process default).
@@ -508,6 +520,18 @@ class LLMEngine:
         self.rows = []
         self.runner.clear()
         return failed
+
+
+@atexit.register
+def stop_all_engines() -> None:
+    """Stop every engine still running; at interpreter exit (an atexit hook) for a script that
+    raised, or ended, with requests in flight. The engine thread is a daemon: left running, it
+    would be inside a torch op when the interpreter finalizes, and a daemon thread that wakes up
+    then is ended by `pthread_exit`, whose unwinding through torch's C++ frames aborts the
+    process (`terminate called without an active exception`, exit 134) after the user's
+    traceback. atexit hooks run before that, while every thread still runs normally."""
+    for engine in list(_RUNNING):
+        engine.stop()
 
 
 def retired_name(step: int | None) -> str:

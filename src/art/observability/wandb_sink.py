@@ -54,7 +54,7 @@ def update_config(model, config: dict) -> None:
 def _run(model, run_dir: Path):
     global _warned
     key = (model.project, model.name)
-    if key in _runs:
+    if key in _runs and not getattr(_runs[key], "_is_finished", False):  # a run the user finished: start anew
         return _runs[key]
     try:
         import wandb

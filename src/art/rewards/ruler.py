@@ -36,6 +36,7 @@ from art.errors import ArtValueError, JudgeError
 from art.rewards.judge_answer import JudgeAnswerError, Response, TrajectoryScore, answer_schema, parse_answer
 from art.rewards.judge_cache import JudgeCache
 from art.rewards.judge_prompt import DEFAULT_RUBRIC, judge_messages
+from art.training.advantages import rewards_differ
 from art.trajectories import Trajectory, TrajectoryGroup, get_messages, is_choice
 
 log = logging.getLogger(__name__)
@@ -52,6 +53,8 @@ OLLAMA_PREFIXES = ("ollama/", "ollama_chat/")
 """LiteLLM's prefixes for a model served by Ollama (ART's judge names)."""
 DEFAULT_OLLAMA_BASE = "http://localhost:11434"
 """Where Ollama listens unless `OLLAMA_API_BASE` says otherwise (LiteLLM's default)."""
+_warned_uniform: set[str] = set()
+"""Judges (endpoint + model) already warned about for scoring a group's candidates all alike."""
 
 
 @dataclass
@@ -67,6 +70,9 @@ class RulerStats:
     judge_latency_s: float = 0.0
     judge_prompt_tokens: int = 0
     judge_completion_tokens: int = 0
+    uniform_groups: int = 0
+    """Groups whose scores were all equal: GRPO learns nothing from them (per step, the mean
+    `train/group_ruler/uniform_groups` is their share)."""
 
     def as_metrics(self) -> dict[str, float]:
         return {f"ruler/{k}": float(v) for k, v in asdict(self).items()}
@@ -175,13 +181,32 @@ async def ruler(
     stats = stats if stats is not None else RulerStats()
     target = _judge(judge, judge_model, judge_api_key)
     try:
-        return await _score(lists, target, rubric=rubric, tools=tools,
-                            params={**(extra_litellm_params or {}), **(extra_params or {})},
-                            max_retries=max_retries, max_trajectory_tokens=max_trajectory_tokens, store=_cache(cache),
-                            structured=structured, debug=debug, stats=stats)
+        scores = await _score(lists, target, rubric=rubric, tools=tools,
+                              params={**(extra_litellm_params or {}), **(extra_params or {})},
+                              max_retries=max_retries, max_trajectory_tokens=max_trajectory_tokens,
+                              store=_cache(cache), structured=structured, debug=debug, stats=stats)
     finally:
         if target.owned:
             await target.client.close()
+    _check_uniform(scores, lists, target, stats)
+    return scores
+
+
+def _check_uniform(scores: list[TrajectoryScore], lists: list[list[dict]], target: _Judge, stats: RulerStats) -> None:
+    """Count a group scored all alike, and warn once per judge when its candidates differed:
+    such a judge (the bundled 135M model gives every candidate 0.5) otherwise goes unnoticed
+    until training reports equal rewards. Alike candidates deserve alike scores: no warning."""
+    if len(scores) < 2 or rewards_differ([s.score for s in scores]):
+        return
+    stats.uniform_groups += 1
+    where = f"{target.endpoint}|{target.model}"
+    if where in _warned_uniform or all(messages == lists[0] for messages in lists):
+        return
+    _warned_uniform.add(where)
+    log.warning("RULER: the judge %s (%s) gave all %d different trajectories of a group the same score (%.3f), so "
+                "that group trains nothing. If it keeps doing so, use a stronger judge model or a rubric that "
+                "separates better answers from worse ones; ruler/uniform_groups counts such groups (this warning "
+                "is shown once per judge).", target.model, target.endpoint, len(scores), scores[0].score)
 
 
 async def _score(lists: list[list[dict]], target: _Judge, *, rubric: str, tools: list[Any] | None, params: dict,

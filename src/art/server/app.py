@@ -194,7 +194,8 @@ def _prompt_ids(tokenizer, body: ChatCompletionRequest) -> list[int]:
     messages, tools = template_messages(
         tokenizer, [m.for_template() for m in body.messages], body.tools, body.tool_choice
     )
-    return prompt_ids(tokenizer, messages, tools, add_generation_prompt=True, where="messages")
+    return prompt_ids(tokenizer, messages, tools, add_generation_prompt=True, where="messages",
+                      template_kwargs=body.chat_template_kwargs)
 
 
 def _max_tokens(body: ChatCompletionRequest, prompt_len: int, max_model_len: int, default: int) -> int:

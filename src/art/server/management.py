@@ -23,7 +23,7 @@ from fastapi.responses import Response, StreamingResponse
 from pydantic import TypeAdapter
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from art.errors import ArtError, ArtValueError, BackendUnavailableError, StepConflictError
+from art.errors import ArtError, ArtValueError, BackendUnavailableError, StepCancelledError, StepConflictError
 from art.naming import MAX_METRIC_NAME, echo
 from art.observability import tracing
 from art.server.errors import error_object, error_response
@@ -79,13 +79,84 @@ def model_key(project: str, name: str) -> ModelKey:
     return validate_name(project, "project"), validate_name(name, "name")
 
 
-_RUNNING: set[asyncio.Task] = set()
-"""Train tasks outlive their requests: keep them referenced until they end."""
+_SHUTDOWN = object()
+"""Put in a running step's event queue when the server starts shutting down."""
+
+
+class RunningSteps:
+    """The training steps a server runs, each as its own task that outlives its request (kept
+    referenced here until it ends).
+
+    When the server shuts down (`abandon`, called by `art.serve` before it waits for open
+    connections) every running step is cancelled: it stops at its next micro-batch and rolls
+    back. Its stream ends within `stream_wait_s` with an error saying so, and new steps are
+    refused. `settle`, from the app's shutdown, waits for the steps to end and logs, one line
+    per model, what became of each step."""
+
+    def __init__(self, *, stream_wait_s: float = 5.0, settle_wait_s: float = 120.0) -> None:
+        self.stream_wait_s = stream_wait_s
+        """How long a stream waits for its cancelled step; below uvicorn's graceful timeout (10 s)."""
+        self.settle_wait_s = settle_wait_s
+        """How long shutdown waits for a cancelled step to reach its next micro-batch."""
+        self.shutting_down = False
+        self._tasks: dict[asyncio.Task, tuple[ModelKey, asyncio.Queue]] = {}
+        self._abandoned: dict[asyncio.Task, tuple[ModelKey, asyncio.Queue]] = {}
+
+    def add(self, task: asyncio.Task, key: ModelKey, queue: asyncio.Queue) -> None:
+        self._tasks[task] = (key, queue)
+        task.add_done_callback(self._tasks.pop)  # the task itself is the key: removed once it ends
+
+    async def abandon(self, service: Service) -> None:
+        """Cancel every running step and wake its stream; refuse new ones from now on."""
+        self.shutting_down = True
+        self._abandoned = dict(self._tasks)
+        for key in {key for key, _ in self._abandoned.values()}:
+            try:
+                await service.cancel_training(key)
+            except Exception as exc:  # the shutdown goes on; `settle` says what became of the step
+                log.warning("shutting down: could not stop the training step of %s/%s: %s", *key, exc)
+        for _, queue in self._abandoned.values():
+            queue.put_nowait(_SHUTDOWN)
+
+    async def settle(self, service: Service) -> None:
+        """Wait for the abandoned steps to end; log in one line per model what became of them."""
+        if not self._abandoned:
+            return
+        await asyncio.wait(list(self._abandoned), timeout=self.settle_wait_s)
+        reported: set[ModelKey] = set()
+        for task, (key, _) in self._abandoned.items():
+            if key in reported or (task.done() and not _stopped(task)):
+                continue  # a step that finished (or failed) before it could stop was logged as usual
+            reported.add(key)
+            stays = await service.step(key)
+            if task.done():
+                log.warning("shutting down: training step of %s/%s abandoned; the model stays at step %d",
+                            *key, stays)
+            else:
+                log.warning("shutting down: training step of %s/%s did not stop within %g s; abandoned, the model "
+                            "stays at step %d unless the step's checkpoint lands before the process ends",
+                            *key, self.settle_wait_s, stays)
+
+    def refuse_if_shutting_down(self) -> None:
+        if self.shutting_down:
+            raise BackendUnavailableError("the server is shutting down: send the step again once it is back")
+
+
+def _stopped(task: asyncio.Task) -> bool:
+    """Whether an ended train task was stopped (cancelled), rather than trained or failed."""
+    return task.cancelled() or isinstance(task.exception(), StepCancelledError)
+
+
+def _abandoned(key: ModelKey, step: int, *, stopped: bool) -> BackendUnavailableError:
+    """What the client of a step abandoned at shutdown is told."""
+    how = "was abandoned and rolled back" if stopped else "is being abandoned (it rolls back at its next micro-batch)"
+    return BackendUnavailableError(f"the server is shutting down: the training step of {key[0]}/{key[1]} {how}; "
+                                   f"the model stays at step {step}. Send the step again once the server is back")
 
 
 async def train_stream(service: Service, key: ModelKey, run: Callable[[Progress], Awaitable[TrainResult]],
                        *, body: TrainRequest | TrainSFTRequest, request: Request, accepted: dict[str, Any],
-                       heartbeat_s: float) -> StreamingResponse:
+                       heartbeat_s: float, running: RunningSteps) -> StreamingResponse:
     """Start `run(progress)` (a service update of `key`) as its own task and stream its TrainEvents
     as NDJSON lines: `accepted` (with `accepted`'s counts), progress, heartbeats every
     `heartbeat_s` of silence, and the result or the error."""
@@ -105,13 +176,14 @@ async def train_stream(service: Service, key: ModelKey, run: Callable[[Progress]
                           context=caller):
             return await run(progress)
 
+    running.refuse_if_shutting_down()  # no await from here to `add`: a step is either refused or abandoned
     task = asyncio.ensure_future(train_step())
-    _RUNNING.add(task)
+    running.add(task, key, queue)
 
     def finished(task: asyncio.Task) -> None:
-        _RUNNING.discard(task)
         queue.put_nowait(None)
-        _report(task, key)
+        if not (running.shutting_down and _stopped(task)):  # an abandoned step: `RunningSteps.settle` says so
+            _report(task, key)
 
     task.add_done_callback(finished)
     started = time.monotonic()
@@ -133,10 +205,20 @@ async def train_stream(service: Service, key: ModelKey, run: Callable[[Progress]
             except asyncio.TimeoutError:
                 yield _line({"type": "heartbeat", "elapsed_s": round(time.monotonic() - started, 1)})
                 continue
+            if event is _SHUTDOWN:
+                await asyncio.wait([task], timeout=running.stream_wait_s)  # ends at its next micro-batch
+                if not task.done():
+                    yield _line({"type": "error", "error": error_object(
+                        _abandoned(key, await service.step(key), stopped=False))})
+                    return
+                break
             if event is None:
                 break
             yield _line(event)
-        if task.cancelled():
+        if running.shutting_down and _stopped(task):
+            yield _line({"type": "error", "error": error_object(_abandoned(key, await service.step(key),
+                                                                           stopped=True))})
+        elif task.cancelled():
             cancelled = BackendUnavailableError("the step was cancelled (server shutdown)")
             yield _line({"type": "error", "error": error_object(cancelled)})
         elif task.exception() is not None:
@@ -151,11 +233,13 @@ async def train_stream(service: Service, key: ModelKey, run: Callable[[Progress]
 # -- the routes ------------------------------------------------------------------------------
 
 
-def management_router(service: Service, *, heartbeat_s: float = 10.0,
-                      model_roots: list | None = None) -> APIRouter:
+def management_router(service: Service, *, heartbeat_s: float = 10.0, model_roots: list | None = None,
+                      running: RunningSteps | None = None) -> APIRouter:
     """Routes under `/art` over `service`. `model_roots`: the server folders a registered
-    `base_model` path may point into (None: any)."""
+    `base_model` path may point into (None: any). `running`: where the training steps are kept
+    (the server abandons them when it shuts down)."""
     router = APIRouter(prefix="/art", tags=["management"])
+    running = running if running is not None else RunningSteps()
     uploads: dict[ModelKey, tuple[str, list[TrajectoryGroup]]] = {}  # each model's last train groups, for its log
 
     async def info(spec: ModelSpec) -> ModelInfo:
@@ -202,7 +286,7 @@ def management_router(service: Service, *, heartbeat_s: float = 10.0,
             return service.train(key, groups, options, expected_step=body.expected_step, progress=progress)
 
         return await train_stream(service, key, run, body=body, request=request, accepted=accepted,
-                                  heartbeat_s=heartbeat_s)
+                                  heartbeat_s=heartbeat_s, running=running)
 
     @router.post(
         "/models/{project}/{name}/train_sft",
@@ -222,7 +306,8 @@ def management_router(service: Service, *, heartbeat_s: float = 10.0,
             return service.train_sft(key, trajectories, options, expected_step=body.expected_step, progress=progress)
 
         return await train_stream(service, key, run, body=body, request=request,
-                                  accepted={"trajectories": len(trajectories)}, heartbeat_s=heartbeat_s)
+                                  accepted={"trajectories": len(trajectories)}, heartbeat_s=heartbeat_s,
+                                  running=running)
 
     @router.delete("/models/{project}/{name}/train", response_model=Cancelled,
                    summary="Cancel the running training step (it rolls back)")

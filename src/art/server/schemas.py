@@ -45,7 +45,9 @@ with an ordinary 4xx before the stream starts. The update runs as its own task: 
 that disconnects mid-step does not cancel it; the step completes and is checkpointed
 atomically, and the client sees it on its next `get_step`, unless the body asked for
 `cancel_on_disconnect`. `DELETE .../train` cancels a running step: it stops at its next
-micro-batch, rolls back, and its stream ends with a 409 `step_cancelled` error line.
+micro-batch, rolls back, and its stream ends with a 409 `step_cancelled` error line. A server
+that shuts down abandons its running steps the same way; their streams end with a 503
+`unavailable` error line naming the step the model stays at (send the step again later).
 
 A train body may carry `expected_step`, the step the client believes it trains from. If the
 model is elsewhere (usually: the same call already completed after its connection broke) the
@@ -115,6 +117,13 @@ class ResponseFormat(BaseModel):
         return out
 
 
+TEMPLATE_ARGUMENTS = frozenset({
+    "conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt",
+    "continue_final_message", "tokenize", "padding", "truncation", "max_length", "return_tensors",
+    "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs"})
+"""`apply_chat_template`'s own arguments: a request's template variables may not name them."""
+
+
 class ChatCompletionRequest(BaseModel):
     """POST /v1/chat/completions body (OpenAI's names and ranges)."""
 
@@ -154,6 +163,21 @@ class ChatCompletionRequest(BaseModel):
     metadata: dict[str, Any] | None = None
     frequency_penalty: float | None = None
     presence_penalty: float | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    """Variables for the model's chat template (vLLM's field; ART sends it), such as
+    `{"enable_thinking": false}`: they change the prompt, whose ids every choice reports."""
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _template_kwargs(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value is None:
+            return None
+        if len(value) > 32:
+            raise ValueError("at most 32 chat_template_kwargs are accepted")
+        taken = sorted(set(value) & TEMPLATE_ARGUMENTS)
+        if taken:
+            raise ValueError(f"chat_template_kwargs may not set {', '.join(taken)}: the request's own fields do")
+        return value
 
     @field_validator("stop")
     @classmethod
@@ -236,13 +260,17 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+MAX_BASE_MODEL = 4096
+"""A Hugging Face id or a path on the server: no longer than a path may be (Linux's PATH_MAX)."""
+
+
 class RegisterRequest(_Strict):
     """`art.Model` / `art.TrainableModel` fields the server needs."""
 
     name: str = Field(description="Model name: 1-128 letters, digits, '.', '_' or '-'.")
     project: str = Field(description="Project name, same rules as `name`.")
     trainable: bool = Field(False, description="True for an `art.TrainableModel`.")
-    base_model: str | None = Field(None, validate_default=True,
+    base_model: str | None = Field(None, validate_default=True, max_length=MAX_BASE_MODEL,
                                    description="Hugging Face id or server-side path; required when trainable.")
     config: Any = Field(None, description="The user's config object, stored with the run.")
     internal_config: dict[str, Any] | None = Field(
@@ -394,7 +422,8 @@ class ForkRequest(_Strict):
     from_project: str = Field(description="Its project.")
     not_after_step: int | None = Field(None, ge=0, le=MAX_STEP,
                                        description="Copy the last checkpoint at or before this step (None: the latest).")
-    base_model: str = Field(description="The forked model's base model; it must be the source's.")
+    base_model: str = Field(max_length=MAX_BASE_MODEL, description="The forked model's base model; it must be the "
+                                                                   "source's.")
     config: Any = Field(None, description="The forked model's config object, stored with its run.")
     internal_config: dict[str, Any] | None = Field(None, description="Its `TrainableModel(_internal_config=...)`.")
 

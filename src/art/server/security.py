@@ -195,15 +195,31 @@ def default_model_roots(models_dirs: list[str] = ()) -> list[Path]:
 def check_base_model(value: str, roots: list[Path] | None) -> None:
     """Refuse a `base_model` that names a server path outside `roots` (None: any path). A Hugging
     Face id ("org/name") is not a path unless such a folder exists; the answer is the same for a
-    path that exists and one that does not, so it reveals nothing about the server's files."""
+    path that exists and one that does not, so it reveals nothing about the server's files. A
+    value no file can be named (too long for the file system, a NUL byte, `~` of an unknown
+    user) is judged the same way, never a 500."""
     if roots is None:
         return
-    path = Path(value).expanduser()
-    if not (value.startswith(("/", ".", "~", "\\")) or value.count("/") > 1 or path.exists()):
-        return
-    real = path.resolve()
-    if not any(real == root or root in real.parents for root in roots):
-        raise ArtValueError("base_model names a path on the server outside the folders models may be loaded from "
-                            "(--models-dir, the Hugging Face cache, art's cache); use a Hugging Face id, put the "
-                            "model under a --models-dir, or start the server with --allow-any-model-path",
-                            field="base_model")
+    if value.startswith(("/", ".", "~", "\\")) or value.count("/") > 1 or _exists(value):
+        real = _resolved(value)
+        if real is None or not any(real == root or root in real.parents for root in roots):
+            raise ArtValueError("base_model names a path on the server outside the folders models may be loaded "
+                                "from (--models-dir, the Hugging Face cache, art's cache); use a Hugging Face id, put "
+                                "the model under a --models-dir, or start the server with --allow-any-model-path",
+                                field="base_model")
+
+
+def _exists(value: str) -> bool:
+    """Whether a file is named `value`; False for a name none can have."""
+    try:
+        return Path(value).expanduser().exists()
+    except (OSError, ValueError, RuntimeError):  # RuntimeError: `~name` of an unknown user
+        return False
+
+
+def _resolved(value: str) -> Path | None:
+    """The absolute path `value` names, or None for a name no file can have."""
+    try:
+        return Path(value).expanduser().resolve()
+    except (OSError, ValueError, RuntimeError):
+        return None

@@ -5,13 +5,18 @@ engine shares weights with the trainer), yet rollouts must reach it over a real 
 the official `openai` client. So uvicorn runs on a daemon thread with its own event loop.
 We bind the socket ourselves before starting uvicorn: with port=0 the real port is known at
 once, and a bind failure is raised in the caller's thread instead of dying inside uvicorn.
+A server still running when the interpreter exits (a script that raised) is stopped by an
+atexit hook, after the engines, so nothing is left serving while the interpreter finalizes.
 """
 
 from __future__ import annotations
 
+import atexit
 import socket
+import sys
 import threading
 import time
+import weakref
 from typing import TYPE_CHECKING
 
 from art.errors import BackendError
@@ -41,6 +46,10 @@ def bind(host: str, port: int) -> tuple[socket.socket, int]:
         sock.close()
         raise
     return sock, sock.getsockname()[1]
+
+
+_RUNNING: weakref.WeakSet[ServerThread] = weakref.WeakSet()
+"""Servers started and not stopped yet: `_stop_at_exit` stops them."""
 
 
 class ServerThread:
@@ -79,6 +88,7 @@ class ServerThread:
             target=self._run, args=(sock,), name=f"art-server-{self.port}", daemon=True
         )
         self._thread.start()
+        _RUNNING.add(self)
         deadline = time.monotonic() + self.start_timeout
         while not self._server.started:
             if not self._thread.is_alive() or time.monotonic() > deadline:
@@ -103,9 +113,23 @@ class ServerThread:
             self._thread.join(timeout)
         self._thread = None
         self._server = None
+        _RUNNING.discard(self)
 
     def __enter__(self) -> ServerThread:
         return self.start()
 
     def __exit__(self, *exc_info) -> None:
         self.stop()
+
+
+@atexit.register
+def _stop_at_exit() -> None:
+    """Servers left running by a script that ended (or raised) without closing its backend.
+    The engines stop first (`art.engine.llm_engine`, when loaded): open requests then end at
+    once with an error, so the graceful shutdown does not wait for them."""
+    if "art.engine.llm_engine" in sys.modules:
+        from art.engine.llm_engine import stop_all_engines
+
+        stop_all_engines()
+    for server in list(_RUNNING):
+        server.stop()

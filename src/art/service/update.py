@@ -53,7 +53,12 @@ async def run_update(loaded: LoadedModel, work, step_fn: StepFn, options, *, exp
                 _show_options(loaded, options)
             with tracing.span("art.train_step", {"art.model": f"{loaded.project}/{loaded.name}",
                                                  "art.step_from": loaded.step}) as current:
-                result = await asyncio.to_thread(_step, loaded, work, step_fn, options, progress)  # context copied
+                abandoned = threading.Event()
+                try:  # context copied
+                    result = await asyncio.to_thread(_step, loaded, work, step_fn, options, progress, abandoned)
+                except asyncio.CancelledError:  # Ctrl-C, a failed script, a server's shutdown: nobody waits for
+                    abandoned.set()  # the step any more; it stops at its next micro-batch and rolls back
+                    raise
                 result.metrics.update(await _probe_and_publish(loaded, rollback_to=result.step - 1))
                 if current is not None:
                     tracing.set_attributes(current, {"art.step": result.step, **{
@@ -87,7 +92,8 @@ async def load_fork(loaded: LoadedModel, plan) -> int:
         return loaded.step
 
 
-def _step(loaded: LoadedModel, work, step_fn: StepFn, options, progress) -> TrainResult:
+def _step(loaded: LoadedModel, work, step_fn: StepFn, options, progress,
+          abandoned: threading.Event | None = None) -> TrainResult:
     """Pause → step → checkpoint → `weights_updated`; on any failure, back to the saved step.
     The watchdog sees it running (`training_since`, `training_thread`)."""
 
@@ -99,9 +105,9 @@ def _step(loaded: LoadedModel, work, step_fn: StepFn, options, progress) -> Trai
         with _beside_the_engine(loaded):
             out_of_memory = False
             try:
-                metrics = step_fn(work, options, desc=f"train step {loaded.step + 1}",
+                metrics = step_fn(work, options, desc=_bar_label(loaded.step, options),
                                   on_optimizer_step=on_optimizer_step if progress else None,
-                                  should_stop=_before_each_micro_batch(loaded))
+                                  should_stop=_before_each_micro_batch(loaded, abandoned))
                 with tracing.span("art.train.checkpoint", {"art.step": loaded.step + 1}):
                     loaded.store.write(loaded.step + 1, loaded.trainer.save)
                     if loaded.trainer.last_trainer_logprobs:  # beside the trajectories of the step they trained on
@@ -128,6 +134,12 @@ def _step(loaded: LoadedModel, work, step_fn: StepFn, options, progress) -> Trai
         loaded.training_since = loaded.training_thread = None
 
 
+def _bar_label(step: int, options) -> str:
+    """The trainer's bar names the step the way history does: an RL step's rows are filed under
+    the step that sampled its groups (the one it trains from), SFT's under the step it writes."""
+    return f"train step {step}" if isinstance(options, TrainOptions) else f"sft step {step + 1}"
+
+
 @contextmanager
 def _beside_the_engine(loaded: LoadedModel) -> Iterator[None]:
     """How a step and the engine share the device. Serving while training: the engine answers
@@ -144,21 +156,25 @@ def _beside_the_engine(loaded: LoadedModel) -> Iterator[None]:
         yield
 
 
-def _before_each_micro_batch(loaded: LoadedModel) -> Callable[[], bool]:
-    """The trainer's poll before each micro-batch: whether to stop (the step was cancelled) and,
-    on the CPU beside a serving engine, its share of the cores for the next micro-batch: all of
-    them while the engine is idle (the sync loop: nobody samples during its step), its
-    `thread_split` share while the engine has requests (the pipeline)."""
+def _before_each_micro_batch(loaded: LoadedModel, abandoned: threading.Event | None = None) -> Callable[[], bool]:
+    """The trainer's poll before each micro-batch: whether to stop (the step was cancelled, or
+    `abandoned` by its caller) and, on the CPU beside a serving engine, its share of the cores
+    for the next micro-batch: all of them while the engine is idle (the sync loop: nobody
+    samples during its step), its `thread_split` share while the engine has requests (the pipeline)."""
     split = loaded.thread_split if loaded.serve_while_training else None
+
+    def stop() -> bool:
+        return loaded.cancelled.is_set() or (abandoned is not None and abandoned.is_set())
+
     if split is None:
-        return loaded.cancelled.is_set
+        return stop
     everything = torch.get_num_threads()
 
     def poll() -> bool:
         wanted = split[1] if loaded.engine.has_work() else everything
         if torch.get_num_threads() != wanted:
             torch.set_num_threads(wanted)
-        return loaded.cancelled.is_set()
+        return stop()
 
     return poll
 
@@ -226,10 +242,10 @@ def _show_options(loaded: LoadedModel, options) -> None:
     """Print the resolved training config (every default filled in) when it changes, and
     keep it in model.json, so a run's settings are never a guess."""
     if isinstance(options, TrainOptions):
-        what, key, resolved = "training", "train_options", {**options.as_dict(),
-                                                            "epsilon, epsilon_high": options.clip_range()}
+        what, key = "training", "train_options"
     else:  # SFTOptions: the per-call learning rate is reported per step instead
-        what, key, resolved = "SFT", "sft_options", options.described()
+        what, key = "SFT", "sft_options"
+    resolved = options.described()
     tqdm.write(f"[art] {loaded.project}/{loaded.name} {what} config: " + json.dumps(resolved, default=str))
     loaded.model_json.update({key: resolved, "updated_at": time.time()})
     loaded.dir.write_model_json(loaded.model_json)

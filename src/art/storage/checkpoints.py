@@ -25,7 +25,7 @@ class CheckpointStore:
             shutil.rmtree(leftover, ignore_errors=True)
 
     def steps(self) -> list[int]:
-        return sorted(int(p.name) for p in self.directory.iterdir() if p.is_dir() and _STEP.match(p.name))
+        return complete_steps(self.directory)
 
     def latest_step(self) -> int | None:
         steps = self.steps()
@@ -68,6 +68,14 @@ class CheckpointStore:
         doomed = self.directory / f".tmp-deleting-{step:04d}"
         os.rename(self.path(step), doomed)
         shutil.rmtree(doomed)
+
+
+def complete_steps(directory: Path) -> list[int]:
+    """The steps of the complete checkpoints in `directory` (none when it does not exist), read
+    without the store's clean-up of leftover temp folders."""
+    if not Path(directory).is_dir():
+        return []
+    return sorted(int(p.name) for p in Path(directory).iterdir() if p.is_dir() and _STEP.match(p.name))
 
 
 def _fsync(path: Path) -> None:

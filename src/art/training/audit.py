@@ -18,7 +18,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from art.training.advantages import group_advantages
-from art.training.sequences import Break, Sequence, sequences_of_history
+from art.training.sequences import (
+    UNUSED_ASSISTANT_DICT, Break, Sequence, assistant_dict_turns, sequences_of_history,
+)
 
 
 @dataclass
@@ -71,8 +73,14 @@ def audit(trajectory, *, group=None, tokenizer=None, model=None) -> AuditReport:
     issues: Counter = Counter()
     breaks: list[Break] = []
     sequences = sequences_of_history(trajectory.messages_and_choices, issues, breaks)
+    histories = [trajectory.messages_and_choices]
     for history in getattr(trajectory, "additional_histories", None) or []:
         sequences += sequences_of_history(history.messages_and_choices, issues)
+        histories.append(history.messages_and_choices)
+    for context, unused in map(assistant_dict_turns, histories):
+        issues["context_assistant_turns"] += context  # the names the step's metrics use
+        issues[UNUSED_ASSISTANT_DICT] += unused
+    issues = +issues  # drop the zero counts
     trainer = [_trainer_logprobs(model, s) for s in sequences] if model is not None else None
     rows = []
     for k, seq in enumerate(sequences):

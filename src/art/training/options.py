@@ -168,6 +168,12 @@ class TrainOptions:
     def as_dict(self) -> dict:
         return asdict(self)
 
+    def described(self) -> dict:
+        """The config as printed and kept in model.json: every option, `epsilon` and
+        `epsilon_high` as the chosen objective resolves them (None means its default)."""
+        epsilon, epsilon_high = self.clip_range()
+        return {**self.as_dict(), "epsilon": epsilon, "epsilon_high": epsilon_high}
+
 
 def _number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)

@@ -4,7 +4,8 @@ Each `Choice` carries the exact prompt ids and completion ids it was sampled fro
 `prompt_token_ids` / `token_ids`) and per-token logprobs. A multi-turn trajectory becomes one
 sequence while each next prompt extends the ids so far (tool results and user turns are then
 context); when it does not, a new sequence starts. Only sampled completion tokens are trained.
-Nothing here re-tokenises text.
+Nothing here re-tokenises text. Message dicts, assistant turns included, are context only:
+`assistant_dict_turns` counts the assistant ones.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from dataclasses import dataclass, field
 # (SEQUENCE_BREAK is trained, as a new sequence: counted as `sequence_breaks`).
 NO_TOKEN_IDS = "choice_without_token_ids"
 NO_LOGPROBS = "choice_without_logprobs"
-ASSISTANT_DICT = "assistant_message_dict_not_trained"
+UNUSED_ASSISTANT_DICT = "assistant_dict_after_last_choice"  # trains nothing and is context for nothing
 NO_CHOICES = "trajectory_without_trainable_choice"
 SEQUENCE_BREAK = "turn_prompt_does_not_extend_previous_tokens"  # still trained, as a new sequence
 
@@ -87,9 +88,7 @@ def sequences_of_history(messages_and_choices, issues: Counter, breaks: list[Bre
     current: Sequence | None = None
     for index, item in enumerate(messages_and_choices):
         if not is_choice(item):
-            if item.get("role") == "assistant":
-                issues[ASSISTANT_DICT] += 1
-            continue
+            continue  # context: the prompt ids of the next Choice hold it as the engine rendered it
         parts = choice_tokens(item)
         if isinstance(parts, str):
             issues[parts] += 1
@@ -107,6 +106,21 @@ def sequences_of_history(messages_and_choices, issues: Counter, breaks: list[Bre
             sequences.append(current)
         current.extend(completion, logprobs)
     return sequences
+
+
+def assistant_dict_turns(messages_and_choices) -> tuple[int, int]:
+    """(context, unused): assistant turns given as message dicts before the conversation's last
+    Choice, which it was sampled after (few-shot demonstrations), and after it (or with no
+    Choice at all), which shape nothing that trains."""
+    last_choice = max((i for i, item in enumerate(messages_and_choices) if is_choice(item)), default=-1)
+    context = unused = 0
+    for index, item in enumerate(messages_and_choices):
+        if isinstance(item, dict) and item.get("role") == "assistant":
+            if index < last_choice:
+                context += 1
+            else:
+                unused += 1
+    return context, unused
 
 
 def _first_difference(choice: int, so_far: list[int], prompt: list[int]) -> Break:

@@ -27,13 +27,15 @@ from art.metrics_taxonomy import TRAIN_GRADIENT_STEPS_KEY
 from art.observability import tracing
 
 from art.training import fsdp
-from art.training.batch import describe, plan_micro_batches, prepare_batch, split_mini_batches
+from art.training.batch import (
+    NO_SIGNAL_HINT, assistant_dicts, describe, plan_micro_batches, prepare_batch, split_mini_batches,
+)
 from art.training.collective import Collective
 from art.training.logprobs import gathered_logprobs, sequence_logprobs
 from art.training.loss import Normalizer, policy_loss_terms
 from art.training.options import ADAMW_BETAS, ADAMW_WEIGHT_DECAY, TrainOptions
 from art.training.packing import BatchTensors, MicroBatch
-from art.training.sequences import SEQUENCE_BREAK, Sequence
+from art.training.sequences import SEQUENCE_BREAK, UNUSED_ASSISTANT_DICT, Sequence
 from art.training.sft import enter_rl_mode
 from art.weights import load_full_weights, read_adapter, write_adapter
 
@@ -80,16 +82,19 @@ class Trainer:
              on_optimizer_step: Callable[[int, int, dict[str, float]], None] | None = None,
              should_stop: Callable[[], bool] | None = None, quiet: bool = False) -> dict[str, float]:
         """Apply one update (`options.optimizer_steps` AdamW steps); returns metrics (with
-        `skipped/<reason>` counts and, when nothing could be trained, `nothing_to_train` = 1
-        and a warning that says why). `on_optimizer_step(done, total, metrics)` follows each
+        `skipped/<reason>` counts, `context_assistant_turns` and, when nothing could be trained,
+        `nothing_to_train` = 1 and a warning that says why and, when every group's rewards were
+        equal, what to do about it). `on_optimizer_step(done, total, metrics)` follows each
         optimizer step. Rank 0 of a group trains through `art.training.ranks.LeadTrainer`,
         which keeps its peers in step."""
         self.last_trainer_logprobs = []
         if any(getattr(module, "merged", False) for module in self.model.modules()):
             raise RuntimeError("the adapter is merged into the base weights for serving; unmerge it before training "
                                "(AdapterSet.unmerge)")
+        groups = list(groups)
         with tracing.span("art.train.pack") as pack:  # sequences, mini-batches and micro-batch plans
             sequences, issues, stats = prepare_batch(groups, options)
+            dicts = assistant_dicts(groups)
             parts = [part for part in split_mini_batches(sequences, options.mini_batches) if part]
             plans = [plan_micro_batches(self.collective.shard(part), options) for part in parts]  # this rank's
             if self.collective.sharded:  # every rank runs as many passes as the busiest: fillers make up the rest
@@ -97,18 +102,26 @@ class Trainer:
                 plans = [plan + [None] * (n - len(plan)) for plan, n in zip(plans, most)]
             tracing.set_attributes(pack, {"art.sequences": len(sequences)})
         breaks = issues.pop(SEQUENCE_BREAK, 0)  # trained all the same, each as a new sequence
+        if dicts.unused:
+            issues[UNUSED_ASSISTANT_DICT] = dicts.unused
         metrics: dict[str, float] = {f"skipped/{k}": float(v) for k, v in sorted(issues.items())}
         metrics.update(stats)
+        metrics["learning_rate"] = options.learning_rate  # on every row, one with nothing to train too
+        if dicts.context:  # few-shot demonstrations: context by design, not lost data
+            metrics["context_assistant_turns"] = float(dicts.context)
         if breaks:
             metrics["sequence_breaks"] = float(breaks)
             log.info("%s", describe(Counter({SEQUENCE_BREAK: breaks})))
-        if issues:
-            log.warning("training input not used as given: %s", describe(issues))
+        no_signal = bool(groups) and not stats["groups_trained"]
         if not sequences:
             metrics["nothing_to_train"] = 1.0
-            log.warning("nothing to train in this step (%s); the step advances with unchanged weights",
-                        describe(issues) or "no groups given")
+            log.warning("nothing to train in this step (%s); the step advances with unchanged weights.%s",
+                        describe(issues, dicts) or "no groups given", f" {NO_SIGNAL_HINT}" if no_signal else "")
             return metrics
+        if issues:
+            log.warning("training input not used as given: %s", describe(issues, dicts))
+        if no_signal:  # a KL or entropy term still trains, the reward does not
+            log.warning("only the KL or entropy term trains in this step. %s", NO_SIGNAL_HINT)
         enter_rl_mode(self.optimizer)  # AdamW's moments restart after SFT steps (art.training.sft)
         for group in self.optimizer.param_groups:
             group["lr"] = options.learning_rate
@@ -134,7 +147,6 @@ class Trainer:
             "clip_fraction": sums["clipped_tokens"] / total_trained,
             "ratio_mean": sums["ratio"] / total_trained,
             "grad_norm": sum(norms) / len(norms),
-            "learning_rate": options.learning_rate,
             "optimizer_steps": float(len(norms)),
             TRAIN_GRADIENT_STEPS_KEY: float(len(norms)),  # ART's name for the same count
             "trained_tokens": float(sum(s.num_trained for s in sequences)),

@@ -11,7 +11,9 @@ weight moves:
 
 Skipped and counted instead (`train/skipped/<reason>`, `art.training.sequences`), because
 they are normal input from elsewhere, not corrupt: a Choice without token ids or without
-logprobs (from another server), assistant turns given as dicts, groups whose rewards are equal.
+logprobs (from another server), groups whose rewards are equal, assistant turns given as dicts
+with no Choice after them. Assistant dicts before a Choice are context (few-shot examples),
+counted as `train/context_assistant_turns`.
 """
 
 from __future__ import annotations

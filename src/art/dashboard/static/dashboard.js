@@ -16,8 +16,11 @@ const state = {
   history: new Map(),  // run key -> {rows, next}
   steps: {},           // the focused run's {split: [steps]}
   split: null,
-  step: null,
+  step: null,           // null: the split's latest step, once the steps are read
+  trajectory: null,     // the trajectory whose tokens are open (its line in the step's file)
   stepData: null,
+  shownStep: null,      // "run|split|step" of stepData
+  shownTokens: null,    // "run|split|step|trajectory" of the token view
   filter: "all",
   xmode: "step",
   metric: "",
@@ -77,13 +80,15 @@ function renderRuns() {
   for (const run of state.runs) {
     const key = runKey(run);
     const box = el("input", { type: "checkbox", checked: state.selected.has(key), "data-run": key });
-    const name = el("a", { href: "#", class: "run-name", text: key, "data-run": key,
-                           title: run.base_model ? `base model ${run.base_model}` : "" });
+    // A link to the run's place: a new tab opens on it; a plain click is handled in wire().
+    const name = el("a", { href: hashOf({ run: key }), class: "run-name", "data-run": key,
+                           title: run.base_model ? `base model ${run.base_model}` : "" },
+      `${run.project}/`, el("wbr"), run.name);  // a long name wraps after its project
     const status = el("span", { class: `status ${run.status}`, text: run.status });
     const row = el("tr", { "data-run": key, class: key === state.focus ? "focus" : "" },
-      el("td", {}, el("span", { class: "swatch" }), box), el("td", {}, name),
-      el("td", { text: run.step ?? run.last_logged_step ?? "–" }), el("td", { text: fmt(run.reward) }),
-      el("td", {}, status));
+      el("td", {}, el("span", { class: "swatch" }), box), el("td", { class: "name" }, name),
+      el("td", { class: "step", text: run.step ?? run.last_logged_step ?? "–" }),
+      el("td", { class: "reward", text: fmt(run.reward) }), el("td", {}, status));
     row.querySelector(".swatch").style.background = colorOf(key);
     body.append(row);
   }
@@ -98,7 +103,10 @@ async function pollRuns() {
     const latest = [...state.runs].sort((a, b) => (b.updated_at || 0) - (a.updated_at || 0))[0];
     state.selected.add(runKey(latest));
   }
-  if (!state.focus || !known.has(state.focus)) state.focus = [...state.selected][0] || null;
+  if (!state.focus || !known.has(state.focus)) {  // none yet, or a linked run that is not here
+    state.focus = [...state.selected][0] || null;
+    Object.assign(state, { steps: {}, split: null, step: null, trajectory: null });
+  }
   renderRuns();
 }
 
@@ -128,14 +136,27 @@ function metricNames() {
   return [...names].sort();
 }
 
+/* The metric the chart opens on: the reward (`train/reward`, else the first `<split>/reward`). */
+function preferredMetric(names) {
+  if (names.includes("train/reward")) return "train/reward";
+  return names.find((n) => /^[^/]+\/reward$/.test(n)) || names.find((n) => n.endsWith("/reward")) || names[0] || "";
+}
+
 function renderMetricSelect() {
   const select = $("metric");
   const names = metricNames();
-  if (!names.includes(state.metric)) {
-    state.metric = names.find((n) => !/\/(reward|loss)$/.test(n)) || names[0] || "";
+  if (!names.includes(state.metric)) state.metric = preferredMetric(names);
+  if (select.dataset.names !== names.join("\n")) {
+    // One option group per section (train, val, data, time, costs, ...): ART's taxonomy is long.
+    const sections = new Map();
+    for (const n of names) {
+      const section = n.includes("/") ? n.slice(0, n.indexOf("/")) : "other";
+      if (!sections.has(section)) sections.set(section, el("optgroup", { label: section }));
+      sections.get(section).append(el("option", { value: n, text: n }));
+    }
+    select.replaceChildren(...sections.values());
+    select.dataset.names = names.join("\n");
   }
-  const current = [...select.options].map((o) => o.value).join("\n");
-  if (current !== names.join("\n")) select.replaceChildren(...names.map((n) => el("option", { value: n, text: n })));
   select.value = state.metric;
   $("metric-title").textContent = state.metric || "metric";
 }
@@ -204,7 +225,7 @@ function drawChart(id, metric, band) {
   if (state.xmode === "step") {
     chart.over.addEventListener("click", () => {
       const i = chart.cursor.idx;
-      if (i != null && state.focus) selectStep(data[0][i]);
+      if (i != null && state.focus) go({ step: data[0][i], trajectory: null }).catch(showError);
     });
   }
   state.charts[id] = chart;
@@ -222,20 +243,90 @@ function drawCharts() {
   }
 }
 
+// -- the place: run, split, step and trajectory, kept in the URL ---------------------------
+
+/* The samples shown are a place, #run=…&split=…&step=…&trajectory=… in the URL's fragment, so
+   a step or a trajectory can be linked and back/forward walk the places visited. A click
+   pushes a new place (go); what the page fills in itself (the default split, the latest step)
+   replaces the current one; back, forward or an edited URL is read again (popstate). */
+
+function readPlace() {
+  const params = new URLSearchParams(location.hash.slice(1));
+  const index = (value) => (value !== null && /^\d{1,15}$/.test(value) ? Number(value) : null);
+  return { run: params.get("run"), split: params.get("split"), step: index(params.get("step")),
+           trajectory: index(params.get("trajectory")) };
+}
+
+function hashOf(place) {
+  const params = new URLSearchParams();
+  for (const key of ["run", "split", "step", "trajectory"]) {
+    if (place[key] !== null && place[key] !== undefined && place[key] !== "") params.set(key, place[key]);
+  }
+  const text = params.toString();
+  return text ? `#${text}` : "";
+}
+
+const here = () => ({ run: state.focus, split: state.split, step: state.step, trajectory: state.trajectory });
+
+function savePlace(push) {
+  const hash = hashOf(here());
+  if (hash === location.hash) return;
+  const url = location.pathname + location.search + hash;
+  if (push) history.pushState(null, "", url); else history.replaceState(null, "", url);
+}
+
+/* Move to a place (a click): the fields given change, the URL gets a new entry, samples follow. */
+async function go(change) {
+  applyPlace({ ...here(), ...change });
+  fillPlace();
+  savePlace(true);
+  renderRuns();
+  await pollSteps();
+}
+
+function applyPlace(place) {
+  const run = place.run || state.focus;
+  if (run !== state.focus) {
+    state.focus = run;
+    state.selected.add(run);  // a run that is not listed is dropped again by pollRuns
+    state.steps = {};
+  }
+  state.split = place.split || null;
+  state.step = place.step ?? null;
+  state.trajectory = place.trajectory ?? null;
+}
+
+/* The default split (train, else the first) and its latest step, once the run's steps are read. */
+function fillPlace() {
+  const splits = Object.keys(state.steps);
+  if (!splits.length) return;
+  if (!splits.includes(state.split)) {
+    state.split = splits.includes("train") ? "train" : splits[0];
+    state.step = null;
+    state.trajectory = null;
+  }
+  const steps = state.steps[state.split];
+  if (state.step === null && steps.length) state.step = steps[steps.length - 1];
+}
+
 // -- samples --------------------------------------------------------------------------------
 
 async function pollSteps() {
   if (!state.focus) return;
-  state.steps = await getJSON(`${runPath(state.focus)}/steps`);
+  const focus = state.focus;
+  const steps = await getJSON(`${runPath(focus)}/steps`);
+  if (focus !== state.focus) return;  // another run was picked meanwhile
+  state.steps = steps;
+  fillPlace();
+  savePlace(false);
   const splits = Object.keys(state.steps);
-  if (!splits.includes(state.split)) state.split = splits.includes("train") ? "train" : splits[0] || null;
   const select = $("split");
   if ([...select.options].map((o) => o.value).join() !== splits.join()) {
     select.replaceChildren(...splits.map((s) => el("option", { value: s, text: s })));
   }
   select.value = state.split || "";
   $("samples-run").textContent = state.focus;
-  renderSteps();
+  await showPlace();
 }
 
 function renderSteps() {
@@ -249,16 +340,61 @@ function renderSteps() {
   if (!steps.length) box.append(el("span", { class: "muted", text: "no samples logged for this run" }));
 }
 
-async function selectStep(step) {
-  state.step = step;
+let placeShown = 0;  // counts showPlace calls: an answer that arrives after a newer call is dropped
+
+/* Make the samples and the token view show the current place, reading only what changed. */
+async function showPlace() {
+  const call = ++placeShown;
   renderSteps();
-  try {
-    state.stepData = await getJSON(`${runPath(state.focus)}/steps/${encodeURIComponent(state.split)}/${step}`);
+  const stepKey = `${state.focus}|${state.split}|${state.step}`;
+  if (state.step === null || !state.split) {
+    state.stepData = null; state.shownStep = null; state.shownTokens = null;
     renderGroups();
-    showError(null);
-  } catch (error) {
-    state.stepData = null;
-    $("groups").replaceChildren(el("p", { class: "muted", text: error.message }));
+    $("tokens").hidden = true;
+    return;
+  }
+  if (state.shownStep !== stepKey) {
+    let data;
+    try {
+      data = await getJSON(`${runPath(state.focus)}/steps/${encodeURIComponent(state.split)}/${state.step}`);
+    } catch (error) {
+      if (call !== placeShown) return;
+      state.stepData = null; state.shownStep = null;  // read again at the next poll
+      $("groups").replaceChildren(el("p", { class: "muted", text: error.message }));
+      $("tokens").hidden = true;
+      return;
+    }
+    if (call !== placeShown) return;
+    state.stepData = data; state.shownStep = stepKey; state.shownTokens = null;
+    renderGroups();
+  }
+  markSelected();
+  const tokensKey = `${stepKey}|${state.trajectory}`;
+  if (state.trajectory === null) {
+    state.shownTokens = null;
+    $("tokens").hidden = true;
+  } else if (state.shownTokens !== tokensKey) {
+    let data = null, failure = null;
+    try {
+      data = await getJSON(`${runPath(state.focus)}/steps/${encodeURIComponent(state.split)}/${state.step}` +
+                           `/trajectories/${state.trajectory}/tokens`);
+    } catch (error) {
+      failure = error;  // a linked trajectory that is not there: said once, in the token view
+    }
+    if (call !== placeShown) return;
+    state.shownTokens = tokensKey;
+    if (data) showTokens(data);
+    else {
+      $("tokens").hidden = false;
+      $("tokens-title").textContent = `trajectory #${state.trajectory}: ${failure.message}`;
+      $("token-text").replaceChildren();
+    }
+  }
+}
+
+function markSelected() {
+  for (const node of document.querySelectorAll("#groups .trajectory")) {
+    node.classList.toggle("selected", Number(node.dataset.index) === state.trajectory);
   }
 }
 
@@ -288,15 +424,26 @@ function renderMessage(message) {
   return node;
 }
 
+function renderMetadata(metadata) {
+  const entries = Object.entries(metadata || {});
+  if (!entries.length) return null;
+  return el("div", { class: "metadata" }, el("span", { class: "role", text: "metadata" }),
+    el("dl", {}, ...entries.flatMap(([k, v]) => [el("dt", { text: k }), el("dd", { text: v === null ? "null" : String(v) })])));
+}
+
 function renderTrajectory(trajectory) {
   const metrics = Object.entries(trajectory.metrics).map(([k, v]) => `${k}=${typeof v === "number" ? fmt(v) : v}`).join("  ");
   const tokens = el("button", { class: "show-tokens", "data-index": trajectory.index, text: "tokens" });
   const advClass = trajectory.advantage > 0 ? "pos" : trajectory.advantage < 0 ? "neg" : "zero";
+  // "#N" links to this trajectory (its tokens open): copy it, or open it in a new tab.
+  const link = el("a", { class: "traj-link", text: `#${trajectory.index}`, "data-index": trajectory.index,
+    href: hashOf({ ...here(), trajectory: trajectory.index }) });
   return el("div", { class: "trajectory", "data-index": trajectory.index, "data-reward": trajectory.reward },
     el("div", { class: "traj-head" },
-      el("strong", { text: `#${trajectory.index}` }), el("span", { text: `reward ${fmt(trajectory.reward)}` }),
+      link, el("span", { text: `reward ${fmt(trajectory.reward)}` }),
       el("span", { class: `adv ${advClass}`, text: `advantage ${signed(trajectory.advantage)}` }),
       el("span", { class: "muted", text: metrics }), tokens),
+    renderMetadata(trajectory.metadata),
     ...trajectory.messages.map(renderMessage),
     trajectory.logs.length ? el("pre", { class: "logs", text: trajectory.logs.join("\n") }) : null);
 }
@@ -323,6 +470,7 @@ function renderGroups() {
     node.append(...group.trajectories.map(renderTrajectory));
     box.append(node);
   }
+  markSelected();
 }
 
 // -- tokens ---------------------------------------------------------------------------------
@@ -332,9 +480,8 @@ function tokenColor(advantage) {
   return advantage > 0 ? `rgba(22, 163, 74, ${alpha})` : advantage < 0 ? `rgba(220, 38, 38, ${alpha})` : "rgba(202, 138, 4, 0.25)";
 }
 
-async function showTokens(index) {
+function showTokens(data) {
   const section = $("tokens");
-  const data = await getJSON(`${runPath(state.focus)}/steps/${encodeURIComponent(state.split)}/${state.step}/trajectories/${index}/tokens`);
   section.hidden = false;
   const gaps = data.tokens.filter((t) => t.trainer_logprob !== null && t.sampler_logprob !== null)
     .map((t) => Math.abs(t.trainer_logprob - t.sampler_logprob));
@@ -368,7 +515,19 @@ async function showTokens(index) {
     box.append(el("p", { class: "badge bad", text: `break at choice ${b.choice}: its prompt differs at position ` +
       `${b.position}; training starts a new sequence there` }));
   }
+  box.scrollTop = 0;
   section.scrollIntoView({ block: "nearest" });
+  scrollToTrained(box);
+}
+
+/* A long context puts the trained tokens below the box's fold: open at the first of them, with
+   a few lines of the context before it still in view. */
+function scrollToTrained(box) {
+  const first = box.querySelector('.tok[data-trained="1"]');
+  if (!first) return;
+  const lines = 3 * (parseFloat(getComputedStyle(box).lineHeight) || 20);
+  box.scrollTop = Math.max(0, box.scrollTop + first.getBoundingClientRect().top - box.getBoundingClientRect().top - lines);
+  first.scrollIntoView({ block: "nearest" });  // and the page, where the box itself is taller than the window
 }
 
 // -- wiring ---------------------------------------------------------------------------------
@@ -398,21 +557,21 @@ function wire() {
     if (!key) return;
     if (target.type === "checkbox") {
       if (target.checked) state.selected.add(key); else state.selected.delete(key);
+      renderRuns();
     } else {
+      if (event.ctrlKey || event.metaKey || event.shiftKey || event.button !== 0) return;  // a new tab: its own place
       event.preventDefault();
       state.selected.add(key);
-      state.focus = key;
-      state.step = null; state.stepData = null; state.split = null;
-      $("steps").dataset.shown = "";
-      renderGroups();
+      go({ run: key, split: null, step: null, trajectory: null }).catch(showError);
     }
-    renderRuns();
     poll().then(drawCharts);
   });
   $("xmode").addEventListener("change", (e) => { state.xmode = e.target.value; drawCharts(); });
   $("metric").addEventListener("change", (e) => { state.metric = e.target.value; drawCharts(); });
-  $("split").addEventListener("change", (e) => { state.split = e.target.value; state.step = null; renderSteps(); });
-  $("steps").addEventListener("click", (e) => { if (e.target.dataset.step) selectStep(Number(e.target.dataset.step)); });
+  $("split").addEventListener("change", (e) => go({ split: e.target.value, step: null, trajectory: null }).catch(showError));
+  $("steps").addEventListener("click", (e) => {
+    if (e.target.dataset.step) go({ step: Number(e.target.dataset.step), trajectory: null }).catch(showError);
+  });
   document.querySelector(".filters").addEventListener("click", (e) => {
     if (!e.target.dataset.filter) return;
     state.filter = e.target.dataset.filter;
@@ -420,12 +579,25 @@ function wire() {
     renderGroups();
   });
   $("groups").addEventListener("click", (e) => {
-    if (e.target.classList.contains("show-tokens")) showTokens(Number(e.target.dataset.index)).catch(showError);
+    const link = e.target.classList.contains("traj-link") && !(e.ctrlKey || e.metaKey || e.shiftKey);
+    if (link) e.preventDefault();
+    if (link || e.target.classList.contains("show-tokens")) {
+      go({ trajectory: Number(e.target.dataset.index) }).catch(showError);
+    }
   });
-  $("tokens-close").addEventListener("click", () => { $("tokens").hidden = true; });
+  $("tokens-close").addEventListener("click", () => go({ trajectory: null }).catch(showError));
+  // Back, forward, or a URL edited by hand: show the place it names.
+  window.addEventListener("popstate", () => {
+    if (hashOf(here()) === location.hash) return;
+    applyPlace(readPlace());
+    renderRuns();
+    pollSteps().catch(showError);
+    poll().then(drawCharts);
+  });
   let resize = null;
   window.addEventListener("resize", () => { clearTimeout(resize); resize = setTimeout(drawCharts, 200); });
 }
 
+applyPlace(readPlace());
 wire();
 poll().then(() => setInterval(poll, POLL_MS));
