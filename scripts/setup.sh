@@ -22,7 +22,11 @@ if ! $tests; then
     pip install -q -e ".[backend,examples]"
     exit 0
 fi
-pip install -q -e ".[backend,examples,test,tracing]"
+pip install -q -e ".[backend,examples,test,tracing,integrations]"
+# OpenEnv for examples/openenv_echo.py and tests/client/test_openenv.py: its declared dependencies pull
+# gradio and a newer pillow, neither of which its client and server import; fastmcp's client it does
+# import (3.4 is the line that runs on the mcp 1.x that verifiers 0.3 pins).
+pip install -q --no-deps openenv-core==0.3.0 && pip install -q "fastmcp-slim[client]==3.4.11" beartype email-validator
 # The peer tests/training/test_peer_losses.py checks the loss against (the `peer` extra). verl, tensordict and
 # pyvers go in with --no-deps: verl's own requirements pull ray[default], hydra and an older transformers.
 pip install -q ray==2.60.0 omegaconf==2.3.0 codetiming==1.4.0 cloudpickle==3.1.3 orjson==3.13.0 && pip install -q --no-deps verl==0.9.1 tensordict==0.10.0 pyvers==0.1.0

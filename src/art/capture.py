@@ -16,6 +16,13 @@ returns whole. A stream that ends with `[DONE]` without ever naming a `finish_re
 as finished: "tool_calls" when tool calls streamed, else "stop" (its exchange keeps ART's
 reading, "stop").
 
+Calls to OpenAI's Responses API (`POST .../responses`, what the OpenAI Agents SDK sends) are
+recorded the same way, through `art.responses_format`: the request's `instructions` and `input`
+items as the chat messages they stand for, the `Response` (whole, or the one a stream's
+`response.completed` event carries) as the chat `Choice` it came from, with the `token_ids`,
+`prompt_token_ids`, logprobs and `step` our server puts on it. They are not in
+`trajectory.exchanges`, which holds chat completions only.
+
 Each call joins the conversation it extends: the history (the trajectory itself or one of its
 `additional_histories`) whose messages and tools begin the request's, the longest one when
 several do. A call that extends none starts a new entry in `additional_histories`. Only
@@ -48,6 +55,7 @@ from typing import Any, Literal, overload
 from openai.types.chat.chat_completion import ChatCompletion, Choice
 
 from .errors import CaptureError
+from .responses_format import ResponsesFormatError, chat_messages, chat_tools, choice_from_response
 from .trajectories import (
     ChatCompletionsExchange,
     ChatCompletionsRequest,
@@ -259,6 +267,9 @@ class _Capture:
 
     def _record(self, request: dict[str, Any], headers: Mapping[str, str], content: bytes,
                 started: datetime) -> None:
+        if _is_responses(request):
+            self._record_response(request, headers, content)
+            return
         try:
             answer, ended = _answer(request, headers, content)
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
@@ -283,6 +294,29 @@ class _Capture:
             _place(self.trajectory, [dict(m) for m in messages], request.get("tools") or None, choice)
             if exchange is not None:
                 self.trajectory._exchanges.append(exchange)
+
+    def _record_response(self, request: dict[str, Any], headers: Mapping[str, str], content: bytes) -> None:
+        """A Responses API call: its input as chat messages, its Response as the chat Choice."""
+        try:
+            response = _response_answer(request, headers, content)
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            self.note(f"a response's answer could not be read ({type(exc).__name__}: {exc}); not recorded")
+            return
+        if response is None:
+            self.note("a streamed response ended before it completed; not recorded")
+            return
+        if response.get("status") not in ("completed", "incomplete"):
+            self.note(f"a response ended with status {response.get('status')!r}; not recorded")
+            return
+        try:
+            messages = chat_messages(request)
+            tools = chat_tools(request.get("tools"))
+            choice = Choice.model_validate(choice_from_response(response))
+        except (ResponsesFormatError, ValueError) as exc:
+            self.note(f"a response could not be read as a chat turn ({exc}); not recorded")
+            return
+        with self.lock:
+            _place(self.trajectory, messages, tools or None, choice)
 
     def _exchange(self, request: dict[str, Any], answer: dict[str, Any],
                   started: datetime) -> ChatCompletionsExchange | None:
@@ -389,6 +423,28 @@ def _answer(request: Mapping[str, Any], headers: Mapping[str, str], content: byt
     return _whole(events, request), ended
 
 
+def _is_responses(request: Mapping[str, Any]) -> bool:
+    """A Responses API body (`input`), not a chat one (`messages`): `_chat_request` let only these two in."""
+    return not isinstance(request.get("messages"), list)
+
+
+def _response_answer(request: Mapping[str, Any], headers: Mapping[str, str], content: bytes) -> dict[str, Any] | None:
+    """The Response a Responses call answered: the body, or the one a stream's last event
+    (`response.completed`, `.incomplete` or `.failed`) carries; None for a stream cut before it."""
+    if request.get("stream") is not True and "text/event-stream" not in headers.get("content-type", ""):
+        response = json.loads(content)
+    else:
+        events, _ = _sse_data(content)
+        ends = [e["response"] for e in events if str(e.get("type")) in _RESPONSE_ENDS]
+        response = ends[-1] if ends else None
+    if response is not None and not isinstance(response, dict):
+        raise ValueError("the answer is not a Response object")
+    return response
+
+
+_RESPONSE_ENDS = ("response.completed", "response.incomplete", "response.failed")
+
+
 def _whole(chunks: list[dict[str, Any]], request: Mapping[str, Any]) -> dict[str, Any]:
     """Chunks -> the ChatCompletion dict the same request returns whole: the first chunk's id,
     creation time and model, the last usage sent, the assembled choices."""
@@ -485,14 +541,19 @@ def _merge_call(calls: list[dict[str, Any]], delta: Mapping[str, Any]) -> None:
 
 
 def _chat_request(request: Any) -> dict[str, Any] | None:
-    """The JSON body of a chat completion request, else None."""
-    if request.method != "POST" or not request.url.path.rstrip("/").endswith("/chat/completions"):
+    """The JSON body of a chat completion (or Responses API) request, else None."""
+    path = request.url.path.rstrip("/")
+    if request.method != "POST" or not path.endswith(("/chat/completions", "/responses")):
         return None
     try:
         body = json.loads(request.content)
     except Exception:  # a streamed upload (not read yet) or not JSON: not a chat call we can read
         return None
-    return body if isinstance(body, dict) and isinstance(body.get("messages"), list) else None
+    if not isinstance(body, dict):
+        return None
+    if path.endswith("/responses"):
+        return body if isinstance(body.get("input"), (str, list)) and "messages" not in body else None
+    return body if isinstance(body.get("messages"), list) else None
 
 
 class _Pending:
@@ -577,7 +638,8 @@ def _tees(lib: Any) -> tuple[type, type]:
 
 def _observe(capture: _Capture, lib: Any, request: dict, response: Any, sync: bool, started: datetime) -> None:
     if not 200 <= response.status_code < 300:
-        capture.note(f"a chat completion failed with HTTP {response.status_code}; not recorded")
+        what = "a response" if _is_responses(request) else "a chat completion"
+        capture.note(f"{what} failed with HTTP {response.status_code}; not recorded")
         return
     try:
         content = response.content  # read already: a whole (not streamed) answer

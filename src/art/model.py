@@ -133,20 +133,25 @@ class Model(BaseModel, Generic[ModelConfig, StateType]):
         return MetricsBuilder(cost_context, _shared=self._builders)
 
     async def _record_cost(self, response: httpx.Response) -> None:
-        """httpx response hook of `openai_client()`: a whole (not streamed) chat completion made
-        while a builder is active adds its cost, the prompt counted once per choice."""
+        """httpx response hook of `openai_client()`: a whole (not streamed) chat completion or
+        Responses answer made while a builder is active adds its cost, a chat prompt counted once
+        per choice."""
         builder = active_builder()
+        path = response.request.url.path
         if (builder is None or self._cost_calculator is None or response.status_code != 200
-                or not response.request.url.path.endswith("/chat/completions")
+                or not path.endswith(("/chat/completions", "/responses"))
                 or "json" not in response.headers.get("content-type", "")):
             return
         await response.aread()
         try:
             body = json.loads(response.content)
             usage = body.get("usage") or {}
-            choices = max(1, len(body.get("choices") or []))
-            costs = self._cost_calculator(int(usage.get("prompt_tokens") or 0) * choices,
-                                          int(usage.get("completion_tokens") or 0), builder.cost_context)
+            if path.endswith("/responses"):  # one answer; Responses' names for the two counts
+                prompt, completion = int(usage.get("input_tokens") or 0), int(usage.get("output_tokens") or 0)
+            else:
+                prompt = int(usage.get("prompt_tokens") or 0) * max(1, len(body.get("choices") or []))
+                completion = int(usage.get("completion_tokens") or 0)
+            costs = self._cost_calculator(prompt, completion, builder.cost_context)
         except (ValueError, TypeError, AttributeError):
             return
         for key, usd in costs.items():

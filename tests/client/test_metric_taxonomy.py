@@ -163,9 +163,10 @@ async def test_completions_inside_a_builder_add_their_cost(served_model):
         stream = await client.chat.completions.create(**ask, stream=True)
         async for _ in stream:
             pass
+        answer = await client.responses.create(model=model.name, input="hi", max_output_tokens=3)
     got = await builder.flush()
-    prompt = one.usage.prompt_tokens + 3 * three.usage.prompt_tokens
-    completion = one.usage.completion_tokens + three.usage.completion_tokens
+    prompt = one.usage.prompt_tokens + 3 * three.usage.prompt_tokens + answer.usage.input_tokens
+    completion = one.usage.completion_tokens + three.usage.completion_tokens + answer.usage.output_tokens
     assert got["costs/eval/tinker_prefill"] == pytest.approx(prompt * 1000.0 / 1e6)
     assert got["costs/eval/tinker_sample"] == pytest.approx(completion * 3000.0 / 1e6)
     assert got["costs/eval"] == pytest.approx((prompt * 1000.0 + completion * 3000.0) / 1e6)

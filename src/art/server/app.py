@@ -1,4 +1,4 @@
-"""The OpenAI-compatible HTTP face of a backend: /v1/models and /v1/chat/completions.
+"""The OpenAI-compatible HTTP face of a backend: /v1/models, /v1/chat/completions and /v1/responses.
 
 The app holds no model state: every request resolves its `model` through the registry it was
 given and samples with that engine. It turns chat messages into prompt ids (the engine never
@@ -11,6 +11,12 @@ ids and logprobs stay exactly as sampled). With `stream=True` each token leaves 
 the engine samples it (`Engine.stream`, `ChunkWriter`). Errors leave in OpenAI's shape
 `{"error": {message, type, param, code}}`, mapped once from `art.errors` (`art.server.errors`);
 a failure in one request is answered with a 500 and never takes the server down.
+
+/v1/responses (OpenAI's Responses API, what the OpenAI Agents SDK calls) is no second sampling
+path: `art.responses_format` turns the request into the chat request it means, that request is
+served as above, and the chat answer (or each chunk of its stream) is written back in the
+Responses shape, with the same `token_ids`, `prompt_token_ids`, logprobs and `step` on the
+`Response` itself.
 
 A backend whose models may be known only on disk (`art serve` after a restart) passes
 `recover`: a model name that does not resolve is offered to it once, and resolved again if it
@@ -28,17 +34,19 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
+from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from art.chat_template import prompt_ids, template_messages, tools_active
 from art.engine.base import SamplingParams, ServedModel, stream_completions
-from art.errors import ArtError, ContextLengthError, ModelNotFoundError
+from art.errors import ArtError, ArtValueError, ContextLengthError, ModelNotFoundError
 from art.observability import tracing
-from art.server.errors import error_object, error_response, install_error_handlers
+from art.responses_format import ResponseEvents, ResponsesFormatError, chat_request, response_object, sse
+from art.server.errors import AsciiJSONResponse, error_object, error_response, install_error_handlers
 from art.server.openai_format import (ChunkWriter, TokenText, request_attributes, response_attributes,
                                       response_choice, response_head, token_usage)
 from art.server.registry import ModelRegistry
-from art.server.schemas import ChatCompletionRequest
+from art.server.schemas import ChatCompletionRequest, ResponsesRequest
 from art.server.structured_output import grammar_for
 
 def create_app(registry: ModelRegistry, *, default_max_tokens: int = 1024,
@@ -77,33 +85,62 @@ def create_app(registry: ModelRegistry, *, default_max_tokens: int = 1024,
         ]
         return {"object": "list", "data": data}
 
-    @app.post("/v1/chat/completions")
-    async def chat_completions(body: ChatCompletionRequest, request: Request):
-        # The caller's trace (a rollout's span) continues here: the completion hangs under it.
-        # A stream's span ends with its last chunk; every other answer ends it here.
+    async def resolve(model: str) -> ServedModel:
+        try:
+            return registry.resolve(model)
+        except ModelNotFoundError:
+            if recover is None or not await recover(model):
+                raise
+            return registry.resolve(model)  # stored on disk, loaded again just now
+
+    async def serve(what: str, body: ChatCompletionRequest, request: Request,
+                    answer: Callable[[ServedModel, Any], Awaitable[Any]]):
+        """Resolve the model and `answer(served, span)` inside the request's span. The caller's
+        trace (a rollout's span) continues here: the completion hangs under it. A stream's span
+        ends with its last chunk; every other answer ends it here."""
         response = current = None
         try:
-            with tracing.span(f"chat {body.model}", kind="SERVER", end_on_exit=False,
+            with tracing.span(f"{what.split()[0]} {body.model}", kind="SERVER", end_on_exit=False,
                               context=tracing.extract_context(request.headers)) as current:
                 if current is not None:
                     tracing.set_attributes(current, request_attributes(body))
                 try:
-                    try:
-                        served = registry.resolve(body.model)
-                    except ModelNotFoundError:
-                        if recover is None or not await recover(body.model):
-                            raise
-                        served = registry.resolve(body.model)  # stored on disk, loaded again just now
-                    response = await _complete(served, body, default_max_tokens, current)
+                    response = await answer(await resolve(body.model), current)
                     return response
                 except (ArtError, StarletteHTTPException):
                     raise
                 except Exception as exc:  # answered here so it is logged once, without a re-raise
                     tracing.record_failure(current, exc)
-                    return error_response(error_object(exc, "chat completion"))
+                    return error_response(error_object(exc, what))
         finally:
             if current is not None and not isinstance(response, StreamingResponse):
                 current.end()
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest, request: Request):
+        return await serve("chat completion", body, request,
+                           lambda served, span: _complete(served, body, default_max_tokens, span))
+
+    @app.post("/v1/responses")
+    async def responses(body: ResponsesRequest, request: Request):
+        """OpenAI's Responses API, served as the chat request it means (`art.responses_format`):
+        the same prompt, sampling and training fields, written back as a `Response` or its
+        stream events."""
+        wire = body.model_dump(exclude_none=True)
+        chat = _chat_body(wire)
+
+        async def answer(served: ServedModel, span):
+            try:
+                result = await _complete(served, chat, default_max_tokens, span)
+            except ArtValueError as exc:  # named as chat names it: say the Responses field instead
+                exc.field = _RESPONSES_FIELDS.get(exc.field, exc.field)
+                raise
+            if isinstance(result, StreamingResponse):
+                return StreamingResponse(_response_events(result.body_iterator, wire), media_type="text/event-stream")
+            # ASCII JSON: the Response repeats request text (instructions, tools), which may hold a lone surrogate.
+            return AsciiJSONResponse(response_object(result, wire))
+
+        return await serve("response", chat, request, answer)
 
     return app
 
@@ -178,6 +215,46 @@ async def _stream(served: ServedModel, body: ChatCompletionRequest, prompt: list
                 span.end()
 
     return StreamingResponse(chunks(), media_type="text/event-stream")
+
+
+_RESPONSES_FIELDS = {"messages": "input", "response_format": "text.format", "max_tokens": "max_output_tokens",
+                     "max_completion_tokens": "max_output_tokens"}
+"""Chat request fields -> the Responses fields they came from (for the 400s that name them)."""
+
+
+def _chat_body(wire: dict[str, Any]) -> ChatCompletionRequest:
+    """The chat request a Responses body means; a 400 naming the Responses field when it cannot be one."""
+    try:
+        return ChatCompletionRequest.model_validate(chat_request(wire))
+    except ResponsesFormatError as exc:
+        raise ArtValueError(str(exc), exc.param) from None
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        loc = [str(part) for part in first.get("loc", ())]
+        field = _RESPONSES_FIELDS.get(loc[0], loc[0]) if loc else None
+        raise ArtValueError(f"invalid request: {field}: {first.get('msg', 'invalid')}", field) from None
+
+
+async def _response_events(chunks, wire: dict[str, Any]):
+    """A chat stream's SSE lines (`_stream`'s) rewritten as Responses stream events. Closing
+    this closes the chat stream, which ends the request's span."""
+    events = ResponseEvents(wire)
+    try:
+        async for line in chunks:
+            for data in (part[len("data: "):] for part in line.split("\n") if part.startswith("data: ")):
+                if data.strip() == "[DONE]":
+                    continue
+                chunk = json.loads(data)
+                if chunk.get("error"):  # sampling failed after the stream began
+                    for event in events.failed(str(chunk["error"].get("message") or "the stream failed")):
+                        yield sse(event)
+                    return
+                for event in events.feed(chunk):
+                    yield sse(event)
+        for event in events.finish():
+            yield sse(event)
+    finally:
+        await chunks.aclose()
 
 
 def _prompt_and_grammar(engine, tokenizer, body: ChatCompletionRequest) -> tuple[list[int], str | None]:

@@ -251,6 +251,74 @@ class ChatCompletionRequest(BaseModel):
         return tuple(s for s in stops if s)
 
 
+class ResponsesRequest(BaseModel):
+    """POST /v1/responses body: the part of OpenAI's Responses API that agent libraries (the
+    OpenAI Agents SDK) send. It is served as the chat request it means (`art.responses_format`),
+    which reads and names the items of `input`, the tools and `text.format`; here are the
+    scalar fields and what cannot be served. Settings that change nothing here (`store`,
+    `include` other than output-text logprobs, `reasoning`, `truncation`, `service_tier`) are
+    accepted and ignored; state kept between calls (`previous_response_id`, `conversation`,
+    stored `prompt`s, `background`) is refused with a 400 naming the field."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str
+    input: Any
+    """A string (one user message) or a list of items."""
+    instructions: Any = None
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
+    max_output_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    """0 means greedy."""
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    text: dict[str, Any] | None = None
+    """`{"format": {"type": "text" | "json_object" | "json_schema", ...}}`, enforced as chat's
+    `response_format` is."""
+    stream: bool = False
+    store: bool | None = None
+    include: list[str] | None = None
+    metadata: dict[str, Any] | None = None
+    reasoning: dict[str, Any] | None = None
+    truncation: Literal["auto", "disabled"] | None = None
+    user: str | None = None
+    previous_response_id: str | None = None
+    conversation: Any = None
+    prompt: Any = None
+    background: bool | None = None
+    seed: int | None = None
+    """Our extension (as on chat): a seeded request samples the same tokens again."""
+    stop: str | list[str] | None = None
+    """Our extension, as chat's `stop`."""
+    chat_template_kwargs: dict[str, Any] | None = None
+    """Our extension, as chat's."""
+
+    @field_validator("input", "instructions")
+    @classmethod
+    def _text_or_items(cls, value: Any, info: ValidationInfo) -> Any:
+        # One clear message instead of pydantic's per-union-member errors; the items are read later.
+        if not isinstance(value, (str, list)) and not (value is None and info.field_name == "instructions"):
+            raise ValueError("must be a string or a list of items")
+        return value
+
+    @field_validator("previous_response_id", "conversation", "prompt")
+    @classmethod
+    def _no_stored_state(cls, value: Any, info: ValidationInfo) -> Any:
+        if value is not None:
+            raise ValueError(f"unsupported: this server stores no responses, conversations or prompts; send the "
+                             f"whole conversation as input items instead of {info.field_name}")
+        return value
+
+    @field_validator("background")
+    @classmethod
+    def _no_background(cls, value: bool | None) -> bool | None:
+        if value:
+            raise ValueError("unsupported: responses are answered in the request (or streamed), not in the background")
+        return value
+
+
 # -- management routes -----------------------------------------------------------------------
 
 
