@@ -352,13 +352,13 @@ def _place(trajectory: Trajectory, messages: list[dict], tools: list | None, cho
     """Append the request's new messages and `choice` to the longest history whose messages and
     tools begin the request's (the trajectory first when empty), or to a new additional history."""
     histories: list[Trajectory | History] = [trajectory, *trajectory.additional_histories]
-    request = [_key(m) for m in messages]
+    request = [message_key(m) for m in messages]
     target, best = None, -1
     for history in histories:
         items = history.messages_and_choices
         if not items or len(items) > len(messages) or _tools_key(history.tools) != _tools_key(tools):
             continue
-        if [_key(m) for m in get_messages(items)] == request[: len(items)] and len(items) > best:
+        if [message_key(m) for m in get_messages(items)] == request[: len(items)] and len(items) > best:
             target, best = history, len(items)
     if target is None:
         if not trajectory.messages_and_choices:
@@ -372,23 +372,26 @@ def _place(trajectory: Trajectory, messages: list[dict], tools: list | None, cho
         target.tools = tools
 
 
-def _key(message: Mapping[str, Any]) -> tuple:
+def message_key(message: Mapping[str, Any]) -> tuple:
     """What must agree for a request message to be the recorded one. Libraries re-serialise
-    history: content may come back as None or as text parts, tool arguments re-spaced."""
+    history: content may come back as None or as text parts, tool arguments re-spaced.
+    (art.verifiers matches verifiers' steps to recorded calls by the same key.)"""
     calls = tuple(
         ((call.get("function") or {}).get("name"), _json_key((call.get("function") or {}).get("arguments")))
         for call in message.get("tool_calls") or [] if isinstance(call, Mapping)
     )
-    return message.get("role"), _text(message.get("content")), calls
+    return message.get("role"), message_text(message.get("content")), calls
 
 
-def _text(content: Any) -> str:
+def message_text(content: Any) -> str:
+    """A message's content as one string: None is "", text parts are joined."""
     if content is None:
         return ""
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        return "".join(part.get("text", "") if isinstance(part, Mapping) else str(part) for part in content)
+        return "".join(str(part.get("text", "")) if isinstance(part, Mapping) else str(getattr(part, "text", part))
+                       for part in content)
     return str(content)
 
 

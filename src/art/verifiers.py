@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any
 
 from openai.types.chat.chat_completion import Choice
 
-from .capture import AutoTrajectoryContext
+from .capture import AutoTrajectoryContext, message_key, message_text
 from .trajectories import (
     ChatCompletionsExchange,
     History,
@@ -246,7 +246,7 @@ def _recorded_choice(step: Mapping[str, Any], message: dict[str, Any]) -> Choice
         reason = "stop"
     return Choice.model_validate({
         "index": 0, "finish_reason": reason,
-        "message": {"role": "assistant", "content": _text(message.get("content")) or None,
+        "message": {"role": "assistant", "content": message_text(message.get("content")) or None,
                     "tool_calls": message.get("tool_calls") or None},
         "logprobs": {"content": [{"token": f"token_id:{i}", "logprob": float(lp), "bytes": None, "top_logprobs": []}
                                  for i, lp in zip(ids, logprobs)]},
@@ -490,30 +490,11 @@ def _openai_call(call: Any) -> dict[str, Any]:
 
 
 def _key(message: Any) -> tuple:
-    """What must agree for two renderings of a message to be the same turn."""
+    """What must agree for two renderings of a message to be the same turn (capture's rule,
+    after verifiers' tool-call shapes are made OpenAI's)."""
     if is_choice(message):
         message = get_messages([message])[0]
-    calls = tuple((c["function"]["name"], _json_key(c["function"]["arguments"]))
-                  for c in (_openai_call(c) for c in message.get("tool_calls") or []))
-    return message.get("role"), _text(message.get("content")), calls
-
-
-def _text(content: Any) -> str:
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(str(p.get("text", "")) if isinstance(p, Mapping) else str(getattr(p, "text", p))
-                       for p in content)
-    return str(content)
-
-
-def _json_key(text: str) -> str:
-    try:
-        return json.dumps(json.loads(text), sort_keys=True)
-    except (TypeError, ValueError):
-        return text
+    return message_key({**message, "tool_calls": [_openai_call(c) for c in message.get("tool_calls") or []]})
 
 
 def _openai_tools(value: Any) -> list[dict[str, Any]] | None:
