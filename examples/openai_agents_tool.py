@@ -41,7 +41,7 @@ from dataclasses import dataclass
 
 from agents import (Agent, ModelResponse, ModelSettings, OpenAIResponsesModel, RunContextWrapper, RunHooks, Runner,
                     function_tool, set_tracing_disabled)
-from agents.exceptions import MaxTurnsExceeded
+from agents.exceptions import MaxTurnsExceeded, ModelBehaviorError
 from pydantic import Field
 from typing_extensions import Annotated
 
@@ -100,6 +100,8 @@ async def rollout(agent: Agent[Episode], a: int, b: int) -> art.Trajectory:
             answer = result.final_output
         except MaxTurnsExceeded:  # kept calling the tool: no answer, its turns still train
             answer = None
+        except ModelBehaviorError:  # the answer ran past max_tokens ("incomplete"; the SDK 0.24 raises, as
+            answer = None          # it does against OpenAI): no answer, its turns still train
         success = episode.computed and first_number(answer) == str(a * b)
         trajectory = art.current_trajectory(require=True)
         trajectory.reward = SUCCESS_REWARD * success + TOOL_REWARD * episode.computed

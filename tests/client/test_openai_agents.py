@@ -4,7 +4,8 @@ Only our client and model name are passed in (`OpenAIResponsesModel`): the SDK t
 `/v1/responses`, capture records each call as the chat turn it stands for, and the tiny model
 trains on exactly the ids it sampled. A random model never calls a tool by itself, so the first
 turn is `tool_choice="required"`; the SDK resets it to "auto" after the call, as it does by
-default, and the second turn answers in text.
+default, and the second turn answers with the agent's `output_type` (structured output, which the
+server's grammar ends: an answer cut at max_tokens is "incomplete", and the SDK raises on it).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Literal
 
 import pytest
 import pytest_asyncio
+from pydantic import BaseModel
 from agents import Agent, ModelSettings, OpenAIResponsesModel, Runner, function_tool, set_tracing_disabled
 
 import art
@@ -44,6 +46,10 @@ def tokenizer(tiny_model_path):
     return AutoTokenizer.from_pretrained(tiny_model_path)
 
 
+class Picked(BaseModel):
+    letter: Literal["a", "b"]
+
+
 def picker(model: art.Model, picked: list[str], **settings) -> Agent:
     """The agent as the SDK's docs write one; `picked` records what its tool was called with."""
 
@@ -53,7 +59,7 @@ def picker(model: art.Model, picked: list[str], **settings) -> Agent:
         picked.append(letter)
         return f"you picked {letter}"
 
-    return Agent(name="picker", instructions=INSTRUCTIONS, tools=[pick],
+    return Agent(name="picker", instructions=INSTRUCTIONS, tools=[pick], output_type=Picked,
                  model=OpenAIResponsesModel(model=model.name, openai_client=model.openai_client()),
                  model_settings=ModelSettings(tool_choice="required", max_tokens=40), **settings)
 
@@ -91,7 +97,8 @@ async def test_agent_run_is_captured_as_one_conversation(served, tokenizer):
     assert call_turn.finish_reason == "tool_calls" and call_turn.message.content is None
     assert call.function.name == "pick" and picked == [json.loads(call.function.arguments)["letter"]]
     assert tool == {"role": "tool", "tool_call_id": call.id, "content": f"you picked {picked[0]}"}
-    assert answer.message.content == results[0].final_output and answer.finish_reason in ("stop", "length")
+    assert Picked.model_validate_json(answer.message.content) == results[0].final_output
+    assert answer.finish_reason == "stop"
     # The ids are the sampler's: they decode to what the agent was given.
     assert call.function.arguments in tokenizer.decode(call_turn.token_ids)
     assert tokenizer.decode(answer.token_ids, skip_special_tokens=True) == answer.message.content

@@ -191,8 +191,6 @@ BAD = [
     ({"input": "x", "tool_choice": "required"}, "tool_choice"),
     ({"input": "x", "text": {"format": {"type": "yaml"}}}, "text.format.type"),
     ({"input": "x", "text": {"format": {"type": "json_schema", "name": "n"}}}, "text.format.schema"),
-    ({"input": "x", "tools": [PICK], "tool_choice": "required", "text": {"format": {"type": "json_object"}}},
-     "text.format"),
     ({"input": "x", "temperature": 3}, "temperature"),
     ({"input": "x", "top_p": 0}, "top_p"),
     ({"input": "x", "max_output_tokens": 0}, "max_output_tokens"),

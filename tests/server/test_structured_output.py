@@ -149,12 +149,23 @@ def test_forced_tool_calls(client, tool_choice, names):
 
 
 @pytest.mark.integration
+def test_a_forced_call_wins_over_response_format(client):
+    """OpenAI takes both (the Agents SDK sends an agent's output_type with tool_choice="required"):
+    the forced turn's completion is the call, response_format shapes text answers only."""
+    response = client.chat.completions.create(
+        model=MODEL, messages=ASK, tools=[CITY], tool_choice="required", max_tokens=40, seed=3,
+        response_format={"type": "json_schema", "json_schema": {"name": "answer", "schema": ANSWER, "strict": True}})
+    [choice] = response.choices
+    assert choice.finish_reason == "tool_calls", choice.message.content
+    assert json.loads(choice.message.tool_calls[0].function.arguments) in ({"city": "Paris"}, {"city": "Rome"})
+
+
+@pytest.mark.integration
 @pytest.mark.parametrize("extra,param", [
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "foo"}}}},
      "response_format"),
     ({"response_format": {"type": "json_schema"}}, "response_format"),
     ({"response_format": {"type": "yaml"}}, "response_format.type"),
-    ({"response_format": {"type": "json_object"}, "tools": [CITY], "tool_choice": "required"}, "response_format"),
 ])
 def test_bad_response_formats_are_400s_naming_the_field(client, extra, param):
     with pytest.raises(openai.BadRequestError) as bad:

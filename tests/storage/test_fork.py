@@ -224,9 +224,9 @@ async def test_group_len_counts_every_rollout_as_art_does():
 def test_no_module_is_shadowed_by_a_name():
     """`package.x` is the module `package/x.py` wherever both exist, except where ART's own
     import paths have both (`from art.utils.iterate_dataset import ...` next to the function
-    `art.utils.iterate_dataset`)."""
+    `art.utils.iterate_dataset`, and `art.mcp.generate_scenarios` likewise)."""
     arts_own = {("art.rewards", "ruler"), ("art.utils", "iterate_dataset"), ("art.utils", "limit_concurrency"),
-                ("art.utils.benchmarking", "load_trajectories")}
+                ("art.utils.benchmarking", "load_trajectories"), ("art.mcp", "generate_scenarios")}
     packages = [art] + [importlib.import_module(info.name)
                         for info in pkgutil.walk_packages(art.__path__, "art.") if info.ispkg]
     shadowed = []

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import httpx
-
 from art.errors import ArtValueError
 from art.model import Model
 
@@ -22,8 +20,10 @@ except ImportError as exc:  # an optional dependency: say which
     raise ImportError("art.langgraph needs langchain-openai (and langgraph for the agents): "
                       "pip install langchain-openai langgraph") from exc
 
-# CPU sampling of a long answer can take minutes: the same limits as `Model.openai_client()`.
-_TIMEOUT = httpx.Timeout(timeout=1800.0, connect=10.0)
+# CPU sampling of a long answer can take minutes: `Model.openai_client()`'s limit. A number, not a
+# Timeout object: LangChain caches its default clients by timeout (a Timeout is unhashable), and
+# openai 3's httpx2 refuses an `httpx.Timeout`.
+_TIMEOUT = 1800.0
 # Settings of the HTTP client itself: given any, LangChain builds the async client from them too.
 _CLIENT_KEYS = {"base_url", "openai_api_base", "api_key", "openai_api_key", "http_async_client", "async_client",
                 "root_async_client", "openai_proxy", "timeout", "request_timeout", "max_retries",

@@ -34,11 +34,8 @@ def grammar_for(response_format: dict[str, Any] | None, tools: list[dict[str, An
     """The grammar a request's completions must follow, or None for free text."""
     forced = _forced_tools(tools, tool_choice)
     kind = (response_format or {}).get("type", "text")
-    if forced and kind != "text":
-        raise ArtValueError("response_format cannot be combined with tool_choice 'required' or a named function: "
-                            "the completion is the tool call", "response_format")
-    if forced:
-        return _tool_call_grammar(forced, several=parallel_tool_calls is True)
+    if forced:  # the completion is the call; a response_format shapes text answers, as OpenAI reads it
+        return _tool_call_grammar(forced, several=parallel_tool_calls is True)  # (the Agents SDK sends both)
     if kind == "json_object":
         return _json_grammar({"type": "object"})
     if kind == "json_schema":
