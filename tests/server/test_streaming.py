@@ -73,25 +73,25 @@ def long_stream(client, **kwargs):
 
 
 def test_first_token_arrives_while_the_rest_is_still_being_sampled(client, engine):
-    start = time.perf_counter()
-    arrivals, ids, running_at_first = [], [], None
+    """Read from the engine's own state, not from the clock: a server that buffered the answer
+    would hand over its first token after the engine had sampled all of them."""
+    client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=2)  # first-call costs out of the way
+    ids, sampled_at_first, while_running = [], None, 0
     for chunk in long_stream(client):
         new = [i for c in chunk.choices for i in (c.model_extra or {}).get("token_ids") or []]
         if not new:
             continue
-        arrivals.append(time.perf_counter() - start)
-        if running_at_first is None:
+        if sampled_at_first is None:
             with engine.lock:  # the engine samples nothing while this is held
-                running_at_first = engine.running
+                rows = list(engine.scheduler.running)
+                sampled_at_first = len(rows[0].ids) if rows else LONG
+        while_running += engine.running == 1  # a length read, no lock: the engine is not slowed
         ids += new
     assert len(ids) == LONG
-    # When the client held its first token, the request was still decoding in the engine.
-    assert running_at_first == 1
-    total = arrivals[-1]
-    assert arrivals[0] < 0.5 * total, (arrivals[0], total)
-    # Spread out, not one burst at the end: tokens land in most tenths of the request's time.
-    tenths = {min(int(10 * t / total), 9) for t in arrivals}
-    assert len(tenths) >= 6, sorted(tenths)
+    # When the client held its first token, the engine had sampled only the start of the answer.
+    assert sampled_at_first < LONG // 2, sampled_at_first
+    # Spread out, not one burst at the end: most chunks reached the client while it still decoded.
+    assert while_running > LONG // 2, while_running
 
 
 def collect(stream) -> dict:
