@@ -25,24 +25,25 @@ a step trains beside it; `--eager` turns the engine's CUDA graphs off). Two arra
   shared (default)   the engine and the trainer share both cores: the sync loop trains on both,
                      the pipeline splits them while the engine has work. Overlap can only hide the
                      rollouts, so the training time is a floor (printed).
-  --dedicated-cores  each on one core of its own in both runs (torch threads 1: the engine's
-                     thread and the trainer's thread each run on one core): the arrangement of a
-                     sampler and a trainer on devices of their own (an engine replica process per
-                     core, or a second GPU), where the sync loop leaves one idle at a time.
+  --dedicated-cores  a sampler and a trainer on a core each, in both runs: one engine replica
+                     process samples everything (`engine_replicas=2, dedicated_samplers=True`,
+                     `ART_REPLICA_THREADS=1`) and the backend's process trains on 1 torch thread.
+                     The layout of a sampler and a trainer on GPUs of their own, where the sync
+                     loop leaves one of them idle at a time.
 
 `--reward-latency S` makes every episode's reward take S more seconds, off the device (what running
 an agent's tests in a sandbox or asking a judge model costs): the sync loop's device waits that long
 each step, the pipeline trains meanwhile.
 
-Every episode's end is recorded (wall time since training began, reward). A run's reward at time t
-is the mean reward of the last 64 episodes finished by t (two steps' worth). Printed: both curves
-at each step's end, the sync loop's final reward (at its end), the time each run first reached it,
-the ratio pipeline / sync (goal <= 0.7), rollout completion tokens per second and the trainer's
-busy fraction (time in `train` / wall time) for each, and both final models' reward on 32 held-out
-episodes (16 problems x 2). Also printed: the bound overlap alone can reach here. Hiding every
-rollout behind training leaves at least the sync loop's training time, so the ratio cannot go below
-the sync loop's trainer busy fraction where the trainer and the engine share the cores. Then one
-JSON line (the last line of stdout).
+Reward is what a step's weights earn: after each run (off the clock) every checkpoint plays the
+same 48 held-out episodes (24 problems x 2, fixed seeds). The sync loop's final weights set the
+target; a run reaches it at the wall time it published weights that earn as much. Printed: both
+curves by step (wall time, held-out reward, and the rollouts' own reward: the mean of the last 64
+episodes finished, which in the pipeline trails its weights by the steps its episodes are off
+policy), the ratio pipeline / sync wall time (goal <= 0.7), both final rewards, rollout completion
+tokens per second and the trainer's busy fraction (time in `train` / wall time) for each, and, on
+shared cores, the bound overlap alone can reach: hiding every rollout behind training leaves at
+least the sync loop's training time. Then one JSON line (the last line of stdout).
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ import argparse
 import asyncio
 import importlib.util
 import json
+import os
 import random
 import tempfile
 import time
@@ -64,6 +66,7 @@ from art.gather import completion_tokens
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 WINDOW = 64  # episodes in a reward reading: two steps' worth
 GROUPS_PER_STEP, GROUP_SIZE = 4, 8
+HELD_OUT = 24  # problems, 2 episodes each: 48 held-out episodes per checkpoint
 
 
 def load(name: str):
@@ -115,17 +118,19 @@ async def group_of(model, scenario, recorder: Recorder, reward_latency: float) -
     return recorder.group(group)
 
 
-async def registered(root: str, name: str, eager: bool = False):
+async def registered(root: str, name: str, eager: bool = False, dedicated: bool = False):
     backend = art.LocalBackend(path=root)
-    internal = {"engine_args": {"enforce_eager": True}} if eager else None
+    internal = {"engine_args": {"enforce_eager": True}} if eager else {}
+    if dedicated:  # the sampler in a process of its own; the trainer's engine only stands in
+        internal |= {"engine_replicas": 2, "dedicated_samplers": True}
     model = art.TrainableModel(name=name, project="pipeline-vs-sync", base_model=art.DEFAULT_MODEL,
-                               _internal_config=internal)
+                               _internal_config=internal or None)
     await model.register(backend)
     return backend, model
 
 
 async def run_sync(args, root: str) -> dict:
-    backend, model = await registered(root, "sync", args.eager)
+    backend, model = await registered(root, "sync", args.eager, args.dedicated_cores)
     problems, recorder, step_ends, groups_trained = pipeline_example.problems(args.seed), Recorder(), [], 0
     for step in range(args.steps):
         groups = await art.gather_trajectory_groups(
@@ -137,13 +142,13 @@ async def run_sync(args, root: str) -> dict:
         groups_trained += len(groups)
         step_ends.append(time.monotonic() - recorder.start)
     rows = [row for row in await backend.get_history(model) if row.get("split") == "train"]
-    final = await evaluate(model)
+    evals = await evaluate_steps(model, range(0, len(step_ends) + 1))
     await backend.close()
-    return summary("sync", recorder, step_ends, groups_trained, final) | {"per_step": per_step(rows)}
+    return summary("sync", recorder, step_ends, groups_trained, evals) | {"per_step": per_step(rows)}
 
 
 async def run_pipeline(args, root: str) -> dict:
-    backend, model = await registered(root, "pipeline", args.eager)
+    backend, model = await registered(root, "pipeline", args.eager, args.dedicated_cores)
     recorder = Recorder()
 
     async def rollout_fn(model, scenario, config):
@@ -172,9 +177,9 @@ async def run_pipeline(args, root: str) -> dict:
     await trainer.train(handle_signals=False)
     wall = time.monotonic() - recorder.start
     rows = [row for row in await backend.get_history(model) if row.get("split") == "train"]
-    final = await evaluate(model)
+    evals = await evaluate_steps(model, range(1, len(step_ends) + 1))
     await backend.close()
-    out = summary("pipeline", recorder, step_ends, trainer.state.accepted_trainable_groups, final, wall)
+    out = summary("pipeline", recorder, step_ends, trainer.state.accepted_trainable_groups, evals, wall)
     out["steps_off_policy_mean"] = round(sum(r["offpolicy/steps_off_policy_mean"] for r in rows) / len(rows), 3)
     out["steps_off_policy_max"] = max(r["offpolicy/steps_off_policy_max"] for r in rows)
     out["dropped_groups"] = trainer.state.discarded_stale_groups
@@ -192,23 +197,51 @@ def per_step(rows: list[dict]) -> dict[str, list]:
             "steps_off_policy_mean": column("offpolicy/steps_off_policy_mean")}
 
 
+class AtStep:
+    """`model` with its requests sent to the weights of checkpoint `step` (`name@step`)."""
+
+    def __init__(self, model, step: int) -> None:
+        self.model, self.step = model, step
+
+    def __getattr__(self, name):
+        return getattr(self.model, name)
+
+    def get_inference_name(self, step: int | None = None) -> str:
+        return self.model.get_inference_name(self.step if step is None else step)
+
+
+async def evaluate_steps(model, steps) -> dict[int, float]:
+    """Each step's weights, after the run (off the clock): mean reward on the held-out episodes,
+    the same episodes and seeds for every checkpoint of both runs."""
+    return {step: await evaluate(AtStep(model, step)) for step in steps}
+
+
 async def evaluate(model) -> float:
-    """The final policy's mean reward on 16 held-out problems x 2 episodes."""
+    """Mean reward on HELD_OUT problems x 2 episodes, never seen in training."""
     rng = random.Random(999)
-    held_out = [(rng.randint(11, 99), rng.randint(11, 99)) for _ in range(16)]
+    held_out = [(rng.randint(11, 99), rng.randint(11, 99)) for _ in range(HELD_OUT)]
     episodes = await asyncio.gather(*(tool_agent.rollout(model, a, b, seed=10_000 + 7 * i + j)
                                       for i, (a, b) in enumerate(held_out) for j in range(2)))
     return sum(t.reward for t in episodes) / len(episodes)
 
 
-def summary(name: str, recorder: Recorder, step_ends: list[float], groups_trained: int, final_eval: float,
+def summary(name: str, recorder: Recorder, step_ends: list[float], groups_trained: int, evals: dict[int, float],
             wall: float | None = None) -> dict:
     wall = wall if wall is not None else step_ends[-1]
     tokens = sum(n for _, _, n in recorder.episodes)
     return {"name": name, "recorder": recorder, "step_ends": step_ends, "wall_s": round(wall, 1),
             "groups_trained": groups_trained, "episodes": len(recorder.episodes),
-            "final_reward": round(recorder.reward_at(float("inf")) or 0.0, 4), "final_eval_reward": round(final_eval, 4),
+            "final_reward": round(recorder.reward_at(float("inf")) or 0.0, 4),
+            "held_out_by_step": {step: round(r, 4) for step, r in evals.items()},
+            "final_eval_reward": round(evals[len(step_ends)], 4),
             "rollout_tokens_per_s": round(tokens / wall, 1), "trainer_busy_fraction": round(recorder.train_s / wall, 3)}
+
+
+def time_to(run: dict, target: float) -> float | None:
+    """When `run` first published weights whose held-out reward is >= target (0: the base model)."""
+    ends = [0.0, *run["step_ends"]]
+    return next((round(ends[step], 1) for step, reward in sorted(run["held_out_by_step"].items())
+                 if reward >= target - 1e-9), None)
 
 
 def main(args: argparse.Namespace) -> None:
@@ -216,7 +249,8 @@ def main(args: argparse.Namespace) -> None:
 
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     if args.dedicated_cores:
-        torch.set_num_threads(1)  # threads started later (the engine's, the trainer's) take 1 too
+        torch.set_num_threads(1)  # the trainer (threads started later take 1 too)
+        os.environ["ART_REPLICA_THREADS"] = "1"  # the sampler process
     runners = {"sync": run_sync, "pipeline": run_pipeline}
     results = {}
     with tempfile.TemporaryDirectory(prefix="art-pipeline-vs-sync-") as scratch:
@@ -224,21 +258,31 @@ def main(args: argparse.Namespace) -> None:
         for name in args.order.split(","):
             results[name] = asyncio.run(runners[name](args, root))
     sync, pipe = results["sync"], results["pipeline"]
-    target = sync["final_reward"]
-    times = {name: r["recorder"].time_to(target) for name, r in results.items()}
+    pipe["held_out_by_step"] = {0: sync["held_out_by_step"][0], **pipe["held_out_by_step"]}  # one base model
+    # Reward is what the weights earn on held-out episodes: the sync loop's final weights set the
+    # target, and a run reaches it when it publishes weights that earn as much.
+    target = sync["final_eval_reward"]
+    times = {r["name"]: time_to(r, target) for r in (sync, pipe)}
     time_ratio = ratio(times["pipeline"], sync["wall_s"])
+    # Secondary: the rollouts' own reward (the last WINDOW episodes finished), which in the
+    # pipeline trails its weights by the steps its episodes are off policy.
+    rollout_target = sync["final_reward"]
+    rollout_times = {name: r["recorder"].time_to(rollout_target) for name, r in results.items()}
 
     print()
     steps = max(len(sync["step_ends"]), len(pipe["step_ends"]))
     cells = []
-    for step in range(steps):
+    for step in range(steps + 1):
         row = [step]
         for r in (sync, pipe):
-            end = r["step_ends"][step] if step < len(r["step_ends"]) else None
-            reward = r["recorder"].reward_at(end) if end is not None else None
-            row += [None if end is None else f"{end:.0f}", None if reward is None else f"{reward:.3f}"]
+            end = (r["step_ends"][step - 1] if step - 1 < len(r["step_ends"]) else None) if step else 0.0
+            reward = r["recorder"].reward_at(end) if end else None
+            held_out = r["held_out_by_step"].get(step)
+            row += [None if end is None else f"{end:.0f}", None if held_out is None else f"{held_out:.3f}",
+                    None if reward is None else f"{reward:.3f}"]
         cells.append(row)
-    print(table(["step", "sync s", f"reward({WINDOW})", "pipeline s", f"reward({WINDOW})"], cells))
+    print(table(["step", "sync s", "held-out", f"rollouts({WINDOW})", "pipeline s", "held-out",
+                 f"rollouts({WINDOW})"], cells))
     print()
     print(table(["step", "sync ratio", "sync clipped", "pipeline ratio", "pipeline clipped", "pipeline off policy"],
                 [[step, *(r["per_step"][k][step] if step < len(r["per_step"][k]) else None
@@ -246,14 +290,16 @@ def main(args: argparse.Namespace) -> None:
                                        (pipe, "clip_fraction"), (pipe, "steps_off_policy_mean")))]
                  for step in range(steps)]))
     print()
-    print(table(["", "wall s", "to sync's final", "final reward", "held-out reward", "rollout tok/s",
+    print(table(["", "wall s", "to sync's final", "final held-out", "final rollouts", "rollout tok/s",
                  "trainer busy", "groups trained"],
-                [[r["name"], r["wall_s"], times[r["name"]], r["final_reward"], r["final_eval_reward"],
+                [[r["name"], r["wall_s"], times[r["name"]], r["final_eval_reward"], r["final_reward"],
                   r["rollout_tokens_per_s"], r["trainer_busy_fraction"], r["groups_trained"]] for r in (sync, pipe)]))
-    print(f"sync's final reward {target:.3f}: the pipeline reached it at "
+    print(f"sync's final held-out reward {target:.3f} ({2 * HELD_OUT} episodes): the pipeline's weights reached it at "
           + ("never" if times["pipeline"] is None else f"{times['pipeline']:.0f} s")
           + f", the sync loop ended at {sync['wall_s']:.0f} s: ratio {time_ratio if time_ratio is not None else '-'}"
           " (goal <= 0.7)")
+    print(f"rollout reward: sync's final {rollout_target:.3f}, the pipeline's rollouts reached it at "
+          + ("never" if rollout_times["pipeline"] is None else f"{rollout_times['pipeline']:.0f} s"))
     if not args.dedicated_cores:
         print(f"the sync loop trained {sync['trainer_busy_fraction']:.0%} of its wall time: with the trainer and the"
               f" engine on the same {'GPU' if device != 'cpu' else 'cores'}, overlap alone cannot bring the ratio below"
@@ -270,17 +316,19 @@ def main(args: argparse.Namespace) -> None:
     report = {
         "benchmark": "pipeline_vs_sync",
         "sync": public(sync), "pipeline": public(pipe),
-        "sync_final_reward": target,
-        "time_to_sync_final_reward_s": times,
+        "sync_final_held_out_reward": target,
+        "time_to_sync_final_held_out_reward_s": times,
         "ratio_pipeline_time_to_sync_final_over_sync_wall": time_ratio,
+        "sync_final_rollout_reward": rollout_target,
+        "time_to_sync_final_rollout_reward_s": rollout_times,
         "ratio_floor_from_sync_training_time": sync["trainer_busy_fraction"],
         "goals": {"ratio_le_0_7": None if time_ratio is None else time_ratio <= 0.7,
-                  "final_reward_no_lower": pipe["final_reward"] >= sync["final_reward"]},
+                  "final_reward_no_lower": pipe["final_eval_reward"] >= sync["final_eval_reward"]},
         "settings": {"task": "examples/tool_agent.py", "model": art.DEFAULT_MODEL, "device": device,
                      "steps": args.steps, "groups_per_step": GROUPS_PER_STEP, "group_size": GROUP_SIZE,
                      "learning_rate": args.learning_rate, "seed": args.seed, "workers": args.workers,
                      "max_steps_off_policy": args.max_steps_off_policy, "order": args.order,
-                     "reward_window_episodes": WINDOW, "objective": "cispo (ART's default)",
+                     "reward_window_episodes": WINDOW, "held_out_episodes": 2 * HELD_OUT, "objective": "cispo (ART's default)",
                      "cores": "dedicated" if args.dedicated_cores else "shared",
                      "reward_latency_s": args.reward_latency, "engine_cuda_graphs": not args.eager},
     }

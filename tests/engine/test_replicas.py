@@ -18,6 +18,7 @@ from art.engine.replica_process import ReplicaSpec
 from art.engine.replicas import ReplicaSet
 from art.engine.router import BALANCE, PrefixRouter, Replica, ReplicaUnavailableError
 from art.errors import BackendUnavailableError
+from art.service.probe import PROBE_TOKENS
 
 SYSTEM = list(range(1000, 1040))  # a chat template's common head: every prompt starts with it
 
@@ -169,3 +170,50 @@ async def test_two_replicas_serve_train_and_survive_a_kill(tiny_model_path, tmp_
     with pytest.raises(BackendUnavailableError):
         await pending
     await backend.close()
+
+
+@pytest.mark.integration
+async def test_dedicated_samplers_leave_the_trainers_engine_idle(tiny_model_path, tmp_path):
+    """`dedicated_samplers`: replica 1 answers everything, including while a step trains and right
+    after it (on the new weights); replica 0 stands in only when replica 1 is down."""
+    backend = art.LocalBackend(path=str(tmp_path))
+    model = art.TrainableModel(name="rep", project="p", base_model=str(tiny_model_path),
+                               _internal_config={"engine_replicas": 2, "dedicated_samplers": True})
+    await model.register(backend)
+    service = backend.service.loaded(("p", "rep"))
+    client = model.openai_client()
+
+    group = await asyncio.gather(*(ask(client, f"Prompt {n}, each its own.", seed=n) for n in range(8)))
+    assert {c.model_extra["replica"] for c in group} == {1}
+    trajectories = [art.Trajectory(messages_and_choices=[{"role": "user", "content": "x"}, c.choices[0]],
+                                   reward=float(i % 2)) for i, c in enumerate(group)]
+    training = asyncio.ensure_future(backend.train(model, [art.TrajectoryGroup(trajectories)], learning_rate=5e-2))
+    during = []
+    while not training.done():  # requests sent while the step trains and publishes
+        during.append(await ask(client, "While it trains.", max_tokens=4))
+    assert (await training).step == 1
+    assert during and {c.model_extra["replica"] for c in during} == {1}
+    assert {c.model_extra["step"] for c in during} <= {0, 1}
+    after = await asyncio.gather(*(ask(client, f"After step one {n}.") for n in range(4)))
+    assert {(c.model_extra["replica"], c.model_extra["step"]) for c in after} == {(1, 1)}
+    assert service.engine.steps <= PROBE_TOKENS  # replica 0 decoded the weight-sync probe, no user's request
+
+    service.replicas.replicas[1]._process.kill()
+    for _ in range(200):  # until the set has noticed the dead process
+        if service.replicas.replicas[1].down:
+            break
+        await asyncio.sleep(0.05)
+    stand_in = await ask(client, "With replica 1 down.")
+    assert (stand_in.model_extra["replica"], stand_in.model_extra["step"]) == (0, 1)
+    await backend.close()
+
+
+def test_dedicated_samplers_need_replicas_to_sample():
+    from art.service.settings import parse_internal_config
+
+    assert parse_internal_config({"engine_replicas": 2, "dedicated_samplers": True}).dedicated_samplers
+    assert not parse_internal_config({"engine_replicas": 2}).dedicated_samplers
+    for bad in ({"dedicated_samplers": True}, {"engine_replicas": 2, "dedicated_samplers": "yes"}):
+        with pytest.raises(art.ArtValueError) as info:
+            parse_internal_config(bad)
+        assert info.value.field == "dedicated_samplers"

@@ -66,15 +66,18 @@ class LocalReplica(Replica):
 class ReplicaSet:
     """An `Engine` over replicas (see the module docstring); replica 0 is `engine`."""
 
-    def __init__(self, engine, spec: ReplicaSpec, count: int, replica_class=None) -> None:
+    def __init__(self, engine, spec: ReplicaSpec, count: int, replica_class=None, dedicated: bool = False) -> None:
         """`replica_class` builds replicas 1..N-1: `ProcessReplica` (default, one GPU each on
-        CUDA: more replicas than GPUs are refused here) or `art.ray_cluster.RayReplica`."""
+        CUDA: more replicas than GPUs are refused here) or `art.ray_cluster.RayReplica`.
+        `dedicated`: replicas 1..N-1 do all the sampling; replica 0 shares the trainer's device
+        and stands in only while none of them is live."""
         self.tokenizer, self.max_model_len, self.grammars = engine.tokenizer, engine.max_model_len, engine.grammars
         if replica_class is None and count > 1:  # a GPU for every replica, before any process starts
             device_for(spec.engine.device, count - 1, local_gpus(spec.engine.device), "engine_replicas")
         replica_class = replica_class or ProcessReplica
         self.replicas: list[Replica] = [LocalReplica(engine)] + [replica_class(i, spec) for i in range(1, count)]
         self.router = PrefixRouter()
+        self.dedicated = dedicated
 
     @property
     def peers(self) -> list:
@@ -100,6 +103,10 @@ class ReplicaSet:
     def _routable(self, adapter: AdapterRef | None) -> list[Replica]:
         """Replicas that may serve `adapter`: for the live weights, those holding the latest step
         (a replica still loading a new step is skipped rather than serve the old one as new)."""
+        if self.dedicated and (live := [r for r in self.peers if r.down is None]):
+            # A peer loading the latest step queues the request behind the load and samples it on
+            # the new weights; its answer carries the step that sampled it either way.
+            return live
         if adapter is None or adapter.path is not None or not self.peers:
             return self.replicas
         latest = self.replicas[0].step

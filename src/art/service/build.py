@@ -92,7 +92,8 @@ def load_model(root, spec: ModelSpec, placement: str = "processes") -> LoadedMod
         if on_ray:
             from art.ray_cluster import RayReplica as replica_class
         replica_spec = ReplicaSpec(base_model, lora, engine.config, process_threads(REPLICA_THREADS))
-        replicas = ReplicaSet(engine, replica_spec, settings.engine_replicas, replica_class)
+        replicas = ReplicaSet(engine, replica_spec, settings.engine_replicas, replica_class,
+                              dedicated=settings.dedicated_samplers)
     peers = None
     if settings.trainer_ranks > 1 or settings.fsdp:  # ranks 1..N-1 (sharded: all N) are processes of their own
         from art.training.ranks import RankPeers, RankSpec

@@ -50,6 +50,10 @@ class ModelSettings:
     engine_replicas: int = 1
     """Engine replicas behind the endpoint (`art.engine.replicas`): replica 0 is the engine
     that shares the trainer's model, replicas 1..N-1 are processes of their own."""
+    dedicated_samplers: bool = False
+    """Replicas 1..N-1 sample and replica 0, beside the trainer, stands in only while none of
+    them is live: a sampler and a trainer on devices of their own (a GPU each, or a core each),
+    the layout where overlapping rollouts with training pays most (`art.PipelineTrainer`)."""
     placement: str | None = None
     """Where replicas and ranks 1..N-1 run: "processes" (local) or "ray" (`art.ray_cluster`);
     None: the backend's default."""
@@ -67,7 +71,8 @@ def parse_internal_config(internal: dict | None) -> ModelSettings:
     internal = dict(internal or {})
     init = dict(internal.get("init_args") or {})
     known = {"engine_args", "peft_args", "lora_config", "seed", "full_finetune", "init_args", "trainer_ranks",
-             "fsdp", "engine_replicas", "placement", "serve_while_training", "training_threads"}
+             "fsdp", "engine_replicas", "placement", "serve_while_training", "training_threads",
+             "dedicated_samplers"}
     warn_ignored([k for k in internal if k not in known], "_internal_config")
     warn_ignored([k for k in init if k not in ("max_seq_length", "gpu_memory_utilization", "full_finetuning")],
                  "init_args")
@@ -115,9 +120,16 @@ def parse_internal_config(internal: dict | None) -> ModelSettings:
     if threads is not None and (not isinstance(threads, int) or isinstance(threads, bool) or threads < 1):
         raise ArtValueError(f"training_threads must be a positive int or None, got {threads!r}",
                             field="training_threads")
+    dedicated = internal.get("dedicated_samplers", False)
+    if dedicated not in (True, False):
+        raise ArtValueError(f"dedicated_samplers must be True or False, got {dedicated!r}", field="dedicated_samplers")
+    if dedicated and counts["engine_replicas"] < 2:
+        raise ArtValueError("dedicated_samplers leaves sampling to replicas 1..N-1: set engine_replicas to 2 or more",
+                            field="dedicated_samplers")
     return ModelSettings(engine=engine, full_finetune=bool(full), fsdp=bool(fsdp),
                          lora=None if full else {**LORA_DEFAULTS, **lora_given}, seed=seed, placement=placement,
-                         serve_while_training=serve, training_threads=threads, **counts)
+                         serve_while_training=serve, training_threads=threads, dedicated_samplers=dedicated,
+                         **counts)
 
 
 def _lora_config(config) -> dict:
