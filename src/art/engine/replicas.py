@@ -101,11 +101,11 @@ class ReplicaSet:
             await events.aclose()
 
     def _routable(self, adapter: AdapterRef | None) -> list[Replica]:
-        """Replicas that may serve `adapter`: for the live weights, those holding the latest step
-        (a replica still loading a new step is skipped rather than serve the old one as new)."""
+        """Replicas that may serve `adapter`. Dedicated samplers: the live peers, a loading one
+        included (the request waits behind the load; the answer carries the step that sampled
+        it). Otherwise, for the live weights, those holding the latest step (a replica still
+        loading a new step is skipped rather than serve the old one as new)."""
         if self.dedicated and (live := [r for r in self.peers if r.down is None]):
-            # A peer loading the latest step queues the request behind the load and samples it on
-            # the new weights; its answer carries the step that sampled it either way.
             return live
         if adapter is None or adapter.path is not None or not self.peers:
             return self.replicas

@@ -84,9 +84,7 @@ def parse_internal_config(internal: dict | None) -> ModelSettings:
         engine_args.setdefault("gpu_memory_utilization", init["gpu_memory_utilization"])
     engine = EngineConfig.from_engine_args(engine_args)
 
-    full = internal.get("full_finetune", init.get("full_finetuning", False))
-    if full not in (True, False):
-        raise ArtValueError(f"full_finetune must be True or False, got {full!r}", field="full_finetune")
+    full = _flag("full_finetune", internal.get("full_finetune", init.get("full_finetuning", False)))
     lora_given = {**internal.get("peft_args", {}), **_lora_config(internal.get("lora_config"))}
     if full and lora_given:
         key = "peft_args" if "peft_args" in internal else "lora_config"
@@ -103,9 +101,7 @@ def parse_internal_config(internal: dict | None) -> ModelSettings:
     placement = internal.get("placement")
     if placement not in (None, *PLACEMENTS):
         raise ArtValueError(f"placement must be one of {', '.join(PLACEMENTS)}, got {placement!r}", field="placement")
-    fsdp = internal.get("fsdp", False)
-    if fsdp not in (True, False):
-        raise ArtValueError(f"fsdp must be True or False, got {fsdp!r}", field="fsdp")
+    fsdp = _flag("fsdp", internal.get("fsdp", False))
     if fsdp and not full:
         raise ArtValueError("fsdp shards a fully fine-tuned model; set full_finetune=True too (a LoRA adapter is "
                             "small enough to train whole on each rank: use trainer_ranks alone)", field="fsdp")
@@ -120,16 +116,21 @@ def parse_internal_config(internal: dict | None) -> ModelSettings:
     if threads is not None and (not isinstance(threads, int) or isinstance(threads, bool) or threads < 1):
         raise ArtValueError(f"training_threads must be a positive int or None, got {threads!r}",
                             field="training_threads")
-    dedicated = internal.get("dedicated_samplers", False)
-    if dedicated not in (True, False):
-        raise ArtValueError(f"dedicated_samplers must be True or False, got {dedicated!r}", field="dedicated_samplers")
+    dedicated = _flag("dedicated_samplers", internal.get("dedicated_samplers", False))
     if dedicated and counts["engine_replicas"] < 2:
         raise ArtValueError("dedicated_samplers leaves sampling to replicas 1..N-1: set engine_replicas to 2 or more",
                             field="dedicated_samplers")
-    return ModelSettings(engine=engine, full_finetune=bool(full), fsdp=bool(fsdp),
+    return ModelSettings(engine=engine, full_finetune=full, fsdp=fsdp,
                          lora=None if full else {**LORA_DEFAULTS, **lora_given}, seed=seed, placement=placement,
                          serve_while_training=serve, training_threads=threads, dedicated_samplers=dedicated,
                          **counts)
+
+
+def _flag(key: str, value) -> bool:
+    """`value` of the switch `key`; anything but True or False is an ArtValueError naming it."""
+    if value not in (True, False):
+        raise ArtValueError(f"{key} must be True or False, got {value!r}", field=key)
+    return bool(value)
 
 
 def _lora_config(config) -> dict:
