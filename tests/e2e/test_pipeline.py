@@ -159,6 +159,46 @@ async def test_workers_do_not_sample_groups_that_could_not_train_in_time(tiny_mo
     assert trainer.state.discarded_zero_variance_groups == 2 and trainer.state.accepted_trainable_groups == 8
 
 
+async def test_groups_without_signal_are_replaced_before_they_finish(tiny_model_path, tmp_path):
+    """Bound 0, 2 groups a step, every odd scenario without signal. A gate that counts running
+    groups in full starts 2 per policy and a replacement only after a group ends without signal
+    (2 at once at most). Once groups without signal have been seen, more than a batch run at once,
+    so the step does not wait a whole rollout for a replacement; what is left over is dropped as
+    stale and counted."""
+    running, most_at_once = 0, {}
+
+    async def rollout(model, scenario, config):
+        nonlocal running
+        step = await model.get_step()
+        running += 1
+        most_at_once[step] = max(most_at_once.get(step, 0), running)
+        await asyncio.sleep(0.1)
+        running -= 1
+        group = sampled_by(fixed_group(scenario), step)
+        if scenario % 2:  # no signal
+            for t in group.trajectories:
+                t.reward = 0.5
+        return group
+
+    backend, model = await registered(tmp_path, tiny_model_path, "replaced")
+    trainer = art.PipelineTrainer(model, backend, rollout, range(60), None, max_steps_off_policy=0,
+                                  num_rollout_workers=8, min_batch_size=2, max_batch_size=2, max_steps=4,
+                                  learning_rate=1e-2)
+    await trainer.train(handle_signals=False)
+    await backend.close()
+
+    assert most_at_once[0] == 2  # before any group finished, one batch
+    assert max(most_at_once.values()) > 2, most_at_once
+    rows = [row for row in history(tmp_path, "replaced") if row["split"] == "train"]
+    assert [row["step"] for row in rows] == [0, 1, 2, 3]
+    assert all(row["offpolicy/steps_off_policy_max"] == 0 for row in rows)
+    state = trainer.state
+    assert state.accepted_trainable_groups == 8 and state.discarded_zero_variance_groups > 0
+    assert rows[-1]["discarded/cum/stale_groups"] == state.discarded_stale_groups
+    finished = state.accepted_trainable_groups + state.discarded_stale_groups + state.discarded_zero_variance_groups
+    assert finished <= state.total_scenarios_consumed <= finished + 8  # + those cut off by the end
+
+
 async def test_evaluation_beside_training_and_checkpoint_retention(tiny_model_path, tmp_path):
     evaluated = []
 

@@ -14,7 +14,9 @@ event loop:
   the step being formed, and fewer groups are out (running or waiting) than the steps that may
   still take it can train, so no group is sampled only to be dropped. Fewer than
   `queue_maxsize` finished groups wait for a batch. Groups whose rewards are all equal carry no
-  signal; they are set aside as they finish and counted, so they take no place in the queue.
+  signal; they are set aside as they finish and counted, so they take no place in the queue,
+  and a running group counts only as the share of groups that have had signal, so when some
+  groups end without it others are already running in their place (a few may then be dropped).
 - **Dating.** Each trajectory is dated by the steps its choices say sampled them (the server
   reports `step` on every choice), the oldest turn first (`Trajectory.initial_policy_version`),
   else by the policy when its rollout started. A group is as old as its oldest trajectory.
@@ -60,6 +62,8 @@ from art.pipeline_trainer.types import ConfigT, EvalFn, RolloutFn, ScenarioT, Si
 from art.trajectories import Trajectory, TrajectoryGroup, policy_versions
 
 log = logging.getLogger(__name__)
+
+PRIOR_GROUPS = 4  # groups with signal assumed before any finished: the gate starts at one batch
 
 COLLAPSE_BANNER = """
 ========================================
@@ -260,6 +264,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         self._source_lock = asyncio.Lock()
         self._interval = _Interval()
         self._zero_variance_in_a_row = 0
+        self._groups_with_signal = self._groups_without_signal = 0
         self._set_aside: list[TrajectoryGroup] = []
         self._waited: set[int] = set()  # scenarios the trainer waited for before the step being formed
         self._eval_queue: asyncio.Queue[int] = asyncio.Queue()
@@ -343,15 +348,28 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         A group sampled by policy p may train at steps up to p + max_steps_off_policy; from the
         step being formed on, that is `steps_left` steps of at most `max_batch_size` groups.
         Starting more (running or waiting to train) would only sample groups bound to be dropped,
-        and on a shared device would take the trainer's time to do it. With a bound of 0 and
-        stale_groups="wait": exactly one batch at a time, the synchronous loop."""
+        and on a shared device would take the trainer's time to do it. A running group counts as
+        the share of groups that have had signal so far (`_signal_share`): one that ends without
+        signal is set aside, and had nothing started in its place, the step would wait a whole
+        rollout for its replacement. With a bound of 0 and stale_groups="wait": exactly one batch
+        at a time, the synchronous loop."""
         if len(self._ready) >= self.queue_maxsize:
             return False
         bound = self.max_steps_off_policy
         if bound is None:
             return True
         steps_left = self._policy + bound - self._next_step + 1
-        return len(self._running) + len(self._ready) < steps_left * self.max_batch_size
+        expected = len(self._ready) + len(self._running) * self._signal_share()
+        return expected < steps_left * self.max_batch_size - 1e-9
+
+    def _signal_share(self) -> float:
+        """The share of finished groups that had signal, as if PRIOR_GROUPS more had (1.0 until
+        groups without signal show up). With stale_groups="wait" it is 1: a group started beyond
+        the batch would have to train in it, and the batch size is the user's."""
+        if self.stale_groups == "wait":
+            return 1.0
+        with_signal, without = self._groups_with_signal, self._groups_without_signal
+        return (with_signal + PRIOR_GROUPS) / (with_signal + without + PRIOR_GROUPS)
 
     async def _worker(self) -> None:
         try:
@@ -410,9 +428,11 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
                 trajectory, version, self._policy)
         group_version = min((t.initial_policy_version for t in group.trajectories), default=version)
         if has_signal(group):
+            self._groups_with_signal += 1
             self._zero_variance_in_a_row = 0
             self._ready.append(_Finished(index, group, group_version, elapsed))
         else:  # set aside at once: it would hold a place in the queue and train nothing
+            self._groups_without_signal += 1
             self._zero_variance_in_a_row += 1
             self._interval.zero_variance += 1
             self.state.discarded_zero_variance_groups += 1
