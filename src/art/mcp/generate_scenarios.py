@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import time
 from typing import Any
 
@@ -27,6 +26,7 @@ from art.capture import no_capture
 from art.errors import ArtValueError
 from art.mcp.types import (MAX_DIFFICULTY, MIN_DIFFICULTY, GeneratedScenario, GeneratedScenarioCollection,
                            MCPResource, MCPTool)
+from art.utils.json_in_text import json_in_text
 
 log = logging.getLogger(__name__)
 
@@ -228,12 +228,9 @@ def _about_format(exc: BadRequestError) -> bool:
     return any(word in text for word in ("response_format", "json_schema", "json_object", "schema"))
 
 
-_FENCED = re.compile(r"```(?:json)?\s*(.*?)```", re.DOTALL)
-
-
 def _parse(content: str, seen: set[str]) -> tuple[list[GeneratedScenario], list[str]]:
     """(valid new scenarios, why others were dropped) from an answer's text."""
-    data = _json(content)
+    data = json_in_text(content)
     if data is None:
         shown = content[:200] + ("..." if len(content) > 200 else "")
         return [], [f"the answer is not JSON: {shown!r}"]
@@ -265,15 +262,3 @@ def _difficulty(value: Any) -> Any:
         return int(value.strip())
     return value
 
-
-def _json(content: str) -> Any:
-    candidates = [content.strip(), *(m.strip() for m in _FENCED.findall(content))]
-    start, end = content.find("{"), content.rfind("}")
-    if 0 <= start < end:
-        candidates.append(content[start:end + 1])
-    for text in candidates:
-        try:
-            return json.loads(text)
-        except ValueError:
-            continue
-    return None

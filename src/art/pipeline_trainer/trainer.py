@@ -12,11 +12,12 @@ event loop:
   trains (`art.service.update`). A worker starts a scenario only while the group it would
   sample could still train in time: the policy is at most `max_steps_off_policy` steps behind
   the step being formed, and fewer groups are out (running or waiting) than the steps that may
-  still take it can train, so no group is sampled only to be dropped. Fewer than
+  still take it can train, so few groups are sampled only to be dropped. Fewer than
   `queue_maxsize` finished groups wait for a batch. Groups whose rewards are all equal carry no
   signal; they are set aside as they finish and counted, so they take no place in the queue,
-  and a running group counts only as the share of groups that have had signal, so when some
-  groups end without it others are already running in their place (a few may then be dropped).
+  and a running group counts only as the share of groups that have had signal (3 in 4 before
+  any finished), so when some groups end without it others are already running in their place
+  (a spare left over may be dropped).
 - **Dating.** Each trajectory is dated by the steps its choices say sampled them (the server
   reports `step` on every choice), the oldest turn first (`Trajectory.initial_policy_version`),
   else by the policy when its rollout started. A group is as old as its oldest trajectory.
@@ -63,7 +64,11 @@ from art.trajectories import Trajectory, TrajectoryGroup, policy_versions
 
 log = logging.getLogger(__name__)
 
-PRIOR_GROUPS = 4  # groups with signal assumed before any finished: the gate starts at one batch
+# Before groups finish, the gate assumes it has seen PRIOR_GROUPS of which PRIOR_WITH_SIGNAL had
+# signal: a running group counts 3/4, so a spare one runs per batch from the start. Measured
+# (benchmarks/pipeline_vs_sync.py, 60 s reward latency): with exactly one batch out, one group
+# ending without signal kept the trainer idle a whole rollout (~80 s of a ~75 s step).
+PRIOR_GROUPS, PRIOR_WITH_SIGNAL = 4, 3
 
 COLLAPSE_BANNER = """
 ========================================
@@ -363,13 +368,13 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         return expected < steps_left * self.max_batch_size - 1e-9
 
     def _signal_share(self) -> float:
-        """The share of finished groups that had signal, as if PRIOR_GROUPS more had (1.0 until
-        groups without signal show up). With stale_groups="wait" it is 1: a group started beyond
-        the batch would have to train in it, and the batch size is the user's."""
+        """The share of finished groups that had signal, counting PRIOR_GROUPS more of which
+        PRIOR_WITH_SIGNAL had. With stale_groups="wait" it is 1: a group started beyond the batch
+        would have to train in it, and the batch size is the user's."""
         if self.stale_groups == "wait":
             return 1.0
         with_signal, without = self._groups_with_signal, self._groups_without_signal
-        return (with_signal + PRIOR_GROUPS) / (with_signal + without + PRIOR_GROUPS)
+        return (with_signal + PRIOR_WITH_SIGNAL) / (with_signal + without + PRIOR_GROUPS)
 
     async def _worker(self) -> None:
         try:

@@ -8,11 +8,11 @@ requires exactly one score per trajectory id, and clamps scores into [0, 1], cou
 
 from __future__ import annotations
 
-import json
 import math
-import re
 
 from pydantic import BaseModel, Field, ValidationError
+
+from art.utils.json_in_text import json_in_text
 
 MAX_EXPLANATION = 200
 """Characters of explanation the schema allows per trajectory (keeps a small judge from rambling)."""
@@ -62,9 +62,6 @@ def answer_schema(n: int) -> dict:
     }
 
 
-_FENCE = re.compile(r"```(?:json)?\s*(\{.*\})\s*```", re.DOTALL)
-
-
 def parse_answer(content: str | None, n: int) -> tuple[list[TrajectoryScore], int]:
     """(scores in trajectory order "1".."n", how many were clamped into [0, 1])."""
     data = _json_object(content or "")
@@ -99,18 +96,8 @@ def parse_answer(content: str | None, n: int) -> tuple[list[TrajectoryScore], in
 
 
 def _json_object(content: str) -> object:
-    """The answer's JSON: the whole text, a fenced block, or the outermost {...} in prose."""
-    candidates = [content.strip()]
-    fenced = _FENCE.search(content)
-    if fenced:
-        candidates.append(fenced.group(1))
-    start, end = content.find("{"), content.rfind("}")
-    if 0 <= start < end:
-        candidates.append(content[start:end + 1])
-    for text in candidates:
-        try:
-            return json.loads(text)
-        except ValueError:
-            continue
-    shown = content[:200] + ("..." if len(content) > 200 else "")
-    raise JudgeAnswerError(f"the answer is not JSON: {shown!r}")
+    data = json_in_text(content)
+    if data is None:
+        shown = content[:200] + ("..." if len(content) > 200 else "")
+        raise JudgeAnswerError(f"the answer is not JSON: {shown!r}")
+    return data
