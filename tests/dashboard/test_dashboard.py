@@ -362,18 +362,28 @@ def browser_helpers(browser, folder: Path, shots: list[Path]):
     """shoot(name): a screenshot into `folder` (listed in `shots`); wait_for(condition, what):
     poll until `condition()` is truthy, failing with `what` after 60 s; an element that went
     stale or missing while the page changed counts as not yet."""
-    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
+    from selenium.common.exceptions import (NoSuchElementException, StaleElementReferenceException,
+                                            WebDriverException)
     from selenium.webdriver.support.ui import WebDriverWait
 
     def shoot(name: str) -> None:
         shots.append(folder / f"{name}.png")
         browser.save_screenshot(str(shots[-1]))
 
+    def settled(condition):
+        # Chrome reports an element of a page being replaced (a form just submitted) either as stale
+        # or as a node that "does not belong to the document": both mean not yet.
+        try:
+            return condition()
+        except WebDriverException as error:
+            if "does not belong to the document" in str(error):
+                return False
+            raise
+
     def wait_for(condition, what: str):
-        # A condition may read an element of the page being replaced (a form just submitted): retry.
         return WebDriverWait(browser, 60, poll_frequency=0.2,
                              ignored_exceptions=(NoSuchElementException, StaleElementReferenceException)
-                             ).until(lambda _: condition(), message=what)
+                             ).until(lambda _: settled(condition), message=what)
 
     return shoot, wait_for
 
