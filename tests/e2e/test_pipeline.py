@@ -87,6 +87,19 @@ def sampled_by(group: art.TrajectoryGroup, step: int) -> art.TrajectoryGroup:
     return group
 
 
+async def started_with_bound_1(tmp_path, tiny_model_path, name: str, rollout, scenarios, workers: int):
+    """A pipeline of 4 steps of 2 groups, bound 1, training in the background for 2 s by now:
+    (backend, trainer, the training task)."""
+    backend, model = await registered(tmp_path, tiny_model_path, name)
+    trainer = art.PipelineTrainer(model, backend, rollout, scenarios, None, max_steps_off_policy=1,
+                                  num_rollout_workers=workers, min_batch_size=2, max_batch_size=2, max_steps=4,
+                                  learning_rate=1e-2)
+    training = asyncio.ensure_future(trainer.train(handle_signals=False))
+    for _ in range(100):
+        await asyncio.sleep(0.02)
+    return backend, trainer, training
+
+
 async def test_no_trained_group_is_older_than_the_bound_and_dropped_groups_are_counted(tiny_model_path, tmp_path):
     scenario_0_done = asyncio.Event()
 
@@ -140,13 +153,8 @@ async def test_workers_do_not_sample_groups_that_could_not_train_in_time(tiny_mo
                 t.reward = 0.5
         return group
 
-    backend, model = await registered(tmp_path, tiny_model_path, "capacity")
-    trainer = art.PipelineTrainer(model, backend, rollout, range(12), None, max_steps_off_policy=1,
-                                  num_rollout_workers=8, min_batch_size=2, max_batch_size=2, max_steps=4,
-                                  learning_rate=1e-2)
-    training = asyncio.ensure_future(trainer.train(handle_signals=False))
-    for _ in range(100):
-        await asyncio.sleep(0.02)
+    backend, trainer, training = await started_with_bound_1(tmp_path, tiny_model_path, "capacity", rollout,
+                                                            range(12), workers=8)
     assert sorted(started) == [0, 1, 2, 3, 4, 5]  # 4 / (3/4), not 8
     release.set()
     await asyncio.wait_for(training, timeout=120)
@@ -158,6 +166,42 @@ async def test_workers_do_not_sample_groups_that_could_not_train_in_time(tiny_mo
     state = trainer.state
     assert state.discarded_zero_variance_groups == 2 and state.accepted_trainable_groups == 8
     assert rows[-1]["discarded/cum/stale_groups"] == state.discarded_stale_groups <= 2  # the spares, at most
+
+
+async def test_a_spare_too_old_for_any_place_left_does_not_hold_one(tiny_model_path, tmp_path):
+    """Bound 1, 2 groups a step, 10 workers. Policy 0 starts 6 groups (2 steps' places at the
+    prior share 3 in 4); 0-3 finish and train steps 0 and 1, while 4 and 5, spares sampled by
+    policy 0, still run: too old for step 2 on. They must not count, so policy 1 starts 3 groups
+    for step 2 and policy 2 three for step 3 (share 7 in 8): 12 out. A gate counting them would
+    start 1 and 2 (9 out), and step 2 would wait for policy 2's samples, a whole rollout later."""
+    started: list[int] = []
+    first, rest = asyncio.Event(), asyncio.Event()
+
+    async def rollout(model, scenario, config):
+        started.append(scenario)
+        step = await model.get_step()  # the policy it samples with
+        await (first if scenario < 4 else rest).wait()
+        return sampled_by(fixed_group(scenario), step)
+
+    backend, trainer, training = await started_with_bound_1(tmp_path, tiny_model_path, "spares", rollout,
+                                                            range(24), workers=10)
+    assert sorted(started) == [0, 1, 2, 3, 4, 5]
+    first.set()
+    for _ in range(600):  # until steps 0 and 1 are trained and nothing more starts
+        await asyncio.sleep(0.05)
+        if trainer.state.training_step == 2 and len(started) >= 12:
+            break
+    await asyncio.sleep(0.5)
+    assert trainer.state.training_step == 2 and sorted(started) == list(range(12)), (trainer.state.training_step, started)
+    rest.set()
+    await asyncio.wait_for(training, timeout=120)
+    await backend.close()
+
+    rows = [row for row in history(tmp_path, "spares") if row["split"] == "train"]
+    assert [row["step"] for row in rows] == [0, 1, 2, 3]
+    assert all(row["offpolicy/steps_off_policy_max"] <= 1 for row in rows)
+    assert trainer.state.discarded_stale_groups >= 2  # 4 and 5
+    assert rows[-1]["discarded/cum/stale_groups"] == trainer.state.discarded_stale_groups
 
 
 async def test_groups_without_signal_are_replaced_before_they_finish(tiny_model_path, tmp_path):

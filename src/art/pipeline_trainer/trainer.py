@@ -347,32 +347,47 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             index += 1
 
     def _may_start(self) -> bool:
-        """A group sampled now could still train in time, fewer groups are out than the steps
-        that may take it can train, and fewer than `queue_maxsize` finished groups wait.
+        """A group sampled now could still train in time: the groups out (running or waiting to
+        train) fill fewer places than the steps that may take it have, and fewer than
+        `queue_maxsize` finished groups wait.
 
-        A group sampled by policy p may train at steps up to p + max_steps_off_policy; from the
-        step being formed on, that is `steps_left` steps of at most `max_batch_size` groups.
-        Starting more (running or waiting to train) would only sample groups bound to be dropped,
-        and on a shared device would take the trainer's time to do it. A running group counts as
-        the share of groups that have had signal so far (`_signal_share`): one that ends without
-        signal is set aside, and had nothing started in its place, the step would wait a whole
-        rollout for its replacement. With a bound of 0 and stale_groups="wait": exactly one batch
-        at a time, the synchronous loop."""
+        A group sampled by policy p may train at steps up to p + max_steps_off_policy, each of at
+        most `max_batch_size` groups, from the step being formed on. Starting more would only
+        sample groups bound to be dropped, and on a shared device would take the trainer's time to
+        do it. A running group counts as the share of groups that have had signal so far
+        (`_signal_share`): one that ends without signal is set aside, and had nothing started in
+        its place, the step would wait a whole rollout for its replacement. With a bound of 0 and
+        stale_groups="wait": exactly one batch at a time, the synchronous loop."""
         if len(self._ready) >= self.queue_maxsize:
             return False
         bound = self.max_steps_off_policy
         if bound is None:
             return True
-        steps_left = self._policy + bound - self._next_step + 1
-        expected = len(self._ready) + len(self._running) * self._signal_share()
-        return expected < steps_left * self.max_batch_size - 1e-9
+        return self._places_filled(bound) < self._places_until(self._policy + bound) - 1e-9
+
+    def _places_until(self, last_step: int) -> int:
+        """The places in the steps from the one being formed up to `last_step`."""
+        return max(0, last_step - self._next_step + 1) * self.max_batch_size
+
+    def _places_filled(self, bound: int) -> float:
+        """How many places the groups out will fill, oldest first, each in a step it is young
+        enough for. A group too old for every place left fills none: it will be dropped, and
+        counting it (a spare sampled a step ago, say) would leave the next step short. With
+        stale_groups="wait" every group counts in full and no spare runs: an old one is waited for
+        and trained, so a group started beyond the batch would have to train in it, and the batch
+        size is the user's."""
+        if self.stale_groups == "wait":
+            return float(len(self._ready) + len(self._running))
+        share = self._signal_share()
+        out = sorted([(item.version, 1.0) for item in self._ready] + [(v, share) for v in self._running.values()])
+        filled = 0.0
+        for version, weight in out:  # deadlines rise with the version: earliest deadline first
+            filled = min(filled + weight, self._places_until(version + bound))
+        return filled
 
     def _signal_share(self) -> float:
         """The share of finished groups that had signal, counting PRIOR_GROUPS more of which
-        PRIOR_WITH_SIGNAL had. With stale_groups="wait" it is 1: a group started beyond the batch
-        would have to train in it, and the batch size is the user's."""
-        if self.stale_groups == "wait":
-            return 1.0
+        PRIOR_WITH_SIGNAL had."""
         with_signal, without = self._groups_with_signal, self._groups_without_signal
         return (with_signal + PRIOR_WITH_SIGNAL) / (with_signal + without + PRIOR_GROUPS)
 
