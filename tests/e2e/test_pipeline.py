@@ -50,6 +50,11 @@ def history(path, name: str) -> list[dict]:
     return [json.loads(line) for line in (path / "pipe" / "models" / name / "history.jsonl").open()]
 
 
+def train_rows(path, name: str) -> list[dict]:
+    """The training steps' rows of the run's history."""
+    return [row for row in history(path, name) if row["split"] == "train"]
+
+
 async def test_staleness_zero_gives_the_synchronous_loops_update_exactly(tiny_model_path, tmp_path):
     scenarios, per_step, steps = list(range(6)), 3, 2
     backend, model = await registered(tmp_path, tiny_model_path, "sync")
@@ -74,7 +79,7 @@ async def test_staleness_zero_gives_the_synchronous_loops_update_exactly(tiny_mo
     assert sync.keys() == pipelined.keys()
     assert all(torch.equal(sync[k], pipelined[k]) for k in sync), "the pipeline's update differs from the sync loop's"
     assert not all(torch.equal(sync[k], adapter(tmp_path, "sync", 0)[k]) for k in sync)  # the steps changed it
-    rows = [row for row in history(tmp_path, "pipeline") if row["split"] == "train"]
+    rows = train_rows(tmp_path, "pipeline")
     assert [row["offpolicy/steps_off_policy_max"] for row in rows] == [0.0, 0.0]
     assert [row["data/step_num_groups_trainable"] for row in rows] == [3.0, 3.0]
     assert [row["data/cum/num_groups_trainable"] for row in rows] == [3.0, 6.0]
@@ -122,7 +127,7 @@ async def test_no_trained_group_is_older_than_the_bound_and_dropped_groups_are_c
     await backend.close()
 
     run = tmp_path / "pipe" / "models" / "bound"
-    rows = [row for row in history(tmp_path, "bound") if row["split"] == "train"]
+    rows = train_rows(tmp_path, "bound")
     assert [row["step"] for row in rows] == [0, 1, 2, 3]
     assert all(row["offpolicy/steps_off_policy_max"] <= 1 for row in rows)
     assert rows[-1]["discarded/cum/stale_groups"] == 1.0 and sum(r["discarded/step/stale_groups"] for r in rows) == 1
@@ -160,7 +165,7 @@ async def test_workers_do_not_sample_groups_that_could_not_train_in_time(tiny_mo
     await asyncio.wait_for(training, timeout=120)
     await backend.close()
 
-    rows = [row for row in history(tmp_path, "capacity") if row["split"] == "train"]
+    rows = train_rows(tmp_path, "capacity")
     assert [row["step"] for row in rows] == [0, 1, 2, 3]
     assert all(row["offpolicy/steps_off_policy_max"] <= 1 for row in rows)
     state = trainer.state
@@ -197,7 +202,7 @@ async def test_a_spare_too_old_for_any_place_left_does_not_hold_one(tiny_model_p
     await asyncio.wait_for(training, timeout=120)
     await backend.close()
 
-    rows = [row for row in history(tmp_path, "spares") if row["split"] == "train"]
+    rows = train_rows(tmp_path, "spares")
     assert [row["step"] for row in rows] == [0, 1, 2, 3]
     assert all(row["offpolicy/steps_off_policy_max"] <= 1 for row in rows)
     assert trainer.state.discarded_stale_groups >= 2  # 4 and 5
@@ -235,7 +240,7 @@ async def test_groups_without_signal_are_replaced_before_they_finish(tiny_model_
 
     assert most_at_once[0] == 3  # before any group finished: one batch and a spare (prior 3 in 4)
     assert max(most_at_once.values()) > 3, most_at_once  # the share seen (1 in 2) raises it
-    rows = [row for row in history(tmp_path, "replaced") if row["split"] == "train"]
+    rows = train_rows(tmp_path, "replaced")
     assert [row["step"] for row in rows] == [0, 1, 2, 3]
     assert all(row["offpolicy/steps_off_policy_max"] == 0 for row in rows)
     state = trainer.state
