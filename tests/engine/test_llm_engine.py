@@ -48,11 +48,12 @@ def cases(checkpoint):
     greedy = SamplingParams(temperature=0, max_tokens=8)
     seeded = SamplingParams(n=3, temperature=1.0, max_tokens=6, seed=7)
     nucleus = SamplingParams(n=2, temperature=0.8, top_p=0.9, max_tokens=5, seed=3, top_logprobs=2)
+    truncated = SamplingParams(n=2, temperature=1.2, top_k=5, min_p=0.02, top_p=0.95, max_tokens=5, seed=4)
     refs = {"base": None, "live": ADAPTERS["live"], "step1": AdapterRef("tiny@1", checkpoint, 1)}
     out = []
     for i, prompt in enumerate(prompts):
         for j, (label, ref) in enumerate(refs.items()):
-            out.append((prompt, [greedy, seeded, nucleus][(i + j) % 3], ref, label))
+            out.append((prompt, [greedy, seeded, nucleus, truncated][(i + j) % 4], ref, label))
     return out
 
 

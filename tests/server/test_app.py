@@ -141,6 +141,20 @@ def test_top_logprobs(client):
 
 
 @pytest.mark.integration
+def test_vllm_truncations_reach_the_sampler(client):
+    # vLLM's top_k and min_p, sent as the official client sends extras: every sampled token is
+    # within the top 2 (top_k=2) or the most likely one (min_p=1, the greedy answer).
+    choice = create(client, n=4, seed=5, temperature=1.5, logprobs=True, top_logprobs=2, max_tokens=12,
+                    extra_body={"top_k": 2}).choices
+    for c in choice:
+        for entry in c.logprobs.content:
+            assert entry.token in [alt.token for alt in entry.top_logprobs]
+    greedy = create(client, temperature=0).choices[0].model_extra["token_ids"]
+    only_top = create(client, seed=5, temperature=1.5, extra_body={"min_p": 1.0}).choices[0]
+    assert only_top.model_extra["token_ids"] == greedy
+
+
+@pytest.mark.integration
 async def test_stream_matches_non_stream(server):
     async with openai.AsyncOpenAI(base_url=server.base_url + "/v1", api_key="x", max_retries=0) as ac:
         args = {"model": MODEL, "messages": MESSAGES, "max_tokens": 10, "n": 2, "seed": 7}

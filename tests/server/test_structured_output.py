@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 
 import openai
 import pytest
@@ -171,3 +172,45 @@ def test_bad_response_formats_are_400s_naming_the_field(client, extra, param):
     with pytest.raises(openai.BadRequestError) as bad:
         client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=4, **extra)
     assert bad.value.param == param
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("extra,follows", [
+    ({"guided_json": ANSWER}, follows_answer_schema),
+    ({"guided_json": json.dumps(ANSWER)}, follows_answer_schema),
+    ({"structured_outputs": {"json": ANSWER}}, follows_answer_schema),
+    # Any object: the random model's free strings run past max_tokens, so only the start is checked.
+    ({"structured_outputs": {"json_object": True}}, lambda text: text == "{}" or text.startswith('{"')),
+    ({"guided_choice": ["yes", "no", "it depends"]}, lambda text: text in ("yes", "no", "it depends")),
+    ({"structured_outputs": {"choice": ["Paris", "Rome"]}}, lambda text: text in ("Paris", "Rome")),
+    ({"guided_regex": r"[0-9]{3}-[a-c]{2}/x"}, lambda text: re.fullmatch(r"[0-9]{3}-[a-c]{2}/x", text)),
+    ({"structured_outputs": {"grammar": 'start: "A" ("b" | "c")+ "."'}},
+     lambda text: re.fullmatch(r"A[bc]+\.", text)),
+], ids=["guided_json", "guided_json-text", "structured_outputs-json", "json_object", "guided_choice",
+        "structured_outputs-choice", "guided_regex", "structured_outputs-grammar"])
+def test_vllm_constraints_through_the_openai_client(client, extra, follows):
+    """vLLM's guided decoding fields, as the official client sends them (`extra_body`)."""
+    response = client.chat.completions.create(model=MODEL, messages=ASK, n=6, temperature=1.0, max_tokens=48,
+                                              seed=2, extra_body=extra)
+    for choice in response.choices:
+        assert choice.finish_reason == "stop" or "json_object" in str(extra), choice.message.content
+        assert follows(choice.message.content), choice.message.content
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("extra,param", [
+    ({"guided_json": ANSWER, "guided_regex": "a+"}, "guided_regex"),
+    ({"guided_choice": ["a"], "response_format": {"type": "json_object"}}, "guided_choice"),
+    ({"structured_outputs": {"regex": "a+"}, "tools": [CITY], "tool_choice": "required"},
+     "structured_outputs.regex"),
+    ({"structured_outputs": {"regex": "a+", "choice": ["a"]}}, "structured_outputs"),
+    ({"structured_outputs": {}}, "structured_outputs"),
+    ({"guided_json": "{not json"}, "guided_json"),
+    ({"guided_choice": []}, "guided_choice"),
+    ({"guided_regex": "(unclosed"}, "guided_regex"),
+    ({"structured_outputs": {"grammar": "start: nothing_defined"}}, "structured_outputs.grammar"),
+])
+def test_bad_vllm_constraints_are_400s_naming_the_field(client, extra, param):
+    with pytest.raises(openai.BadRequestError) as bad:
+        client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=4, extra_body=extra)
+    assert bad.value.param == param, bad.value.message

@@ -23,6 +23,10 @@ class SamplingParams:
     """0 means greedy."""
     top_p: float = 1.0
     """Nucleus mass kept; 1.0 keeps the whole distribution."""
+    top_k: int = 0
+    """Only the k most likely tokens may be drawn; 0 keeps them all (vLLM's -1 means the same)."""
+    min_p: float = 0.0
+    """Tokens less likely than min_p times the most likely one are not drawn; 0 keeps them all."""
     max_tokens: int = 256
     """Completion tokens at most, per completion."""
     stop: tuple[str, ...] = ()

@@ -156,6 +156,8 @@ async def _complete(served: ServedModel, body: ChatCompletionRequest, default_ma
         n=body.n,
         temperature=body.temperature,
         top_p=body.top_p,
+        top_k=max(body.top_k, 0),
+        min_p=body.min_p,
         max_tokens=max_tokens,
         stop=body.stop_strings,
         seed=body.seed,
@@ -259,10 +261,15 @@ async def _response_events(chunks, wire: dict[str, Any]):
 
 def _prompt_and_grammar(engine, tokenizer, body: ChatCompletionRequest) -> tuple[list[int], str | None]:
     """The prompt's token ids and the completion's grammar (checked), off the event loop."""
+    constraint = body.vllm_constraint()
     grammar = grammar_for(body.response_format.as_dict() if body.response_format else None,
-                          body.tools, body.tool_choice, body.parallel_tool_calls)
+                          body.tools, body.tool_choice, body.parallel_tool_calls,
+                          constraint[:2] if constraint else None)
     if grammar is not None:
-        field = "response_format" if body.response_format and body.response_format.type != "text" else "tools"
+        if constraint is not None:
+            field = constraint[2]
+        else:
+            field = "response_format" if body.response_format and body.response_format.type != "text" else "tools"
         engine.grammars.check(grammar, field)
     return _prompt_ids(tokenizer, body), grammar
 

@@ -62,12 +62,14 @@ from that file (`LocalService.spec`), at its latest complete checkpoint, before 
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from art.chat_template import ChatMessage
+from art.errors import ArtValueError
 from art.naming import MAX_METRIC_NAME, MAX_STEP, echo
 from art.storage.layout import validate_name
 from art.trajectories import ExceptionRecord, MetadataValue, MetricValue, Trajectory, TrajectoryGroup
@@ -117,6 +119,44 @@ class ResponseFormat(BaseModel):
         return out
 
 
+class StructuredOutputs(BaseModel):
+    """vLLM's `structured_outputs` (`extra_body`): exactly one of its constraints. Its options
+    (`disable_any_whitespace`, ...) are ignored: JSON is always generated compact."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    json_: dict[str, Any] | str | None = Field(None, alias="json")
+    regex: str | None = Field(None, min_length=1)
+    choice: list[str] | None = Field(None, min_length=1)
+    grammar: str | None = Field(None, min_length=1)
+    json_object: bool | None = None
+    """True: any JSON object (the same as `{"json": {"type": "object"}}`)."""
+
+    @field_validator("json_")
+    @classmethod
+    def _json_object(cls, value: dict[str, Any] | str | None) -> dict[str, Any] | None:
+        return _schema_object(value)
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> StructuredOutputs:
+        if sum(value is not None for value in (self.json_, self.regex, self.choice, self.grammar,
+                                               self.json_object or None)) != 1:
+            raise ValueError("give exactly one of json, regex, choice, grammar or json_object")
+        return self
+
+    def constraint(self) -> tuple[str, Any, str]:
+        """(kind, value, its field name) of the one constraint given."""
+        if self.json_object:
+            return "json", {"type": "object"}, "json_object"
+        return next((kind, value, kind) for kind, value in (
+            ("json", self.json_), ("regex", self.regex), ("choice", self.choice), ("grammar", self.grammar))
+            if value is not None)
+
+
+GUIDED_FIELDS = ("guided_json", "guided_regex", "guided_choice", "guided_grammar")
+"""vLLM's older names of the same constraints, each a request field of its own."""
+
+
 TEMPLATE_ARGUMENTS = frozenset({
     "conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt",
     "continue_final_message", "tokenize", "padding", "truncation", "max_length", "return_tensors",
@@ -135,6 +175,10 @@ class ChatCompletionRequest(BaseModel):
     temperature: float = Field(1.0, ge=0.0, le=2.0)
     """0 means greedy."""
     top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int = Field(0, ge=-1)
+    """vLLM extension (`extra_body`): draw only from the k most likely tokens; 0 or -1 keeps all."""
+    min_p: float = Field(0.0, ge=0.0, le=1.0)
+    """vLLM extension: drop tokens less likely than min_p times the most likely one; 0 keeps all."""
     max_tokens: int | None = Field(None, ge=1)
     """Deprecated by OpenAI in favour of `max_completion_tokens`; None: fill the context."""
     max_completion_tokens: int | None = Field(None, ge=1)
@@ -159,10 +203,22 @@ class ChatCompletionRequest(BaseModel):
     response_format: ResponseFormat | None = None
     """{"type": "json_object"} or {"type": "json_schema", "json_schema": {"name", "schema"}}:
     completions are constrained to that JSON by the engine (`art.server.structured_output`)."""
+    guided_json: dict[str, Any] | str | None = None
+    """vLLM extension: completions are JSON that this schema accepts (like `response_format`)."""
+    guided_regex: str | None = Field(None, min_length=1)
+    """vLLM extension: completions match this regular expression."""
+    guided_choice: list[str] | None = Field(None, min_length=1)
+    """vLLM extension: each completion is exactly one of these strings."""
+    guided_grammar: str | None = Field(None, min_length=1)
+    """vLLM extension: completions follow this grammar, in llguidance's Lark syntax."""
+    structured_outputs: StructuredOutputs | None = None
+    """vLLM's newer form of the four above: {"json" | "regex" | "choice" | "grammar": ...}."""
     user: str | None = None
     metadata: dict[str, Any] | None = None
     frequency_penalty: float | None = None
     presence_penalty: float | None = None
+    repetition_penalty: float | None = None
+    """vLLM extension; only the neutral 1 is accepted, like the penalties above."""
     chat_template_kwargs: dict[str, Any] | None = None
     """Variables for the model's chat template (vLLM's field; ART sends it), such as
     `{"enable_thinking": false}`: they change the prompt, whose ids every choice reports."""
@@ -191,6 +247,13 @@ class ChatCompletionRequest(BaseModel):
     def _penalty_unsupported(cls, value: float | None) -> float | None:
         if value:
             raise ValueError("unsupported: only 0 is accepted (the sampler applies no penalties)")
+        return value
+
+    @field_validator("repetition_penalty")
+    @classmethod
+    def _repetition_penalty_unsupported(cls, value: float | None) -> float | None:
+        if value is not None and value != 1:
+            raise ValueError("unsupported: only 1 is accepted (the sampler applies no penalties)")
         return value
 
     @field_validator("tools")
@@ -239,6 +302,30 @@ class ChatCompletionRequest(BaseModel):
             raise ValueError("top_logprobs requires logprobs=true")
         return value
 
+    @field_validator("guided_json")
+    @classmethod
+    def _guided_json_object(cls, value: dict[str, Any] | str | None) -> dict[str, Any] | None:
+        return _schema_object(value)
+
+    def vllm_constraint(self) -> tuple[str, Any, str] | None:
+        """(kind, value, field) of the vLLM constraint asked for (kind: json, regex, choice or
+        grammar), None when there is none. One beside another constraint on the completion (a
+        second one, a `response_format` other than text, a forced tool choice) is an
+        ArtValueError. (OpenAI's own two may come together: the forced call wins.)"""
+        given = [(name.removeprefix("guided_"), getattr(self, name), name)
+                 for name in GUIDED_FIELDS if getattr(self, name) is not None]
+        if self.structured_outputs is not None:
+            kind, value, name = self.structured_outputs.constraint()
+            given.append((kind, value, f"structured_outputs.{name}"))
+        others = [name for name, on in (
+            ("response_format", self.response_format is not None and self.response_format.type != "text"),
+            ("tool_choice", self.tool_choice == "required" or isinstance(self.tool_choice, dict))) if on]
+        if given and len(given) + len(others) > 1:
+            names = others + [field for _, _, field in given]
+            raise ArtValueError(f"{' and '.join(names)} each constrain the completion: give one of them",
+                                field=names[-1])
+        return given[0] if given else None
+
     @property
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
@@ -249,6 +336,19 @@ class ChatCompletionRequest(BaseModel):
             return ()
         stops = [self.stop] if isinstance(self.stop, str) else self.stop
         return tuple(s for s in stops if s)
+
+
+def _schema_object(value: dict[str, Any] | str | None) -> dict[str, Any] | None:
+    """A JSON schema given as an object or as its JSON text (vLLM takes both)."""
+    if not isinstance(value, str):
+        return value
+    try:
+        parsed = json.loads(value)
+    except ValueError as exc:
+        raise ValueError(f"a JSON schema given as a string must be JSON: {exc}") from None
+    if not isinstance(parsed, dict):
+        raise ValueError("a JSON schema must be an object")
+    return parsed
 
 
 class ResponsesRequest(BaseModel):

@@ -9,6 +9,11 @@
   request sets `parallel_tool_calls: true` (then one or more): left free, a small model keeps
   calling.
 
+- vLLM's extensions (`extra_body`): `guided_json` / `guided_regex` / `guided_choice` /
+  `guided_grammar`, or the newer `structured_outputs: {"json" | "regex" | "choice" | "grammar":
+  ...}`: JSON that a schema accepts, text a regular expression matches, exactly one of the
+  strings, or a grammar in llguidance's Lark syntax.
+
 JSON is generated compact (no optional whitespace): a free choice of whitespace lets a small
 model pad forever. Grammars are llguidance's (`art.engine.grammar` applies them).
 """
@@ -30,8 +35,13 @@ multi-turn trajectory trains as one sequence."""
 
 
 def grammar_for(response_format: dict[str, Any] | None, tools: list[dict[str, Any]] | None,
-                tool_choice: str | dict[str, Any] | None, parallel_tool_calls: bool | None = None) -> str | None:
-    """The grammar a request's completions must follow, or None for free text."""
+                tool_choice: str | dict[str, Any] | None, parallel_tool_calls: bool | None = None,
+                vllm_constraint: tuple[str, Any] | None = None) -> str | None:
+    """The grammar a request's completions must follow, or None for free text.
+    `vllm_constraint`: (kind, value) of a vLLM extension, kind json, regex, choice or grammar
+    (the request allows it only alone)."""
+    if vllm_constraint is not None:
+        return _vllm_grammar(*vllm_constraint)
     forced = _forced_tools(tools, tool_choice)
     kind = (response_format or {}).get("type", "text")
     if forced:  # the completion is the call; a response_format shapes text answers, as OpenAI reads it
@@ -41,6 +51,20 @@ def grammar_for(response_format: dict[str, Any] | None, tools: list[dict[str, An
     if kind == "json_schema":
         return _json_grammar(response_format["json_schema"].get("schema") or {"type": "object"})
     return None
+
+
+def _vllm_grammar(kind: str, value: Any) -> str:
+    if kind == "json":
+        return _json_grammar(value)
+    if kind == "regex":
+        from llguidance import LLMatcher  # its own escaping of the expression into Lark
+
+        return LLMatcher.grammar_from_regex(value)
+    if kind == "choice":
+        lark = "start: " + " | ".join(json.dumps(choice, ensure_ascii=False) for choice in value)
+    else:
+        lark = value
+    return json.dumps({"grammars": [{"lark_grammar": lark}]})
 
 
 def _json_grammar(schema: dict[str, Any]) -> str:
