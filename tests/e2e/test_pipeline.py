@@ -142,6 +142,48 @@ async def test_no_trained_group_is_older_than_the_bound_and_dropped_groups_are_c
     assert state["discarded_stale_groups"] == 1 and state["scenario_offset"] == 9 and state["training_step"] == 4
 
 
+class SlowTrainer:
+    """The backend with every update `delay` seconds longer: a trainer slower than the rollouts."""
+
+    def __init__(self, backend, delay: float) -> None:
+        self.backend, self.delay = backend, delay
+
+    def __getattr__(self, name):
+        return getattr(self.backend, name)
+
+    async def train(self, *args, **kwargs):
+        await asyncio.sleep(self.delay)
+        return await self.backend.train(*args, **kwargs)
+
+
+async def test_step_times_partition_the_run_and_idle_is_only_the_wait_for_a_batch(tiny_model_path, tmp_path):
+    """Instant rollouts and a slow trainer: after the first step a batch is always waiting, so the
+    trainer is never idle, and the steps' wall times add up to no more than the run's."""
+    async def rollout(model, scenario, config):
+        return sampled_by(fixed_group(scenario), await model.get_step())
+
+    backend, model = await registered(tmp_path, tiny_model_path, "timing")
+    delay = 0.5
+    trainer = art.PipelineTrainer(model, SlowTrainer(backend, delay), rollout, range(8), None, max_steps_off_policy=2,
+                                  num_rollout_workers=4, min_batch_size=2, max_batch_size=2, max_steps=3,
+                                  learning_rate=1e-2)
+    began = time.monotonic()
+    await trainer.train(handle_signals=False)
+    elapsed = time.monotonic() - began
+    await backend.close()
+    rows = train_rows(tmp_path, "timing")
+    assert [row["step"] for row in rows] == [0, 1, 2]
+    for row in rows:
+        assert row["time/step_trainer_s"] >= delay
+        assert row["time/step_wall_s"] >= row["time/step_trainer_idle_s"] + row["time/step_trainer_s"]
+        assert row["throughput/trainer_busy_fraction"] == pytest.approx(
+            row["time/step_trainer_s"] / row["time/step_wall_s"])
+    # Idle is the wait for a batch, not the previous step's update as well.
+    assert all(row["time/step_trainer_idle_s"] < delay for row in rows[1:])
+    assert sum(row["time/step_wall_s"] for row in rows) <= elapsed
+    assert rows[-1]["time/cum/wall_s"] == pytest.approx(sum(row["time/step_wall_s"] for row in rows))
+
+
 async def test_workers_do_not_sample_groups_that_could_not_train_in_time(tiny_model_path, tmp_path):
     """Bound 1, 2 groups a step: a group sampled by policy 0 can train at step 0 or 1, so 4 are
     needed before step 0 forms; with the gate's prior (3 in 4 groups have signal) 6 may be out,

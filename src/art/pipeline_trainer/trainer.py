@@ -122,7 +122,8 @@ class _Finished:
 
 @dataclass
 class _Interval:
-    """What happened between two training steps (for the step's `time/` and `throughput/` metrics)."""
+    """What happened from the end of one training step to the end of the next (the next step's
+    `time/`, `throughput/` and `discarded/step/` metrics), as ART counts a step's wall time."""
 
     started: float = field(default_factory=time.monotonic)
     rollout_s: float = 0.0
@@ -268,6 +269,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         self._source = self._numbered(self._scenarios)
         self._source_lock = asyncio.Lock()
         self._interval = _Interval()
+        self._idle_since = self._interval.started  # the trainer waits for its first batch from here
         self._zero_variance_in_a_row = 0
         self._groups_with_signal = self._groups_without_signal = 0
         self._set_aside: list[TrajectoryGroup] = []
@@ -533,9 +535,12 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         return batch
 
     async def _train(self, step: int, batch: list[_Finished]) -> int:
-        """Train step `step` on `batch`, log it, save the pipeline's state; the new step."""
-        interval, self._interval = self._interval, _Interval()
-        idle_s = time.monotonic() - interval.started  # up to here the trainer waited for a batch
+        """Train step `step` on `batch`, log it, save the pipeline's state; the new step. The
+        step's interval (`time/step_wall_s`) runs from the previous one's end to the end of this
+        update; `time/step_trainer_idle_s` is the part of it after the previous step was logged,
+        when the trainer waited for this batch."""
+        interval = self._interval
+        idle_s = time.monotonic() - self._idle_since
         groups = [item.group for item in batch]
         self._next_step = step + 1
         self._changes.notify()
@@ -549,6 +554,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             self.state.use_up(item.index)
         metrics = route(result.metrics, "train")
         metrics.update(self._step_metrics(step, batch, interval, idle_s, train_s))
+        self._interval = _Interval()  # what happens from here on belongs to the next step
         if "trained_tokens" in result.metrics:  # with time/step_trainer_s: throughput/avg_trainer_tok_per_s
             metrics["data/step_trainer_tokens"] = result.metrics["trained_tokens"]
         await self.model.log(groups, split="train", step=step, metrics=metrics)
@@ -562,6 +568,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         await self._retain_checkpoints(result.step)
         self._bar.update(result.step - step)
         self._bar.set_postfix(self._postfix(batch, metrics), refresh=True)
+        self._idle_since = time.monotonic()
         return result.step
 
     def _step_metrics(self, step: int, batch: list[_Finished], interval: _Interval, idle_s: float,
