@@ -34,6 +34,7 @@ from art._retry import retry
 from art.trajectories import (
     ChatCompletionsExchange,
     History,
+    ResponsesExchange,
     Trajectory,
     TrajectoryExchanges,
     TrajectoryGroup,
@@ -61,6 +62,7 @@ __all__ = [
     "ModelNotFoundError",
     "PipelineTrainer",
     "RemoteBackend",
+    "ResponsesExchange",
     "StepConflictError",
     "TooManyExceptionsError",
     "Tools",

@@ -20,8 +20,8 @@ Calls to OpenAI's Responses API (`POST .../responses`, what the OpenAI Agents SD
 recorded the same way, through `art.responses_format`: the request's `instructions` and `input`
 items as the chat messages they stand for, the `Response` (whole, or the one a stream's
 `response.completed` event carries) as the chat `Choice` it came from, with the `token_ids`,
-`prompt_token_ids`, logprobs and `step` our server puts on it. They are not in
-`trajectory.exchanges`, which holds chat completions only.
+`prompt_token_ids`, logprobs and `step` our server puts on it; the call itself is in
+`trajectory.exchanges.responses`.
 
 Each call joins the conversation it extends: the history (the trajectory itself or one of its
 `additional_histories`) whose messages and tools begin the request's, the longest one when
@@ -53,6 +53,7 @@ from datetime import datetime
 from typing import Any, Literal, overload
 
 from openai.types.chat.chat_completion import ChatCompletion, Choice
+from openai.types.responses import Response
 
 from .errors import CaptureError
 from .responses_format import ResponsesFormatError, chat_messages, chat_tools, choice_from_response
@@ -63,6 +64,8 @@ from .trajectories import (
     History,
     MetadataValue,
     MetricValue,
+    ResponsesExchange,
+    ResponsesRequest,
     Trajectory,
     TrajectoryGroup,
     get_messages,
@@ -268,7 +271,7 @@ class _Capture:
     def _record(self, request: dict[str, Any], headers: Mapping[str, str], content: bytes,
                 started: datetime) -> None:
         if _is_responses(request):
-            self._record_response(request, headers, content)
+            self._record_response(request, headers, content, started)
             return
         try:
             answer, ended = _answer(request, headers, content)
@@ -295,8 +298,10 @@ class _Capture:
             if exchange is not None:
                 self.trajectory._exchanges.append(exchange)
 
-    def _record_response(self, request: dict[str, Any], headers: Mapping[str, str], content: bytes) -> None:
-        """A Responses API call: its input as chat messages, its Response as the chat Choice."""
+    def _record_response(self, request: dict[str, Any], headers: Mapping[str, str], content: bytes,
+                         started: datetime) -> None:
+        """A Responses API call: its input as chat messages, its Response as the chat Choice, the
+        call itself in `exchanges.responses`."""
         try:
             response = _response_answer(request, headers, content)
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
@@ -315,8 +320,15 @@ class _Capture:
         except (ResponsesFormatError, ValueError) as exc:
             self.note(f"a response could not be read as a chat turn ({exc}); not recorded")
             return
+        # Built as the openai client builds what it receives (no validation): the Responses schema
+        # grows fields that other servers (and older releases of ours) do not send.
+        exchange = ResponsesExchange(request=ResponsesRequest(copy.deepcopy(request)),
+                                     response=Response.construct(**response), start_time=started,
+                                     end_time=datetime.now())
         with self.lock:
             _place(self.trajectory, messages, tools or None, choice)
+            if exchange is not None:
+                self.trajectory._exchanges.append(exchange)
 
     def _exchange(self, request: dict[str, Any], answer: dict[str, Any],
                   started: datetime) -> ChatCompletionsExchange | None:

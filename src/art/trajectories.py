@@ -20,6 +20,7 @@ from datetime import datetime
 from typing import Annotated, Any, Protocol, Union
 
 from openai.types.chat.chat_completion import ChatCompletion, Choice
+from openai.types.responses import Response
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -156,14 +157,13 @@ class ChatCompletionsRequest(RootModel[dict[str, Any]]):
         return self.root.get(key, default)
 
 
-class ChatCompletionsExchange(BaseModel):
-    """One chat completion call an automatic capture saw (ART's name): the request as sent and
-    the answer as received, a stream rebuilt into the whole `ChatCompletion`."""
+class ResponsesRequest(ChatCompletionsRequest):
+    """The JSON body of one Responses API request as it was sent."""
 
+
+class _Exchange(BaseModel):
     model_config = ConfigDict(frozen=True)
 
-    request: ChatCompletionsRequest
-    response: ChatCompletion
     start_time: datetime
     end_time: datetime
 
@@ -174,15 +174,32 @@ class ChatCompletionsExchange(BaseModel):
         return asked if isinstance(asked, str) else self.response.model
 
 
+class ChatCompletionsExchange(_Exchange):
+    """One chat completion call an automatic capture saw (ART's name): the request as sent and
+    the answer as received, a stream rebuilt into the whole `ChatCompletion`."""
+
+    request: ChatCompletionsRequest
+    response: ChatCompletion
+
+
+class ResponsesExchange(_Exchange):
+    """One Responses API call a capture saw (ART's name): the request as sent and the `Response`
+    received (a stream's: the one its `response.completed` event carried)."""
+
+    request: ResponsesRequest
+    response: Response
+
+
 class TrajectoryExchanges(BaseModel):
-    """The calls behind a captured trajectory, in the order they finished (read-only)."""
+    """The calls behind a captured trajectory, each kind in the order they finished (read-only)."""
 
     model_config = ConfigDict(frozen=True)
 
     chat_completions: tuple[ChatCompletionsExchange, ...] = ()
+    responses: tuple[ResponsesExchange, ...] = ()
 
     def __bool__(self) -> bool:
-        return bool(self.chat_completions)
+        return bool(self.chat_completions or self.responses)
 
 
 class History(BaseModel):
@@ -226,7 +243,7 @@ class Trajectory(BaseModel):
     is counted from. `art.PipelineTrainer` sets it (`policy_versions`); None: not dated."""
     final_policy_version: int | None = None
     """The step whose weights sampled its newest turn."""
-    _exchanges: list[ChatCompletionsExchange] = PrivateAttr(default_factory=list)
+    _exchanges: list[ChatCompletionsExchange | ResponsesExchange] = PrivateAttr(default_factory=list)
     """Appended to by `art.capture` only; read through `exchanges`."""
 
     @field_validator("reward")
@@ -252,7 +269,9 @@ class Trajectory(BaseModel):
         """What `art.trajectory()` (or `capture_auto_trajectory`) recorded, call by call: a view
         beside `messages_and_choices`, which is what trains and is logged. Empty for a
         trajectory built by hand; not saved with the trajectory."""
-        return TrajectoryExchanges(chat_completions=tuple(self._exchanges))
+        return TrajectoryExchanges(
+            chat_completions=tuple(e for e in self._exchanges if isinstance(e, ChatCompletionsExchange)),
+            responses=tuple(e for e in self._exchanges if isinstance(e, ResponsesExchange)))
 
     def for_logging(self) -> dict[str, Any]:
         """A JSON-serialisable dict; Choices are dumped whole (token ids, logprobs, extras)."""

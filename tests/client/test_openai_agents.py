@@ -191,3 +191,10 @@ async def test_plain_responses_calls_are_captured_as_chat_choices(served):
     assert second.finish_reason == ("length" if final.status == "incomplete" else "stop")
     assert trajectory.additional_histories == []
     assert_one_exact_sequence(trajectory, one=False)
+    # Each recorded call is in exchanges, whole: the request as sent, the Response received.
+    whole, streamed = trajectory.exchanges.responses
+    assert trajectory.exchanges.chat_completions == ()
+    assert whole.request["input"] == "Name a color." and whole.model == model.name
+    assert whole.response.id == seen["whole"].id and whole.response.output_text == seen["whole"].output_text
+    assert streamed.request["stream"] is True and streamed.response.id == final.id
+    assert whole.start_time <= whole.end_time <= streamed.start_time <= streamed.end_time

@@ -89,12 +89,13 @@ def _fill(result: T, captured: Trajectory, names: set[str]) -> T:
         result.additional_histories = [*others, *(History(messages_and_choices=i, tools=t) for i, t in rest)]
     elif result is captured:  # only other models were called
         result.messages_and_choices, result.tools, result.additional_histories = [], None, []
+    kept_calls = [*ours, *captured.exchanges.responses]  # Responses calls stay as they were
     if result is captured:
         result.logs = logs
-        result._exchanges[:] = ours
+        result._exchanges[:] = kept_calls
     else:
         result.logs = [*result.logs, *logs]
-        result._exchanges.extend(ours)
+        result._exchanges.extend(kept_calls)
     return result
 
 
