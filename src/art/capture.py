@@ -327,8 +327,7 @@ class _Capture:
                                      end_time=datetime.now())
         with self.lock:
             _place(self.trajectory, messages, tools or None, choice)
-            if exchange is not None:
-                self.trajectory._exchanges.append(exchange)
+            self.trajectory._exchanges.append(exchange)
 
     def _exchange(self, request: dict[str, Any], answer: dict[str, Any],
                   started: datetime) -> ChatCompletionsExchange | None:
