@@ -44,13 +44,13 @@ def sample_next(
         tokens[index] = torch.argmax(scores, dim=-1)
     # Each row's distribution is computed from its own settings only, so a seeded request draws
     # the same tokens whatever else shares the batch (a neighbour's top_p must not renormalise it).
-    plain = [i for i in sampled if _untruncated(params[i])]
-    shaped = [i for i in sampled if not _untruncated(params[i])]
-    for group, probs_of in ((plain, _plain_probs), (shaped, _shaped_probs)):
-        if group:
-            index = torch.tensor(group, device=device)
-            probs = probs_of(logits, logprobs, index, [params[i] for i in group], allowed)
-            tokens[index] = _draw(probs, [generators[i] for i in group])
+    if plain := [i for i in sampled if _untruncated(params[i])]:
+        index = torch.tensor(plain, device=device)
+        tokens[index] = _draw(_plain_probs(logits, logprobs, index, allowed), [generators[i] for i in plain])
+    if shaped := [i for i in sampled if not _untruncated(params[i])]:
+        index = torch.tensor(shaped, device=device)
+        tokens[index] = _draw(_shaped_probs(logits, index, [params[i] for i in shaped], allowed),
+                              [generators[i] for i in shaped])
     chosen = logprobs.gather(1, tokens[:, None]).squeeze(1)  # [rows]
     top: list[list[tuple[int, float]]] = [[] for _ in range(rows)]
     want = max(p.top_logprobs for p in params)
@@ -68,7 +68,7 @@ def _untruncated(params: SamplingParams) -> bool:
     return params.temperature == 1 and params.top_p == 1 and params.top_k <= 0 and params.min_p == 0
 
 
-def _plain_probs(logits: torch.Tensor, logprobs: torch.Tensor, index: torch.Tensor, params: list[SamplingParams],
+def _plain_probs(logits: torch.Tensor, logprobs: torch.Tensor, index: torch.Tensor,
                  allowed: torch.Tensor | None) -> torch.Tensor:
     """[len(index), vocab]: the raw distribution (unnormalised under a grammar: the draw scales)."""
     probs = logprobs[index].exp()
@@ -82,7 +82,7 @@ def _plain_probs(logits: torch.Tensor, logprobs: torch.Tensor, index: torch.Tens
     return probs
 
 
-def _shaped_probs(logits: torch.Tensor, logprobs: torch.Tensor, index: torch.Tensor, params: list[SamplingParams],
+def _shaped_probs(logits: torch.Tensor, index: torch.Tensor, params: list[SamplingParams],
                   allowed: torch.Tensor | None) -> torch.Tensor:
     """[len(index), vocab]: temperature, then vLLM's order of cuts (min_p, top_k, top_p), each
     only on the rows that ask for it."""

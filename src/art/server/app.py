@@ -266,11 +266,8 @@ def _prompt_and_grammar(engine, tokenizer, body: ChatCompletionRequest) -> tuple
                           body.tools, body.tool_choice, body.parallel_tool_calls,
                           constraint[:2] if constraint else None)
     if grammar is not None:
-        if constraint is not None:
-            field = constraint[2]
-        else:
-            field = "response_format" if body.response_format and body.response_format.type != "text" else "tools"
-        engine.grammars.check(grammar, field)
+        forced_field = "response_format" if body.response_format and body.response_format.type != "text" else "tools"
+        engine.grammars.check(grammar, constraint[2] if constraint else forced_field)
     return _prompt_ids(tokenizer, body), grammar
 
 
