@@ -52,9 +52,12 @@ SUCCESS_REWARD, TOOL_REWARD = 0.8, 0.2
 
 
 def calculate(arguments: str) -> str:
-    """The tool: the product, or an error message the agent sees as the tool's result."""
+    """The tool: the product, or an error message the agent sees as the tool's result. The
+    arguments are whatever JSON object the model wrote (only a forced call follows the schema)."""
     try:
         expression = json.loads(arguments)["expression"]
+        if not isinstance(expression, str):  # {"expression": 12} in a free (tool_choice="auto") turn
+            raise TypeError(expression)
         left, right = (int(part) for part in expression.split("*"))
     except (ValueError, KeyError, TypeError):
         return "error: expected {\"expression\": \"A * B\"}"

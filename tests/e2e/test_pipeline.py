@@ -394,7 +394,7 @@ def load_pipeline_example():
 
 
 @pytest.mark.slow
-async def test_the_pipeline_trains_the_tool_agent_on_the_default_model(tmp_path):
+async def test_the_pipeline_trains_the_tool_agent_on_the_default_model(tmp_path, caplog):
     """examples/pipeline_tool_agent.py, 2 steps at bound 1, then evaluated on 32 fixed problems
     (about 3 minutes). The forced call's arguments are learnt first (the sync loop: valid calls
     0.56 -> 0.97 after two updates; runs of this test, evaluated at the start too: 0.78 -> 1.00,
@@ -413,7 +413,7 @@ async def test_the_pipeline_trains_the_tool_agent_on_the_default_model(tmp_path)
     run = tmp_path / "tool-agent" / "models" / "pipeline-calculator-seed0"
     history_rows = [json.loads(line) for line in (run / "history.jsonl").open()]
     evals = {row["step"]: row for row in history_rows if row["split"] == "val"}
-    assert sorted(evals) == [2]
+    assert sorted(evals) == [2], caplog.text  # a failed evaluation is only a logged warning
     step_0 = [(row, split, row[count]) for row in history_rows if row["step"] == 0
               for split, count in (("train", "data/step_num_trajectories"), ("discarded", "discarded/num_trajectories"))
               if row["split"] == split]

@@ -148,6 +148,10 @@ def test_the_examples_reward_and_tool():
     assert example.calculate('{"expression": "12 * 34"}') == "408"
     assert example.calculate('{"expression": "12 + 34"}').startswith("error")
     assert example.calculate("not json").startswith("error")
+    # A turn with tool_choice="auto" is not constrained: the server checks only that the
+    # arguments are a JSON object, so the tool answers any other value with an error, never raises.
+    for arguments in ('{"expression": 12}', '{"expression": null}', '{"expression": ["1*2"]}', '[1]', '{}'):
+        assert example.calculate(arguments).startswith("error"), arguments
     assert example.first_number("The answer is 408.") == "408" and example.first_number("none") is None
 
 
