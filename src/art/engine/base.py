@@ -8,6 +8,7 @@ nothing about HTTP, chat messages or GRPO: it turns prompt token ids into comple
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Protocol
@@ -104,15 +105,15 @@ class SampledTokens:
 
 
 class Engine(Protocol):
-    """A sampler bound to one base model (and its tokenizer).
+    """A sampler bound to one base model (and its tokenizer): what the OpenAI routes use.
 
-    An engine may also have `stream(prompt_token_ids, params, adapter)`: an async iterator of
-    `SampledTokens` as they are sampled, then, last, the `list[Completion]` that `generate`
-    returns. `stream_completions` falls back to `generate` for an engine without one.
-    """
+    Implemented by our engine (`LLMEngine`), its replica set (`ReplicaSet`) and the vLLM engine
+    (`VLLMEngine`)."""
 
     tokenizer: object
     max_model_len: int
+    grammars: object
+    """`art.engine.grammar.Grammars` of the tokenizer: the routes check a request's grammar with it."""
 
     async def generate(
         self, prompt_token_ids: list[int], params: SamplingParams, adapter: AdapterRef | None
@@ -120,23 +121,61 @@ class Engine(Protocol):
         """Sample `params.n` completions of the prompt with the given adapter (None: base model)."""
         ...
 
+    def stream(self, prompt_token_ids: list[int], params: SamplingParams,
+               adapter: AdapterRef | None) -> AsyncIterator[SampledTokens | list[Completion]]:
+        """`generate`, yielding each completion's tokens as they are sampled (`SampledTokens`),
+        then, last, the `list[Completion]` that `generate` returns."""
+        ...
 
-async def stream_completions(engine: Engine, prompt_token_ids: list[int], params: SamplingParams,
-                             adapter: AdapterRef | None) -> AsyncIterator[SampledTokens | list[Completion]]:
-    """The engine's `stream`, or for an engine without one its `generate`, each completion's
-    tokens yielded once it returns (then the completions)."""
-    method = getattr(engine, "stream", None)
-    if method is not None:
-        events = method(prompt_token_ids, params, adapter)
-        try:
-            async for item in events:
-                yield item
-        finally:
-            await events.aclose()
-        return
-    completions = await engine.generate(prompt_token_ids, params, adapter)
-    for item in [*all_tokens(completions), completions]:
-        yield item
+
+class ManagedEngine(Engine, Protocol):
+    """An engine the model service owns (`art.service.loaded`): everything the service, the
+    weight update (`art.service.update`) and the watchdog use of it."""
+
+    kind: str
+    """"ours" or "vllm": logged in the run's model.json and shown by /health."""
+    eos_ids: set[int]
+    """Token ids that end a completion (SFT appends one after each assistant turn)."""
+
+    @property
+    def serves_while_training(self) -> bool:
+        """Whether a training step may run beside it (`serving_while_training`)."""
+        ...
+
+    def serving_while_training(self, threads: int | None = None) -> AbstractContextManager[None]:
+        """Around a training step that runs beside the engine: it keeps serving the last
+        published weights. `threads`: its share of the CPU cores meanwhile (None keeps them)."""
+        ...
+
+    def paused(self) -> AbstractContextManager[None]:
+        """Around a change of the trainer's weights that the engine must not read halfway."""
+        ...
+
+    def weights_updated(self, step: int, checkpoint: Path) -> None:
+        """Publish `step` (saved in the checkpoint folder `checkpoint`) as the live weights:
+        requests admitted from now on sample with them."""
+        ...
+
+    def has_work(self) -> bool:
+        """Requests running, or waiting that could run."""
+        ...
+
+    def stalled_s(self) -> float:
+        """Seconds without progress while it has work; 0 when it has none (the watchdog)."""
+        ...
+
+    @property
+    def thread_id(self) -> int | None:
+        """The thread whose stack the watchdog shows when it is stalled (None: not ours)."""
+        ...
+
+    def stats(self) -> dict:
+        """Its load for /health. An `engine_down` entry (a message) says it cannot serve."""
+        ...
+
+    def stop(self) -> None:
+        """Stop serving; requests still open fail with BackendUnavailableError."""
+        ...
 
 
 def all_tokens(completions: list[Completion]) -> list[SampledTokens]:

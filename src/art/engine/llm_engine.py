@@ -23,12 +23,13 @@ import time
 import weakref
 from collections import deque
 from contextlib import contextmanager
+from pathlib import Path
 from typing import AsyncIterator, Iterator
 
 import torch
 
 from art.engine.adapters import LIVE, AdapterSet, is_peft
-from art.engine.base import AdapterRef, Completion, SampledTokens, SamplingParams
+from art.engine.base import AdapterRef, Completion, ManagedEngine, SampledTokens, SamplingParams
 from art.engine.config import EngineConfig
 from art.engine.decoder import unsupported_reason
 from art.engine.grammar import Grammars, consume
@@ -50,11 +51,13 @@ _RUNNING: weakref.WeakSet[LLMEngine] = weakref.WeakSet()
 """Engines whose thread has not been stopped: `stop_all_engines` stops them."""
 
 
-class LLMEngine:
-    """Implements `art.engine.base.Engine`.
+class LLMEngine(ManagedEngine):
+    """Implements `art.engine.base.ManagedEngine`.
 
     `config` or vLLM-named keyword arguments (`LLMEngine(model, tokenizer, max_num_seqs=8)`)
     set it up. The model is already loaded: "auto" device and dtype mean its own."""
+
+    kind = "ours"
 
     def __init__(self, model, tokenizer, config: EngineConfig | None = None, *, lock: threading.RLock | None = None,
                  adapters: AdapterSet | None = None, **engine_args) -> None:
@@ -228,8 +231,13 @@ class LLMEngine:
                 self.progress_at = time.monotonic()  # what waited meanwhile is not a stall
                 self._cv.notify_all()
 
-    def weights_updated(self, step: int) -> None:
-        """The live weights now hold `step`: publish them. Requests admitted from now on sample
+    @property
+    def eos_ids(self) -> set[int]:
+        return self.stopping.eos_ids
+
+    def weights_updated(self, step: int, checkpoint: Path | None = None) -> None:
+        """The live weights now hold `step`: publish them (they are in the shared model already,
+        so `checkpoint` is not read). Requests admitted from now on sample
         with them; rows still decoding on the previous publication finish on it (its copies are
         kept under a retired name). An engine that does not serve while training is paused."""
         with self.lock:

@@ -9,7 +9,7 @@ class StopChecker:
     def __init__(self, model, tokenizer, max_model_len: int) -> None:
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
-        self.eos_ids = _eos_ids(model, tokenizer)
+        self.eos_ids = eos_token_ids(model, tokenizer)
 
     def check(self, params: SamplingParams, prompt_len: int, ids: list[int],
               text: IncrementalText | None = None) -> tuple[str, str] | None:
@@ -23,15 +23,15 @@ class StopChecker:
             if text is not None:
                 checked = len(text.text)
                 sofar = text.update(ids)
-                at = _first_stop(sofar, params.stop, max(0, checked - max(map(len, params.stop))))
+                at = first_stop(sofar, params.stop, max(0, checked - max(map(len, params.stop))))
             else:  # only the tail can hold a new match
                 sofar = self._text(ids)
-                at = _first_stop(sofar, params.stop, max(0, len(sofar) - max(map(len, params.stop)) - 16))
+                at = first_stop(sofar, params.stop, max(0, len(sofar) - max(map(len, params.stop)) - 16))
             if at is not None:
                 if text is None:
                     return "stop", sofar[:at]
                 whole = self._text(ids)  # once, at the end: the text exactly as a full decode gives it
-                cut = _first_stop(whole, params.stop, 0)
+                cut = first_stop(whole, params.stop, 0)
                 return "stop", whole[:cut] if cut is not None else sofar[:at]
         if len(ids) >= params.max_tokens or prompt_len + len(ids) >= self.max_model_len:
             return "length", self._text(ids)
@@ -67,13 +67,13 @@ class IncrementalText:
         return self.text
 
 
-def _first_stop(text: str, stops: list[str], start: int) -> int | None:
+def first_stop(text: str, stops: list[str], start: int) -> int | None:
     """Where the earliest stop string at or after `start` begins in `text` (None: nowhere)."""
     hits = [at for at in (text.find(s, start) for s in stops) if at >= 0]
     return min(hits) if hits else None
 
 
-def _eos_ids(model, tokenizer) -> set[int]:
+def eos_token_ids(model, tokenizer) -> set[int]:
     ids: set[int] = set()
     for source in (getattr(model, "generation_config", None), model.config):
         eos = getattr(source, "eos_token_id", None) if source is not None else None

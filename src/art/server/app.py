@@ -38,7 +38,7 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from art.chat_template import prompt_ids, template_messages, tools_active
-from art.engine.base import SamplingParams, ServedModel, stream_completions
+from art.engine.base import SamplingParams, ServedModel
 from art.errors import ArtError, ArtValueError, ContextLengthError, ModelNotFoundError
 from art.observability import tracing
 from art.responses_format import ResponseEvents, ResponsesFormatError, chat_request, response_object, sse
@@ -60,14 +60,16 @@ def create_app(registry: ModelRegistry, *, default_max_tokens: int = 1024,
 
     @app.get("/health")
     async def health(request: Request) -> dict[str, Any]:
-        """Liveness ("ok", or "degraded" while the watchdog sees something stuck or an engine
-        replica is out of rotation). With the API key (or on a server without one) also each
+        """Liveness ("ok", or "degraded" while the watchdog sees something stuck, an engine
+        replica is out of rotation or an engine cannot serve, such as a vLLM process that died). With the API key (or on a server without one) also each
         engine's load, what is stuck, where, and which replicas are down and why."""
         stuck = watchdog.stuck() if watchdog is not None else []
         engines = registry.stats() if hasattr(registry, "stats") else {}
         down = [{"model": model, **replica} for model, stats in engines.items()
                 for replica in stats.get("replicas", []) if not replica["serving"]]
-        body: dict[str, Any] = {"status": "degraded" if stuck or down else "ok"}
+        engines_down = [{"model": model, "down": stats["engine_down"]} for model, stats in engines.items()
+                        if stats.get("engine_down")]
+        body: dict[str, Any] = {"status": "degraded" if stuck or down or engines_down else "ok"}
         if not request.scope.get("state", {}).get("authorized", True):
             return body  # no key: model names and stacks are not for anyone who can reach the port
         body["engines"] = engines
@@ -75,6 +77,8 @@ def create_app(registry: ModelRegistry, *, default_max_tokens: int = 1024,
             body["stuck"] = stuck
         if down:
             body["replicas_down"] = down
+        if engines_down:
+            body["engines_down"] = engines_down
         return body
 
     @app.get("/v1/models")
@@ -184,7 +188,7 @@ async def _stream(served: ServedModel, body: ChatCompletionRequest, prompt: list
     a failure is still an ordinary error response; a later one ends the stream with an error
     event (OpenAI's `{"error": ...}` data line, which the `openai` client raises). The span,
     left open by the route, ends with the stream."""
-    events = stream_completions(served.engine, prompt, params, served.adapter)
+    events = served.engine.stream(prompt, params, served.adapter)
     try:
         first = await anext(events)
     except BaseException:

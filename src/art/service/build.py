@@ -23,6 +23,7 @@ from art.engine.llm_engine import LLMEngine
 from art.errors import ArtValueError
 from art.service.api import ModelSpec
 from art.service.loaded import LoadedModel
+from art.service.engines import choose_engine, describe, engine_record, start_vllm
 from art.service.settings import parse_internal_config
 from art.storage import CheckpointStore, ModelDir
 from art.training.trainer import Trainer
@@ -60,13 +61,15 @@ def _serves_while_training(settings, engine: LLMEngine) -> bool:
     return False
 
 
-def load_model(root, spec: ModelSpec, placement: str = "processes") -> LoadedModel:
+def load_model(root, spec: ModelSpec, placement: str = "processes", engine: str = "auto") -> LoadedModel:
     """`spec`'s model under the storage `root`. `placement`: where engine replicas and trainer
-    ranks 1..N-1 run unless the model's internal config says: "processes" or "ray" (`art.ray_cluster`)."""
+    ranks 1..N-1 run unless the model's internal config says: "processes" or "ray" (`art.ray_cluster`).
+    `engine`: which engine serves it unless its internal config says ("auto", "ours", "vllm")."""
     bound_malloc_growth()
     name, project, base_model = spec.name, spec.project, spec.base_model
     internal = dict(spec.internal_config or {})
     settings = parse_internal_config(internal)  # ArtValueError naming the field, before any loading
+    kind = choose_engine(settings.engine_kind or engine, settings.vllm_python)
     engine_config = settings.engine.resolve()
     directory = ModelDir(root, project, name)
     device, dtype = engine_config.device, engine_config.torch_dtype
@@ -76,9 +79,12 @@ def load_model(root, spec: ModelSpec, placement: str = "processes") -> LoadedMod
     model, tokenizer = load_policy(base_model, lora, dtype=dtype, device=device,
                                                trainable=not settings.fsdp)
     lock = threading.RLock()
-    adapters = AdapterSet(model)
-    engine = LLMEngine(model, tokenizer, engine_config, lock=lock, adapters=adapters)
-    serve_while_training = _serves_while_training(settings, engine)
+    if kind == "vllm":  # vLLM serves from a process of its own, started once a checkpoint exists
+        engine, adapters, serve_while_training = None, None, settings.serve_while_training is not False
+    else:
+        adapters = AdapterSet(model)
+        engine = LLMEngine(model, tokenizer, engine_config, lock=lock, adapters=adapters)
+        serve_while_training = _serves_while_training(settings, engine)
     # Beside a serving engine the trainer needs no lock of the engine's: the engine reads only
     # its own copies of the live weights (`art.engine.served_weights`).
     trainer_lock = threading.RLock() if serve_while_training else lock
@@ -124,22 +130,29 @@ def load_model(root, spec: ModelSpec, placement: str = "processes") -> LoadedMod
             trainer.sync_peers(store.path(0))
     else:
         trainer.restore(store.path(latest))
-    adapters.live_step = latest
+    if engine is None:
+        engine = start_vllm(settings, base_model=base_model, name=name, model=model, tokenizer=tokenizer,
+                            device=str(device), lora=lora, step=latest, checkpoint=store.path(latest),
+                            log_path=directory.path / "vllm.log")
+    else:
+        adapters.live_step = latest
     model_json = {
         "name": name, "project": project, "base_model": base_model, "config": spec.config,
-        "internal_config": internal, "lora": lora, "updated_at": time.time(),
+        "internal_config": internal, "lora": lora, "engine": engine_record(engine), "updated_at": time.time(),
     }
     loaded = LoadedModel(name=name, project=project, base_model=base_model, dir=directory,
                          full_finetune=settings.full_finetune, device=device, model=model, tokenizer=tokenizer,
                          lock=lock, adapters=adapters, engine=engine, replicas=replicas, trainer=trainer,
                          store=store, step=latest, model_json=model_json,
                          serve_while_training=serve_while_training,
-                         thread_split=cpu_split(str(device), settings.training_threads) if serve_while_training else None)
+                         thread_split=(cpu_split(str(device), settings.training_threads)
+                                       if serve_while_training and kind == "ours" else None))
     if replicas is not None:
         replicas.restart(latest, loaded.live_weights())  # all start, on the weights of `latest`
     forked_from = (directory.read_model_json() or {}).get("forked_from")  # a fork made before registering
     if forked_from is not None:
         model_json["forked_from"] = forked_from
     directory.write_model_json(model_json)
+    print(f"[art] {project}/{name}: {describe(engine)}", file=sys.stderr, flush=True)
     log.info("%s/%s ready at step %d", project, name, latest)
     return loaded

@@ -86,6 +86,10 @@ class LoadedModel:
         """The engine requests go to: the replica set when there are replicas, else the one engine."""
         return self.replicas if self.replicas is not None else self.engine
 
+    def publish_step(self) -> None:
+        """The engine serves `step` as the live weights (its checkpoint is written already)."""
+        self.engine.weights_updated(self.step, self.store.path(self.step))
+
     def stats(self) -> dict:
         return {"step": self.step, **self.engine.stats(), **(self.replicas.stats() if self.replicas else {})}
 
@@ -121,7 +125,7 @@ class LoadedModel:
         """Render SFT trajectories (`art.training.sft`), so bad input is refused before anything moves."""
         from art.training import sft
 
-        return sft.prepare(trajectories, options, self.tokenizer, stop_ids=self.engine.stopping.eos_ids,
+        return sft.prepare(trajectories, options, self.tokenizer, stop_ids=self.engine.eos_ids,
                            max_tokens=self.context_length())
 
     def fit_sft(self, plan, options, **kwargs) -> dict:

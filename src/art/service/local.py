@@ -37,11 +37,13 @@ log = logging.getLogger(__name__)
 
 
 class LocalService:
-    def __init__(self, root: str | Path, *, placement: str = "processes") -> None:
+    def __init__(self, root: str | Path, *, placement: str = "processes", engine: str = "auto") -> None:
         """`placement`: where models' engine replicas and trainer ranks 1..N-1 run unless their
-        internal config says: "processes" or "ray" (`art.ray_cluster`)."""
+        internal config says: "processes" or "ray" (`art.ray_cluster`). `engine`: which engine
+        serves models whose internal config names none ("auto", "ours", "vllm": `art.service.engines`)."""
         self.root = Path(root)
         self.placement = placement
+        self.engine = engine
         self._specs: dict[ModelKey, ModelSpec] = {}
         self._loaded: dict[ModelKey, LoadedModel] = {}  # imported lazily (torch)
         self._locks: dict[ModelKey, asyncio.Lock] = {}
@@ -59,7 +61,7 @@ class LocalService:
             from art.service.build import load_model  # heavy: torch, transformers
 
             try:
-                self._loaded[spec.key] = await asyncio.to_thread(load_model, self.root, spec, self.placement)
+                self._loaded[spec.key] = await asyncio.to_thread(load_model, self.root, spec, self.placement, self.engine)
             except ArtValueError:
                 raise
             except OSError as exc:  # mostly transformers' "no such model": name what was asked for

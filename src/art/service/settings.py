@@ -2,7 +2,7 @@
 
 ART scripts pass keys meant for vLLM, Unsloth and their trainer (`init_args`, `trainer_args`,
 `_decouple_vllm_and_unsloth`, ...). Every key ART knows is accepted: those that mean something
-here are honoured (`engine_args`, `peft_args` or ART's newer `lora_config`, `seed`,
+here are honoured (`engine` and `vllm_python` (`art.service.engines`), `engine_args`, `peft_args` or ART's newer `lora_config`, `seed`,
 `full_finetune` or `init_args.full_finetuning`, `init_args.max_seq_length` and
 `init_args.gpu_memory_utilization`, and ours, `trainer_ranks`, `fsdp`, `engine_replicas`,
 `placement`, `serve_while_training` and `training_threads`); the rest are named once in a warning.
@@ -25,6 +25,9 @@ IGNORED_KEYS = frozenset({
     "_log_vllm_metrics", "_use_pipeline_rl",
 })
 PLACEMENTS = ("processes", "ray")
+ENGINES = ("auto", "ours", "vllm")
+"""Which engine serves: "ours" (`art.engine.llm_engine`), "vllm" (`art.engine.vllm_engine`), or
+"auto": vLLM on CUDA when it is installed or named, ours otherwise (`art.service.engines`)."""
 MAX_PROCESSES = 64
 """Trainer ranks or engine replicas of one model at most; far above the GPUs of one machine."""
 # ART's newer `lora_config` names -> peft's LoraConfig names.
@@ -36,6 +39,13 @@ LORA_CONFIG_NAMES = {"rank": "r", "alpha": "lora_alpha", "dropout": "lora_dropou
 @dataclass(frozen=True)
 class ModelSettings:
     engine: EngineConfig
+    """Our engine's settings (with engine="vllm", the defaults: the trainer reads device and dtype)."""
+    engine_kind: str | None = None
+    """"auto", "ours" or "vllm"; None: the backend's default (`art serve --engine`, else "auto")."""
+    engine_args: dict | None = None
+    """The engine args as given (init_args' merged in): vLLM takes them as they are."""
+    vllm_python: str | None = None
+    """The Python that runs vLLM (None: $ART_VLLM_PYTHON, else this one)."""
     full_finetune: bool = False
     lora: dict | None = None
     """peft LoraConfig arguments (None under full fine-tuning)."""
@@ -72,7 +82,7 @@ def parse_internal_config(internal: dict | None) -> ModelSettings:
     init = dict(internal.get("init_args") or {})
     known = {"engine_args", "peft_args", "lora_config", "seed", "full_finetune", "init_args", "trainer_ranks",
              "fsdp", "engine_replicas", "placement", "serve_while_training", "training_threads",
-             "dedicated_samplers"}
+             "dedicated_samplers", "engine", "vllm_python"}
     warn_ignored([k for k in internal if k not in known], "_internal_config")
     warn_ignored([k for k in init if k not in ("max_seq_length", "gpu_memory_utilization", "full_finetuning")],
                  "init_args")
@@ -82,7 +92,15 @@ def parse_internal_config(internal: dict | None) -> ModelSettings:
         engine_args.setdefault("max_model_len", init["max_seq_length"])
     if "gpu_memory_utilization" in init:
         engine_args.setdefault("gpu_memory_utilization", init["gpu_memory_utilization"])
-    engine = EngineConfig.from_engine_args(engine_args)
+    kind = internal.get("engine")
+    if kind not in (None, *ENGINES):
+        raise ArtValueError(f"engine must be one of {', '.join(ENGINES)}, got {kind!r}", field="engine")
+    vllm_python = internal.get("vllm_python")
+    if vllm_python is not None and (not isinstance(vllm_python, str) or not vllm_python):
+        raise ArtValueError(f"vllm_python must be the path of a Python executable, got {vllm_python!r}",
+                            field="vllm_python")
+    # vLLM checks its own args when it starts (`art.service.engines`); ours are checked here.
+    engine = EngineConfig() if kind == "vllm" else EngineConfig.from_engine_args(engine_args)
 
     full = _flag("full_finetune", internal.get("full_finetune", init.get("full_finetuning", False)))
     lora_given = {**internal.get("peft_args", {}), **_lora_config(internal.get("lora_config"))}
@@ -120,7 +138,14 @@ def parse_internal_config(internal: dict | None) -> ModelSettings:
     if dedicated and counts["engine_replicas"] < 2:
         raise ArtValueError("dedicated_samplers leaves sampling to replicas 1..N-1: set engine_replicas to 2 or more",
                             field="dedicated_samplers")
-    return ModelSettings(engine=engine, full_finetune=full, fsdp=fsdp,
+    if kind == "vllm":
+        for key, value in (("engine_replicas", counts["engine_replicas"] > 1), ("trainer_ranks", counts["trainer_ranks"] > 1),
+                           ("fsdp", fsdp)):
+            if value:
+                raise ArtValueError(f"{key} is not available with engine='vllm' yet (vLLM scales with its own "
+                                    "engine_args, e.g. data_parallel_size); use engine='ours' for it", field=key)
+    return ModelSettings(engine=engine, engine_kind=kind, engine_args=engine_args, vllm_python=vllm_python,
+                         full_finetune=full, fsdp=fsdp,
                          lora=None if full else {**LORA_DEFAULTS, **lora_given}, seed=seed, placement=placement,
                          serve_while_training=serve, training_threads=threads, dedicated_samplers=dedicated,
                          **counts)

@@ -128,7 +128,7 @@ def _step(loaded: LoadedModel, work, step_fn: StepFn, options, progress,
                     f"or packed_row_tokens (now {options.packed_row_tokens}), or set gradient_checkpointing=True",
                     field="micro_batch_tokens")
             loaded.step += 1
-            loaded.engine.weights_updated(loaded.step)
+            loaded.publish_step()
         return TrainResult(loaded.step, metrics)
     finally:
         loaded.training_since = loaded.training_thread = None
@@ -197,7 +197,7 @@ def _load_forked(loaded: LoadedModel, plan) -> None:
             _restore_saved(loaded)
             raise
         loaded.step = plan.step
-        loaded.engine.weights_updated(loaded.step)
+        loaded.publish_step()
 
 
 async def _probe_and_publish(loaded: LoadedModel, *, rollback_to: int) -> dict:
@@ -229,13 +229,13 @@ def _roll_back(loaded: LoadedModel, step: int) -> None:
         if loaded.step != step:
             loaded.store.delete(loaded.step)
         loaded.step = step
-        loaded.engine.weights_updated(step)
+        loaded.publish_step()
 
 
 def _restore_saved(loaded: LoadedModel) -> None:
     """After a failed update: the in-memory weights may be ahead of disk; back to the saved step."""
     loaded.trainer.restore(loaded.store.path(loaded.step))
-    loaded.engine.weights_updated(loaded.step)
+    loaded.publish_step()
 
 
 def _show_options(loaded: LoadedModel, options) -> None:

