@@ -13,6 +13,8 @@
 #   rl      benchmarks/vs_trl.py --device cuda: our RL step vs TRL's GRPOTrainer on a random-weight
 #           SmolLM2 (random_weights.py), the letter_e reward (step times)         the time left
 #   tests   pytest -m gpu tests/engine/test_cuda.py training/test_mixed_precision.py server/test_concurrency.py <= 60 s
+#   vllm    pytest -m vllm tests/engine/test_vllm_engine.py (engine="vllm" on this device), only where
+#           vLLM is installed (ART_VLLM_PYTHON, or vllm importable); skipped otherwise  what is left
 #   summary one line of the numbers that matter, from gpu_check.jsonl
 #
 # Prepare on the development machine (package registries reachable) before each GPU run:
@@ -201,6 +203,17 @@ stage rl "${caps[3]}" "${reserves[3]}" bash -c \
 # -- 4. the gpu-marked tests (skipped on a CPU) ----------------------------------------------------
 stage tests "${caps[4]}" "${reserves[4]}" $py -m pytest -v -rfE -m gpu -p no:cacheprovider \
   tests/engine/test_cuda.py tests/training/test_mixed_precision.py tests/server/test_concurrency.py
+
+# -- 5. vLLM as the engine, where vLLM is installed ---------------------------------------------------
+# Its CUDA wheel cannot travel to the GPU test machine (no registry there, 64 MiB carried), so this
+# runs only on a machine that has it (ART_VLLM_PYTHON, or vllm in this Python), in what is left.
+if [ -n "${ART_VLLM_PYTHON:-}" ] || $py -c "import vllm" 2>/dev/null; then
+  stage vllm 300 0 $py -m pytest -v -rfE -m vllm -p no:cacheprovider tests/engine/test_vllm_engine.py
+else
+  $py -c 'import json, sys; print(json.dumps({"stage": "vllm", "commit": sys.argv[1], "seconds": 0,
+          "status": "skipped", "reason": "vLLM is not installed here (ART_VLLM_PYTHON unset, no vllm module)"}))' \
+    "$commit" | tee -a "$jsonl"
+fi
 
 # -- summary ----------------------------------------------------------------------------------------
 $py - "$jsonl" "$commit" "$(( $(date +%s) - start ))" <<'PY' | tee -a "$jsonl"

