@@ -17,8 +17,9 @@ exactly max_tokens tokens:
   wide   8 prompts x n=8 x 32 tokens (more rows at once)
 Systems alternate within each round, so drift on a shared machine falls on all of them alike.
 tokens/s = completion tokens in the responses / wall seconds. Prints a table of the medians, the
-ratios ours/vllm and (ours+vllm)/vllm, our layer's cost per request in milliseconds, then one
-JSON line. Goal (issue 43): ours+vllm within 10% of vllm on the GRPO shape.
+ratios ours/vllm and (ours+vllm)/vllm, our layer's cost per request (the median extra wall time
+of a shape's batch through our server, over its requests, in milliseconds), then one JSON line.
+Goal (issue 43): ours+vllm within 10% of vllm on the GRPO shape.
 """
 
 from __future__ import annotations
@@ -117,7 +118,8 @@ def summarise(results: dict, args) -> dict:
                         "ours_over_vllm_vs_vllm": ratio(rate["ours+vllm"], rate["vllm"]),
                         "layer_ms_per_request": round(layer_ms, 1), "rounds": args.rounds}
             rows.append([shape, variant, rate["ours"], rate["vllm"], rate["ours+vllm"],
-                         out[key]["ours_vs_vllm"], out[key]["ours_over_vllm_vs_vllm"], round(layer_ms, 1)])
+                         f"{out[key]['ours_vs_vllm']:.2f}", f"{out[key]['ours_over_vllm_vs_vllm']:.2f}",
+                         round(layer_ms, 1)])
     print(table(["shape", "weights", "ours tok/s", "vllm tok/s", "ours+vllm tok/s", "ours/vllm",
                  "(ours+vllm)/vllm", "layer ms/request"], rows))
     grpo_cost = out.get("grpo_base", {}).get("ours_over_vllm_vs_vllm")

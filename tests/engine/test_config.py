@@ -183,7 +183,7 @@ def test_the_engine_is_chosen_by_name_and_checked():
 def test_vllm_args_are_the_users_over_what_the_backend_needs(caplog):
     from art.service.engines import vllm_args
 
-    known = frozenset({"max_model_len", "dtype", "logprobs_mode", "max_lora_rank", "max_loras", "enable_sleep_mode", "model",
+    known = frozenset({"max_model_len", "dtype", "logprobs_mode", "enforce_eager", "max_lora_rank", "max_loras", "enable_sleep_mode", "model",
                        "kv_cache_memory_bytes", "generation_config", "structured_outputs_config", "tokenizer"})
 
     def args(engine_args, **kwargs):
@@ -201,6 +201,7 @@ def test_vllm_args_are_the_users_over_what_the_backend_needs(caplog):
     assert built["kv_cache_memory_bytes"] == 2 << 30 and built["enable_scale_out"] is True
     on_gpu = args({}, device="cuda:0", lora_rank=None, checkpoint=Path("/runs/0003"))
     assert on_gpu["model"] == "/runs/0003" and on_gpu["tokenizer"] == "/models/base"  # full fine-tuning
+    assert on_gpu["enforce_eager"] is True and "enforce_eager" not in built  # no compile per restart
     assert "enable_lora" not in on_gpu and "dtype" not in on_gpu and "kv_cache_memory_bytes" not in on_gpu
     assert built["logprobs_mode"] == "raw_logprobs"
     with pytest.raises(ArtValueError, match="vLLM 0.32.0 has no such engine argument") as info:
