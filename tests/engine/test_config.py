@@ -167,6 +167,9 @@ def test_the_engine_is_chosen_by_name_and_checked():
                                   "engine_args": {"tensor_parallel_size": 2, "enable_sleep_mode": True}})
     assert (vllm.engine_kind, vllm.vllm_python) == ("vllm", "/opt/v/bin/python")
     assert vllm.engine_args == {"tensor_parallel_size": 2, "enable_sleep_mode": True}
+    assert vllm.engine.dtype == "auto"  # the trainer's: by device, or the dtype vLLM is given
+    bf16 = parse_internal_config({"engine": "vllm", "engine_args": {"dtype": "bfloat16"}})
+    assert bf16.engine.dtype == "bfloat16"
     with pytest.raises(ArtValueError) as info:  # ours still refuses what neither engine knows
         parse_internal_config({"engine": "ours", "engine_args": {"max_num_seqz": 2}})
     assert info.value.field == "engine_args.max_num_seqz"

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import threading
 import time
 import weakref
@@ -44,6 +45,8 @@ log = logging.getLogger(__name__)
 ADMIN_TIMEOUT_S = 600.0
 """Loading an adapter, sleeping and waking: generous, a large adapter loads for a while."""
 GATE_POLL_S = 0.02
+EXIT_WAIT_S = 5.0
+"""How long a broken connection waits for the server's exit, to say how it ended."""
 
 
 def structured_outputs(grammar: str) -> dict:
@@ -68,8 +71,8 @@ def sampling_params(params: SamplingParams) -> dict:
         "top_k": params.top_k if params.top_k > 0 else -1, "min_p": params.min_p, "max_tokens": params.max_tokens,
         "stop": list(params.stop), "seed": params.seed, "ignore_eos": params.ignore_eos,
         # One more than asked: the token route lists the sampled token first within that many.
-        "logprobs": params.top_logprobs + 1 if params.top_logprobs else 0, "repetition_penalty": 1.0, "presence_penalty": 0.0,
-        "frequency_penalty": 0.0, "skip_special_tokens": True,
+        "logprobs": params.top_logprobs + 1 if params.top_logprobs else 0,
+        "repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0, "skip_special_tokens": True,
     }
     if params.grammar is not None:
         body["structured_outputs"] = structured_outputs(params.grammar)
@@ -175,12 +178,13 @@ class VLLMEngine(ManagedEngine):
                     for choice in chunk.get("choices", ()):
                         yield choice
         except httpx.TransportError as exc:
-            raise self._unavailable(exc) from exc
+            raise await self._unavailable(exc) from exc
 
     def _completion(self, ids: list[int], logprobs: list[float], tops, finish: str | None, params: SamplingParams,
                     step: int | None) -> Completion:
         if finish not in ("stop", "length"):
-            raise BackendError(f"vLLM ended a completion with finish_reason {finish!r}; its log: {self.server.log_path}")
+            raise BackendError(f"vLLM ended a completion with finish_reason {finish!r}; "
+                               f"its log: {self.server.log_path}")
         text = self.tokenizer.decode(ids, skip_special_tokens=True)
         cut = first_stop(text, params.stop, 0) if params.stop else None
         if cut is not None:
@@ -200,8 +204,10 @@ class VLLMEngine(ManagedEngine):
             raise BackendUnavailableError(self.server.failure())
         raise BackendError(f"vLLM answered {status}: {message} (its log: {self.server.log_path})")
 
-    def _unavailable(self, exc: Exception) -> BackendUnavailableError:
-        failure = self.server.failure()
+    async def _unavailable(self, exc: Exception) -> BackendUnavailableError:
+        """The error for a request whose connection broke: a dying server's socket closes a
+        moment before its process can be reaped, so its exit is waited for briefly."""
+        failure = await asyncio.to_thread(self.server.failure, EXIT_WAIT_S)
         return BackendUnavailableError(failure or f"the vLLM server on {self.server.url} did not answer "
                                                   f"({type(exc).__name__}: {exc}); its log: {self.server.log_path}")
 
@@ -390,8 +396,8 @@ def _message(body) -> str:
 def _field(message: str) -> str | None:
     """The request field vLLM's message names, when one of ours (for the 400's `param`)."""
     for field in ("max_tokens", "top_k", "top_p", "min_p", "temperature", "seed", "stop", "n", "logprobs"):
-        if field in message:
+        if re.search(rf"\b{field}\b", message):
             return "top_logprobs" if field == "logprobs" else field
-    if "structured" in message or "grammar" in message or "json" in message.lower():
+    if re.search(r"structured|grammar|json", message, re.IGNORECASE):
         return "response_format"
     return "messages"

@@ -56,7 +56,8 @@ PROBE = r"""
 import dataclasses, json
 import vllm
 from vllm.engine.arg_utils import AsyncEngineArgs
-print(json.dumps({"version": vllm.__version__, "engine_args": sorted(f.name for f in dataclasses.fields(AsyncEngineArgs))}))
+names = sorted(f.name for f in dataclasses.fields(AsyncEngineArgs))
+print(json.dumps({"version": vllm.__version__, "engine_args": names}))
 """
 
 INSTALL_HINT = ("install vLLM for this interpreter (`pip install vllm` on a CUDA machine), or point "
@@ -161,8 +162,9 @@ class VLLMServer:
         with open(self.log_path, "ab") as log_file:
             log_file.write(f"\n[art] starting: {' '.join(command[:2])} <bootstrap> {' '.join(command[4:])}\n".encode())
             log_file.flush()
-            self.process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
-                                            env=env, pass_fds=(child_end,), start_new_session=True)
+            self.process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log_file,
+                                            stderr=subprocess.STDOUT, env=env, pass_fds=(child_end,),
+                                            start_new_session=True)
         os.close(child_end)
         self.stopped = False
         self._wait_ready()
@@ -188,11 +190,15 @@ class VLLMServer:
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
-    def failure(self) -> str | None:
-        """Why the server is not serving (None while it is): what a request's error and /health say."""
+    def failure(self, wait_s: float = 0.0) -> str | None:
+        """Why the server is not serving (None while it is): what a request's error and /health
+        say. `wait_s`: how long to wait for a server that may be exiting."""
         if self.process is None:
             return "vLLM was never started"
-        code = self.process.poll()
+        try:
+            code = self.process.wait(timeout=wait_s) if wait_s else self.process.poll()
+        except subprocess.TimeoutExpired:
+            code = None
         if code is None:
             return None
         how = "was stopped" if self.stopped else f"exited with code {code}"

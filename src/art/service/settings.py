@@ -2,8 +2,9 @@
 
 ART scripts pass keys meant for vLLM, Unsloth and their trainer (`init_args`, `trainer_args`,
 `_decouple_vllm_and_unsloth`, ...). Every key ART knows is accepted: those that mean something
-here are honoured (`engine` and `vllm_python` (`art.service.engines`), `engine_args`, `peft_args` or ART's newer `lora_config`, `seed`,
-`full_finetune` or `init_args.full_finetuning`, `init_args.max_seq_length` and
+here are honoured (`engine` and `vllm_python` (`art.service.engines`), `engine_args`,
+`peft_args` or ART's newer `lora_config`, `seed`, `full_finetune` or `init_args.full_finetuning`,
+`init_args.max_seq_length` and
 `init_args.gpu_memory_utilization`, and ours, `trainer_ranks`, `fsdp`, `engine_replicas`,
 `placement`, `serve_while_training` and `training_threads`); the rest are named once in a warning.
 """
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from art.engine.config import EngineConfig, warn_ignored
+from art.engine.config import DTYPES, EngineConfig, warn_ignored
 from art.errors import ArtValueError
 from art.training.options import LORA_DEFAULTS
 
@@ -99,8 +100,12 @@ def parse_internal_config(internal: dict | None) -> ModelSettings:
     if vllm_python is not None and (not isinstance(vllm_python, str) or not vllm_python):
         raise ArtValueError(f"vllm_python must be the path of a Python executable, got {vllm_python!r}",
                             field="vllm_python")
-    # vLLM checks its own args when it starts (`art.service.engines`); ours are checked here.
-    engine = EngineConfig() if kind == "vllm" else EngineConfig.from_engine_args(engine_args)
+    # vLLM checks its own args when it starts (`art.service.engines`); ours are checked here. With
+    # vLLM the trainer computes in the dtype vLLM serves in, so the probe compares like with like.
+    if kind == "vllm":
+        engine = EngineConfig(dtype=engine_args["dtype"] if engine_args.get("dtype") in DTYPES else "auto")
+    else:
+        engine = EngineConfig.from_engine_args(engine_args)
 
     full = _flag("full_finetune", internal.get("full_finetune", init.get("full_finetuning", False)))
     lora_given = {**internal.get("peft_args", {}), **_lora_config(internal.get("lora_config"))}
@@ -139,8 +144,8 @@ def parse_internal_config(internal: dict | None) -> ModelSettings:
         raise ArtValueError("dedicated_samplers leaves sampling to replicas 1..N-1: set engine_replicas to 2 or more",
                             field="dedicated_samplers")
     if kind == "vllm":
-        for key, value in (("engine_replicas", counts["engine_replicas"] > 1), ("trainer_ranks", counts["trainer_ranks"] > 1),
-                           ("fsdp", fsdp)):
+        for key, value in (("engine_replicas", counts["engine_replicas"] > 1),
+                           ("trainer_ranks", counts["trainer_ranks"] > 1), ("fsdp", fsdp)):
             if value:
                 raise ArtValueError(f"{key} is not available with engine='vllm' yet (vLLM scales with its own "
                                     "engine_args, e.g. data_parallel_size); use engine='ours' for it", field=key)
