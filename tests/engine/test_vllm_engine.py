@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 
 import pytest
@@ -17,7 +18,7 @@ from art.errors import ArtValueError, BackendUnavailableError, WeightSyncError
 from art.server.structured_output import grammar_for
 from art.service import probe
 from art.storage.layout import ModelDir
-from tests.support.rollouts import groups
+from tests.support.rollouts import groups, rollout
 from tests.support.vllm import SMALL_CPU_ARGS, group_gone, vllm_python
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm]
@@ -53,7 +54,7 @@ async def test_sampled_ids_and_logprobs_are_exact_against_the_trainer(served):
     """Teacher-forced: the trainer's logprobs of exactly the ids vLLM sampled (temperature 1,
     raw distribution) match vLLM's, and top_logprobs are the most likely tokens in order."""
     _, _, loaded = served
-    prompt, tolerance = prompt_ids(loaded), probe.tolerance_for(loaded.trainer.dtype)
+    prompt, tolerance = prompt_ids(loaded), probe.tolerance_for(loaded.trainer.dtype)  # ours' own: step 0
     params = SamplingParams(n=3, temperature=1.0, max_tokens=12, seed=7, top_logprobs=3, ignore_eos=True)
     completions = await loaded.engine.generate(prompt, params, AdapterRef("agent", None, None))
     for completion in completions:
@@ -125,7 +126,7 @@ async def test_each_step_is_served_as_its_adapter_and_a_stale_one_is_caught(serv
     loaded under the new name from the previous checkpoint (ART's #661: a LoRA added but never
     really served) fails the probe, and the step is rolled back."""
     backend, model, loaded = served
-    engine, tolerance = loaded.engine, probe.tolerance_for(loaded.trainer.dtype)
+    engine, tolerance = loaded.engine, probe.tolerance_for(loaded.trainer.dtype, "vllm")
     await model.train(await groups(model, 0, size=6), config=art.TrainConfig(learning_rate=0.5))
     assert loaded.step == 1 and engine.live_step == 1 and engine.loaded[1] == "agent@1"
     history = [json.loads(line) for line in ModelDir(backend.root, "p", "agent").history.read_text().splitlines()]
@@ -144,14 +145,38 @@ async def test_each_step_is_served_as_its_adapter_and_a_stale_one_is_caught(serv
         return real_load(self, step, loaded.store.path(step - 1), live)
 
     monkeypatch.setattr(type(engine), "_load", stale_load)
-    with pytest.raises(WeightSyncError, match="engine served logprobs"):
+    with pytest.raises(WeightSyncError, match="engine served logprobs") as failed:
         await model.train(await groups(model, 1, size=6), config=art.TrainConfig(learning_rate=0.5))
+    stale_diff = float(re.search(r"max abs diff ([-+.e\d]+)", str(failed.value)).group(1))
+    assert stale_diff > 10 * tolerance  # far outside vLLM's noise
     assert loaded.step == 1 and engine.live_step == 1 and 2 not in engine.loaded
     assert loaded.store.steps() == [0, 1]
     monkeypatch.setattr(type(engine), "_load", real_load)
     await model.train(await groups(model, 1, size=6), config=art.TrainConfig(learning_rate=0.5))
     assert loaded.step == 2 and engine.live_step == 2
     assert (await probe.check(loaded))[probe.METRIC] < tolerance
+
+
+async def test_the_pipeline_trainer_trains_on_vllm(served):
+    """ART's `PipelineTrainer` on vLLM: rollouts go on while a step trains (vLLM keeps serving the
+    last published adapter), every published step passes the probe, no group is older than the bound."""
+    backend, model, loaded = served
+    start = loaded.step
+
+    async def group(model, scenario, config):
+        return art.TrajectoryGroup([await rollout(model, 100 * scenario + i) for i in range(4)])
+
+    trainer = art.PipelineTrainer(model, backend, group, range(40), None, max_steps_off_policy=1,
+                                  num_rollout_workers=3, min_batch_size=2, max_batch_size=2, max_steps=2,
+                                  learning_rate=0.05, eval_fn=None)
+    await trainer.train(handle_signals=False)
+    assert loaded.step == loaded.engine.live_step == start + 2
+    rows = [json.loads(line) for line in ModelDir(backend.root, "p", "agent").history.read_text().splitlines()]
+    pipeline_rows = [r for r in rows if r["split"] == "train" and r["step"] >= start]
+    assert len(pipeline_rows) == 2
+    tolerance = probe.tolerance_for(loaded.trainer.dtype, "vllm")
+    assert all(r["train/weight_sync_max_abs_diff"] < tolerance and r["offpolicy/steps_off_policy_max"] <= 1
+               for r in pipeline_rows)
 
 
 async def test_a_killed_vllm_is_a_clear_error_and_the_backend_still_answers(served):
@@ -175,7 +200,7 @@ async def test_a_killed_vllm_is_a_clear_error_and_the_backend_still_answers(serv
         await engine.generate(prompt_ids(loaded), SamplingParams(max_tokens=2), None)
     health = httpx.get(backend.server_url + "/health").json()
     assert health["status"] == "degraded" and "vllm.log" in health["engines_down"][0]["down"]
-    assert await model.get_step() == 2
+    assert await model.get_step() == loaded.step
     await backend.close()
     assert group_gone(pgid)
 

