@@ -46,14 +46,20 @@ def _infos(rewards: dict[int, float | None]) -> CheckpointRetentionContext:
                        metrics={} if r is None else {"val/reward": r}) for s, r in rewards.items()])
 
 
-def test_keep_recent_and_top():
+def test_keep_recent_and_top_returns_the_steps_to_delete():
+    """ART's contract: a strategy names what to delete among the checkpoints it is offered (a
+    user's own ART strategy would otherwise delete exactly what it meant to keep)."""
+    art_example = _infos({0: None, 1: 0.2, 2: None, 3: 0.8, 4: None, 5: None})
+    assert set(keep_recent_and_top(recent=2, top=1)(art_example)) == {0, 1, 2}
     context = _infos({1: 0.9, 2: None, 3: 0.2, 4: 0.9, 5: None, 6: 0.1, 7: None})
-    assert set(keep_recent_and_top(recent=2, top=1)(context)) == {6, 7, 4}  # a tie goes to the later step
-    assert set(keep_recent_and_top(recent=0, top=2)(context)) == {1, 4}
-    assert set(keep_recent_and_top(recent=3, top=0)(context)) == {5, 6, 7}
-    assert set(keep_recent_and_top(recent=1, top=1, metric="val/other")(context)) == {7}
-    with pytest.raises(ArtValueError, match="recent must be an int >= 0"):
-        keep_recent_and_top(recent=-1)
+    assert set(keep_recent_and_top(recent=2, top=1)(context)) == {1, 2, 3, 5}  # a tie keeps the later step
+    assert set(keep_recent_and_top(recent=0, top=2)(context)) == {2, 3, 5, 6, 7}
+    assert set(keep_recent_and_top(recent=3, top=0)(context)) == {1, 2, 3, 4}
+    assert set(keep_recent_and_top(recent=1, top=1, metric="val/other")(context)) == {1, 2, 3, 4, 5, 6}
+    assert set(keep_recent_and_top(recent=0, top=0)(context)) == set(range(1, 8))
+    for bad, message in (({"recent": -1}, "recent must be >= 0"), ({"top": -1}, "top must be >= 0")):
+        with pytest.raises(ValueError, match=message):
+            keep_recent_and_top(**bad)
 
 
 def _choice(step: int | None) -> Choice:

@@ -1,7 +1,8 @@
-"""Which checkpoints a pipeline keeps: a strategy picks, among those it may delete, the ones to keep.
+"""Which checkpoints a pipeline deletes: a strategy picks, among those it may delete, the ones to delete.
 
-The pipeline never offers a strategy the latest step or a step an evaluation still needs; what
-the strategy does not keep of the rest is deleted (`PipelineTrainer(checkpoint_retention_strategy=...)`).
+ART's contract: the pipeline never offers a strategy the latest step or a step an evaluation
+still needs, and deletes exactly the steps the strategy returns
+(`PipelineTrainer(checkpoint_retention_strategy=...)`). A strategy written for ART runs here as is.
 """
 
 from __future__ import annotations
@@ -31,20 +32,22 @@ class CheckpointRetentionContext(BaseModel):
 
 
 CheckpointRetentionStrategy = Callable[[CheckpointRetentionContext], Iterable[int]]
-"""Returns the steps to keep among `context.checkpoints`; the others are deleted."""
+"""Returns the steps to delete among `context.checkpoints`; the others are kept."""
 
 
 def keep_recent_and_top(*, recent: int = 5, top: int = 2, metric: str = "val/reward") -> CheckpointRetentionStrategy:
-    """Keep the `recent` newest checkpoints and the `top` best by `metric` (ties: the later step)."""
+    """Delete every offered checkpoint but the `recent` newest and the `top` best by `metric`
+    (ties: the later step)."""
     for name, value in (("recent", recent), ("top", top)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ArtValueError(f"{name} must be an int >= 0, got {value!r}", field=name)
+            raise ArtValueError(f"{name} must be >= 0 (an int), got {value!r}", field=name)
 
     def strategy(context: CheckpointRetentionContext) -> set[int]:
         by_step = sorted(context.checkpoints, key=lambda c: c.step)
         keep = {c.step for c in by_step[len(by_step) - recent:]} if recent else set()
         ranked = sorted((c for c in by_step if metric in c.metrics), key=lambda c: (c.metrics[metric], c.step),
                         reverse=True)
-        return keep | {c.step for c in ranked[:top]}
+        keep |= {c.step for c in ranked[:top]}
+        return {c.step for c in by_step} - keep
 
     return strategy

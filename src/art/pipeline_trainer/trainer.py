@@ -185,7 +185,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         training. Checkpoints: every step is saved (the update is one transaction);
         `save_checkpoint=False` keeps only the latest (and those an evaluation still needs);
         `checkpoint_retention_strategy` (e.g. `keep_recent_and_top()`) picks which older ones to
-        keep, every `checkpoint_retention_interval` steps. `resume`: continue from the run's
+        delete (ART's contract), every `checkpoint_retention_interval` steps. `resume`: continue from the run's
         saved pipeline state. `log_interval_seconds`: a status line that often.
         (`status_ewa_alpha` and `adam_params`/`loss_fn_config` other than None are ART's and
         have no meaning here: the latter two are refused by `backend.train`.)"""
@@ -673,9 +673,10 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         if not eligible:
             return
         keep: set[int] = set()
-        if self.save_checkpoint:
+        if self.save_checkpoint:  # ART's contract: the strategy names the steps to delete
             infos = await self._checkpoint_infos(eligible)
-            keep = set(strategy(CheckpointRetentionContext(current_step=step, checkpoints=infos))) & set(eligible)
+            delete = set(strategy(CheckpointRetentionContext(current_step=step, checkpoints=infos)))
+            keep = set(eligible) - delete
         if set(eligible) - keep:
             await self.backend.delete_checkpoints(self.model, keep_steps=sorted((set(steps) - set(eligible)) | keep))
 
