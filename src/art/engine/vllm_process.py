@@ -10,6 +10,7 @@ closes and the bootstrap kills vLLM's whole process group. `stop()` does the sam
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -78,7 +79,12 @@ def find_vllm(python: str | None = None) -> VLLMInstall:
     """The vLLM to start: `python`, else `$ART_VLLM_PYTHON`, else this interpreter. Raises
     ArtValueError (field "engine") saying how to install it when that Python has no vllm."""
     python = python or os.environ.get(PYTHON_ENV) or sys.executable
-    where = f"{python!r}" + (f" (from {PYTHON_ENV})" if python == os.environ.get(PYTHON_ENV) else "")
+    return _probe(python, f"{python!r}" + (f" (from {PYTHON_ENV})" if python == os.environ.get(PYTHON_ENV) else ""))
+
+
+@functools.lru_cache(maxsize=None)
+def _probe(python: str, where: str) -> VLLMInstall:
+    """Once per interpreter and process: importing vllm takes ~6 s (a failure is not kept)."""
     try:
         out = subprocess.run([python, "-c", PROBE], capture_output=True, text=True, timeout=300)
     except (OSError, subprocess.TimeoutExpired) as exc:

@@ -61,15 +61,15 @@ def _serves_while_training(settings, engine: LLMEngine) -> bool:
     return False
 
 
-def load_model(root, spec: ModelSpec, placement: str = "processes", engine: str = "auto") -> LoadedModel:
+def load_model(root, spec: ModelSpec, placement: str = "processes", default_engine: str = "auto") -> LoadedModel:
     """`spec`'s model under the storage `root`. `placement`: where engine replicas and trainer
     ranks 1..N-1 run unless the model's internal config says: "processes" or "ray" (`art.ray_cluster`).
-    `engine`: which engine serves it unless its internal config says ("auto", "ours", "vllm")."""
+    `default_engine`: which engine serves it unless its internal config says ("auto", "ours", "vllm")."""
     bound_malloc_growth()
     name, project, base_model = spec.name, spec.project, spec.base_model
     internal = dict(spec.internal_config or {})
     settings = parse_internal_config(internal)  # ArtValueError naming the field, before any loading
-    kind = choose_engine(settings.engine_kind or engine, settings.vllm_python)
+    kind = choose_engine(settings.engine_kind or default_engine, settings.vllm_python)
     engine_config = settings.engine.resolve()
     directory = ModelDir(root, project, name)
     device, dtype = engine_config.device, engine_config.torch_dtype
@@ -80,7 +80,7 @@ def load_model(root, spec: ModelSpec, placement: str = "processes", engine: str 
                                                trainable=not settings.fsdp)
     lock = threading.RLock()
     if kind == "vllm":  # vLLM serves from a process of its own, started once a checkpoint exists
-        engine, adapters, serve_while_training = None, None, settings.serve_while_training is not False
+        adapters, serve_while_training = None, settings.serve_while_training is not False
     else:
         adapters = AdapterSet(model)
         engine = LLMEngine(model, tokenizer, engine_config, lock=lock, adapters=adapters)
@@ -130,7 +130,7 @@ def load_model(root, spec: ModelSpec, placement: str = "processes", engine: str 
             trainer.sync_peers(store.path(0))
     else:
         trainer.restore(store.path(latest))
-    if engine is None:
+    if kind == "vllm":
         engine = start_vllm(settings, base_model=base_model, name=name, model=model, tokenizer=tokenizer,
                             device=str(device), lora=lora, step=latest, checkpoint=store.path(latest),
                             log_path=directory.path / "vllm.log")
