@@ -150,7 +150,7 @@ async def run_sync(args, root: str) -> dict:
         recorder.train_s += time.monotonic() - began
         groups_trained += len(groups)
         step_ends.append(time.monotonic() - recorder.start)
-    rows = [row for row in await backend.get_history(model) if row.get("split") == "train"]
+    rows = [row for row in await backend.get_history(model) if any(key.startswith("train/") for key in row)]
     evals = await evaluate_steps(model, range(0, len(step_ends) + 1))
     await backend.close()
     return summary("sync", recorder, step_ends, groups_trained, evals) | {"per_step": per_step(rows)}
@@ -186,7 +186,7 @@ async def run_pipeline(args, root: str) -> dict:
     recorder.start = time.monotonic()
     await trainer.train(handle_signals=False)
     wall = time.monotonic() - recorder.start
-    rows = [row for row in await backend.get_history(model) if row.get("split") == "train"]
+    rows = [row for row in await backend.get_history(model) if any(key.startswith("train/") for key in row)]
     evals = await evaluate_steps(model, range(1, len(step_ends) + 1))
     await backend.close()
     out = summary("pipeline", recorder, step_ends, trainer.state.accepted_trainable_groups, evals, wall)

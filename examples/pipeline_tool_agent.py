@@ -67,8 +67,8 @@ async def main(steps: int = 10, seed: int = 0, max_steps_off_policy: int = 1, le
     start = await model.get_step()
     trainer = art.PipelineTrainer(
         model, backend, rollout_fn, problems(seed), {"group_size": GROUP_SIZE, "eval_problems": eval_problems}, eval_fn,
-        num_rollout_workers=8,  # two steps' worth of groups in flight: the engine never runs dry
-        min_batch_size=4, max_batch_size=4,
+        # two steps' worth of groups in flight (the engine never runs dry), four groups a step
+        pipeline=art.PipelineRuntimeConfig(num_rollout_workers=8, min_batch_size=4, max_batch_size=4),
         max_steps_off_policy=max_steps_off_policy,
         learning_rate=learning_rate,
         max_steps=max(0, steps - start),
@@ -76,13 +76,13 @@ async def main(steps: int = 10, seed: int = 0, max_steps_off_policy: int = 1, le
         eval_at_start=eval_at_start,
     )
     await trainer.train()
-    rows = [row for row in await backend.get_history(model) if row.get("split") == "train"]
+    rows = [row for row in await backend.get_history(model) if any(key.startswith("train/") for key in row)]
     for row in rows:
         print(f"step {row['step']}: reward {row['train/reward']:.3f}  success {row['train/success']:.2f}  "
               f"off policy {row['offpolicy/steps_off_policy_mean']:.2f} (max {row['offpolicy/steps_off_policy_max']:.0f})"
               f"  trainer busy {row['throughput/trainer_busy_fraction']:.0%}  "
               f"{row['throughput/rollout_completion_tokens_per_s']:.0f} tok/s")
-    evals = {row["step"]: row["val/reward"] for row in await backend.get_history(model) if row.get("split") == "val"}
+    evals = {row["step"]: row["val/reward"] for row in await backend.get_history(model) if "val/reward" in row}
     print("evaluation reward by step:", {step: round(reward, 3) for step, reward in sorted(evals.items())})
     await backend.close()
     return rows

@@ -9,7 +9,8 @@
     │   ├── StepConflictError              a train call expected another step (a retry of a done step)
     │   ├── StepCancelledError             a train call was cancelled; the step was rolled back
     │   ├── BackendUnavailableError        stopped or shutting down: try again later
-    │   └── WeightSyncError                served logprobs differ from the trainer's after an update
+    │   ├── WeightSyncError                served logprobs differ from the trainer's after an update
+    │   └── ArtVllmMetricsTimeoutError (TimeoutError)  the engine's metrics did not come in time
     ├── TooManyExceptionsError (RuntimeError)  gather saw more rollout exceptions than allowed
     ├── JudgeError (RuntimeError)          a RULER judge gave no usable answer within its retries
     └── CaptureError (RuntimeError)        auto_trajectory(required=True) outside a capture
@@ -94,6 +95,11 @@ class BackendUnavailableError(BackendError):
 
 class WeightSyncError(BackendError):
     """After a weight update the engine served logprobs that differ from the trainer's."""
+
+
+class ArtVllmMetricsTimeoutError(BackendError, TimeoutError):
+    """The serving engine's metrics (`/art/metrics`, ART's name for vLLM's) did not answer in time.
+    Worth retrying: the engine is busy, not broken."""
 
 
 class TooManyExceptionsError(ArtError, RuntimeError):

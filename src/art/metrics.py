@@ -1,17 +1,22 @@
-"""Summary metrics of logged trajectories (ART's names) and the builder of a step's metrics, both on
-the client side."""
+"""Summary metrics of logged trajectories (ART's names), the builder of a step's metrics, and
+`track_api_cost`, which charges an API call (a judge's, a tool model's) to the active builder;
+all on the client side."""
 
 from __future__ import annotations
 
 import contextvars
+import functools
+import inspect
 import math
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar, cast
 
-from art.metrics_taxonomy import cost_rollups, is_cumulative
+from art.costs import CostExtractor, TokenPricing, api_call_cost
+from art.metrics_taxonomy import CumulativeTotals, is_cumulative
 
 
 def _mean(values: list[float]) -> float:
@@ -77,6 +82,11 @@ def group_scenario_ids(groups) -> list[str]:
 
 _ACTIVE: contextvars.ContextVar[MetricsBuilder] = contextvars.ContextVar("art_metrics_builder")
 
+F = TypeVar("F", bound=Callable[..., Any])
+
+EVAL_CONTEXT = "eval"
+"""The cost context of evaluation (ART's): `model.log(split="val")` (or "test") writes it."""
+
 
 @dataclass
 class _Pending:
@@ -86,29 +96,32 @@ class _Pending:
 
 @dataclass
 class _Shared:
-    """What every builder of one model shares: the pending metrics of each context (split), and
-    prices registered for `add_response_cost`."""
+    """What every builder of one model shares: the pending metrics of each buffer (a context or
+    split), the prices and extractors `add_response_cost` uses, and the running totals `flush`
+    reports (this process's; history keeps its own where it is written)."""
 
     pending: dict[str, _Pending] = field(default_factory=dict)
-    pricing: dict[str, tuple[float, float]] = field(default_factory=dict)
+    pricing: dict[str, TokenPricing] = field(default_factory=dict)
+    extractors: dict[str, CostExtractor] = field(default_factory=dict)
+    totals: CumulativeTotals = field(default_factory=CumulativeTotals)
 
 
 class MetricsBuilder:
     """Collects one step's metrics as they happen, for the next `model.log` of its split.
 
         builder = model.metrics_builder("train")
-        with builder.activate_context():        # completions through model.openai_client() add costs
-            ...
+        with builder.activate_context():        # completions through model.openai_client() add costs,
+            ...                                 # and so does every @track_api_cost call
             builder.add_data(step_actor_tokens=n, scenario_ids=[scenario.id])
         await model.log(groups, split="train")  # takes what the builder holds
 
     Keys need a section (`data/…`, `time/…`, `costs/…`); running totals (`*/cum/*`), roll-ups
     of costs and throughput are derived where the row is written, so they survive restarts."""
 
-    def __init__(self, cost_context: str = "train", *, _shared: _Shared | None = None) -> None:
-        if not cost_context or not cost_context.strip("/ "):
-            raise ValueError("cost_context must be a non-empty name such as 'train' or 'eval'")
-        self.cost_context = cost_context.strip("/ ")
+    def __init__(self, cost_context: str = "train", *, _shared: _Shared | None = None,
+                 _buffer_scope: str | None = None) -> None:
+        self.cost_context = _name(cost_context, "cost_context")
+        self._scope = self.cost_context if _buffer_scope is None else _name(_buffer_scope, "buffer_scope")
         self._shared = _shared if _shared is not None else _Shared()
 
     # -- adding -------------------------------------------------------------------------------
@@ -159,51 +172,90 @@ class MetricsBuilder:
         finally:
             self.add_metric(key, time.monotonic() - began)
 
-    def register_model_pricing(self, model_name: str, *, prompt_per_million: float,
-                               completion_per_million: float, **_cache_prices: float | None) -> None:
-        """Prices `add_response_cost` uses for `model_name` (cache prices are accepted, not used)."""
-        if not model_name.strip():
-            raise ValueError("model_name must be non-empty")
-        self._shared.pricing[model_name.strip()] = (float(prompt_per_million), float(completion_per_million))
+    # -- API costs ----------------------------------------------------------------------------
+    def register_model_pricing(self, model_name: str, *, prompt_per_million: float, completion_per_million: float,
+                               cached_prompt_per_million: float | None = None,
+                               cache_creation_per_million: float | None = None,
+                               cache_read_per_million: float | None = None) -> None:
+        """Prices (dollars per million tokens) `add_response_cost` uses for `model_name`, before
+        the built-in tables; cache prices left None cost as prompt tokens."""
+        if not model_name or not model_name.strip():
+            raise ValueError("model_name must be non-empty, such as 'anthropic/claude-sonnet-4-6'")
+        prices = {"prompt_per_million": prompt_per_million, "completion_per_million": completion_per_million,
+                  "cached_prompt_per_million": cached_prompt_per_million,
+                  "cache_creation_per_million": cache_creation_per_million,
+                  "cache_read_per_million": cache_read_per_million}
+        bad = [name for name, value in prices.items() if value is not None and not float(value) >= 0]
+        if bad:
+            raise ValueError(f"{', '.join(bad)} must be a number >= 0 (dollars per million tokens)")
+        self._shared.pricing[model_name.strip()] = TokenPricing(
+            **{name: None if value is None else float(value) for name, value in prices.items()})
 
-    def add_response_cost(self, source: str, response: Any, *, provider: str | None = None,
-                          model_name: str | None = None, prompt_price_per_million: float | None = None,
-                          completion_price_per_million: float | None = None, **_cache_prices: float | None,
-                          ) -> float | None:
-        """Add what an API response (OpenAI chat or Responses, Anthropic: anything with `usage`)
-        cost under `costs/<cost_context>/<source>`; None, adding nothing, without usage or prices."""
-        if not source or not source.strip("/"):
-            raise ValueError("source must be non-empty, such as 'judge'")
-        prices = self._shared.pricing.get((model_name or "").strip())
-        prompt_price = prompt_price_per_million if prompt_price_per_million is not None else prices and prices[0]
-        completion_price = (completion_price_per_million if completion_price_per_million is not None
-                            else prices and prices[1])
-        usage = _field(response, "usage")
-        if usage is None or prompt_price is None or completion_price is None:
-            return None
-        prompt = _field(usage, "prompt_tokens", _field(usage, "input_tokens", 0)) or 0
-        completion = _field(usage, "completion_tokens", _field(usage, "output_tokens", 0)) or 0
-        cost = (prompt * prompt_price + completion * completion_price) / 1_000_000
-        self.add_cost(f"{self.cost_context}/{source.strip('/')}", cost)
+    def register_cost_extractor(self, provider: str, extractor: CostExtractor) -> None:
+        """Price `provider`'s responses with `extractor(response) -> dollars` (None falls through
+        to token pricing); for a provider whose usage is not OpenAI's or Anthropic's."""
+        if not provider or not provider.strip():
+            raise ValueError("provider must be non-empty, such as 'openai'")
+        if not callable(extractor):
+            raise ValueError(f"extractor must be callable (response -> dollars), got {type(extractor).__name__}")
+        self._shared.extractors[provider.strip().lower()] = extractor
+
+    def add_response_cost(self, source: str, response: Any, *, provider: str, model_name: str,
+                          prompt_price_per_million: float | None = None,
+                          completion_price_per_million: float | None = None,
+                          cached_prompt_price_per_million: float | None = None,
+                          cache_creation_price_per_million: float | None = None,
+                          cache_read_price_per_million: float | None = None) -> float:
+        """Add what an API response cost under `costs/<cost_context>/<source>` and return it
+        (`art.costs.api_call_cost` says how it is found; ValueError when it cannot be)."""
+        if not source or not source.strip("/ "):
+            raise ValueError("source must be non-empty, such as 'llm_judge/correctness'")
+        cost = api_call_cost(response, provider=provider, model_name=model_name,
+                             cost_extractors=self._shared.extractors, model_pricing=self._shared.pricing, overrides={
+                                 "prompt_per_million": prompt_price_per_million,
+                                 "completion_per_million": completion_price_per_million,
+                                 "cached_prompt_per_million": cached_prompt_price_per_million,
+                                 "cache_creation_per_million": cache_creation_price_per_million,
+                                 "cache_read_per_million": cache_read_price_per_million})
+        self.add_cost(f"{self.cost_context}/{source.strip('/ ')}", cost)
         return cost
 
     # -- reading ------------------------------------------------------------------------------
     async def flush(self) -> dict[str, float]:
-        """This context's metrics so far with their cost roll-ups, emptied (scenario ids stay for
-        the next `model.log`). Running totals are not here: the history row has them."""
+        """This buffer's metrics so far, emptied, with their cost roll-ups and this process's
+        running totals (`costs/cum/...`, as ART's). Scenario ids stay for the next `model.log`;
+        a history row derives its own totals, which survive restarts."""
         pending = self._pending()
         out = dict(pending.metrics)
         pending.metrics.clear()
-        out.update(cost_rollups(out))
+        out.update(self._shared.totals.derive(out))
         return out
 
     def take(self) -> tuple[dict[str, float], list[str]]:
-        """What `model.log` writes: the pending metrics and scenario ids, emptied."""
-        pending = self._shared.pending.pop(self.cost_context, None) or _Pending()
-        return pending.metrics, sorted(pending.scenario_ids)
+        """What `model.log(split=<this builder's context>)` writes: the pending metrics and
+        scenario ids, emptied; for "val" and "test", those of the "eval" context too (ART's)."""
+        scopes = [self._scope] + ([EVAL_CONTEXT] if self._scope in ("val", "test") else [])
+        metrics: dict[str, float] = {}
+        ids: set[str] = set()
+        for scope in scopes:
+            pending = self._shared.pending.pop(scope, None) or _Pending()
+            for key, value in pending.metrics.items():
+                metrics[key] = metrics.get(key, 0.0) + value
+            ids |= pending.scenario_ids
+        return metrics, sorted(ids)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The running totals `flush` reports, as JSON (ART's `cum_state`, `unique_scenario_ids`)."""
+        return self._shared.totals.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from `state_dict()`'s totals; pending metrics are dropped."""
+        self._shared.totals = CumulativeTotals(state)
+        self._shared.pending.clear()
 
     # -- context ------------------------------------------------------------------------------
     def activate(self) -> contextvars.Token:
+        """Make this the active builder; undo with `token.var.reset(token)`."""
         return _ACTIVE.set(self)
 
     @contextmanager
@@ -219,17 +271,68 @@ class MetricsBuilder:
         """The builder activated in this context; LookupError outside one (as in ART)."""
         return _ACTIVE.get()
 
-    def for_cost_context(self, cost_context: str) -> MetricsBuilder:
-        """A builder for another context (split) of the same model."""
-        return MetricsBuilder(cost_context, _shared=self._shared)
+    def for_cost_context(self, cost_context: str, *, buffer_scope: str | None = None) -> MetricsBuilder:
+        """A builder for another context (split) of the same model, sharing prices, extractors
+        and totals; `buffer_scope` names the pending buffer when it is not the context's own."""
+        return MetricsBuilder(cost_context, _shared=self._shared, _buffer_scope=buffer_scope)
 
     def _pending(self) -> _Pending:
-        return self._shared.pending.setdefault(self.cost_context, _Pending())
+        return self._shared.pending.setdefault(self._scope, _Pending())
 
 
 def active_builder() -> MetricsBuilder | None:
     return _ACTIVE.get(None)
 
 
-def _field(obj: Any, name: str, default: Any = None) -> Any:
-    return obj.get(name, default) if isinstance(obj, dict) else getattr(obj, name, default)
+def track_api_cost(*, source: str, provider: str, model_name: str, response_getter: Callable[[Any], Any] | None = None,
+                   prompt_price_per_million: float | None = None, completion_price_per_million: float | None = None,
+                   cached_prompt_price_per_million: float | None = None,
+                   cache_creation_price_per_million: float | None = None,
+                   cache_read_price_per_million: float | None = None) -> Callable[[F], F]:
+    """Decorate a function (sync or async) that calls an API: each call's response is charged
+    to the active builder under `costs/<cost_context>/<source>` (ART's decorator).
+
+        @track_api_cost(source="llm_judge/correctness", provider="openai", model_name="openai/gpt-4.1")
+        async def judge(question: str) -> ChatCompletion: ...
+
+    Outside an active builder a call is charged nowhere. `response_getter(result)` picks the
+    response out of what the function returns; the prices replace the model's table prices."""
+    for name, value in (("source", source.strip("/ ") if isinstance(source, str) else source),
+                        ("provider", provider), ("model_name", model_name)):
+        if not isinstance(value, str) or not value.strip():
+            raise ValueError(f"track_api_cost: {name} must be a non-empty string, got {value!r}")
+    prices = {"prompt_price_per_million": prompt_price_per_million,
+              "completion_price_per_million": completion_price_per_million,
+              "cached_prompt_price_per_million": cached_prompt_price_per_million,
+              "cache_creation_price_per_million": cache_creation_price_per_million,
+              "cache_read_price_per_million": cache_read_price_per_million}
+
+    def charge(result: Any) -> None:
+        builder = active_builder()
+        if builder is not None:
+            response = response_getter(result) if response_getter is not None else result
+            builder.add_response_cost(source, response, provider=provider, model_name=model_name, **prices)
+
+    def decorate(func: F) -> F:
+        if inspect.iscoroutinefunction(func):
+            @functools.wraps(func)
+            async def charged_async(*args, **kwargs):
+                result = await func(*args, **kwargs)
+                charge(result)
+                return result
+            return cast(F, charged_async)
+
+        @functools.wraps(func)
+        def charged(*args, **kwargs):
+            result = func(*args, **kwargs)
+            charge(result)
+            return result
+        return cast(F, charged)
+
+    return decorate
+
+
+def _name(value: str, what: str) -> str:
+    if not isinstance(value, str) or not value.strip("/ "):
+        raise ValueError(f"{what} must be a non-empty name such as 'train' or 'eval', got {value!r}")
+    return value.strip("/ ")

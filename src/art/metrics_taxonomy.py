@@ -13,6 +13,7 @@ Running totals (`*/cum/*`) are kept where history is written (`CumulativeTotals`
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 SECTIONS = ("reward", "loss", "objective", "sample_efficiency", "offpolicy", "throughput", "costs", "time", "data",
@@ -140,3 +141,59 @@ class CumulativeTotals:
             if tokens is not None and seconds:
                 out["throughput/avg_actor_tok_per_s"] = tokens / seconds
         return out
+
+
+# -- ART's batch summary (`summarize_trajectory_groups`) ----------------------------------
+
+
+@dataclass(frozen=True)
+class TrajectoryBatchSummary:
+    num_scenarios: int
+    """One per group: a group is one scenario's rollouts."""
+    num_trajectories: int
+    """Rollouts, the failed ones (the groups' exceptions) included."""
+    num_groups_submitted: int
+    num_groups_trainable: int
+    """Groups of two or more trajectories whose rewards differ: GRPO learns nothing from the rest."""
+    scenario_ids: list[str]
+    """Each distinct `scenario_id` metadata, in first-seen order (the group's, else a trajectory's)."""
+
+
+def summarize_trajectory_groups(trajectory_groups: Iterable[Any]) -> TrajectoryBatchSummary:
+    """ART's counts of a batch of `TrajectoryGroup`s for a train step's row; `model.log` writes the
+    same numbers under the same `data/step_*` names (`art.metrics.data_counts`)."""
+    groups = list(trajectory_groups)
+    ids = [_scenario_id(group) for group in groups]
+    return TrajectoryBatchSummary(
+        num_scenarios=len(groups),
+        num_trajectories=sum(len(group.trajectories) + len(group.exceptions) for group in groups),
+        num_groups_submitted=len(groups),
+        num_groups_trainable=sum(1 for group in groups if _trainable(group)),
+        scenario_ids=list(dict.fromkeys(i for i in ids if i is not None)),
+    )
+
+
+def build_data_metrics_from_summary(summary: TrajectoryBatchSummary, *,
+                                    include_trainable_groups: bool) -> dict[str, float]:
+    """The summary as ART's `data/step_*` metrics (the trainable count only for a train step)."""
+    metrics = {
+        "data/step_num_scenarios": float(summary.num_scenarios),
+        "data/step_num_trajectories": float(summary.num_trajectories),
+        "data/step_num_groups_submitted": float(summary.num_groups_submitted),
+    }
+    if include_trainable_groups:
+        metrics["data/step_num_groups_trainable"] = float(summary.num_groups_trainable)
+    return metrics
+
+
+def _trainable(group: Any) -> bool:
+    rewards = [trajectory.reward for trajectory in group.trajectories]
+    return len(rewards) > 1 and len(set(rewards)) > 1
+
+
+def _scenario_id(group: Any) -> str | None:
+    for metadata in (group.metadata, *(trajectory.metadata for trajectory in group.trajectories)):
+        value = metadata.get("scenario_id") if isinstance(metadata, Mapping) else None
+        if value is not None:
+            return str(value)
+    return None

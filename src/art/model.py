@@ -6,6 +6,7 @@ These are client objects: they hold names and a backend, never weights, and impo
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import copy
 import json
 import time
@@ -131,6 +132,12 @@ class Model(BaseModel, Generic[ModelConfig, StateType]):
         if self._builders is None:
             self._builders = _SharedBuilders()
         return MetricsBuilder(cost_context, _shared=self._builders)
+
+    def activate_metrics_context(self, cost_context: str) -> contextvars.Token:
+        """Make `metrics_builder(cost_context)` the active builder (ART's): API costs charged
+        inside go to it, "eval" costs into the next `log(split="val")`. Undo with
+        `token.var.reset(token)`."""
+        return self.metrics_builder(cost_context).activate()
 
     async def _record_cost(self, response: httpx.Response) -> None:
         """httpx response hook of `openai_client()`: a whole (not streamed) chat completion or
@@ -298,8 +305,9 @@ class TrainableModel(Model[ModelConfig, StateType], Generic[ModelConfig, StateTy
     base_model: str
     trainable: bool = True
     run_name: str | None = None
-    """ART's name for the run's storage (checkpoints, logs, W&B run), `name` being the served
-    alias. Runs are stored under `name` here, so it must equal `name` (None means that)."""
+    """ART's name for one training run of the model `name` (None: `name`). It may differ from
+    `name`, as in ART, and labels the run; the run is stored and served under `name` here (its
+    folder, `name` and `name@step` on the server), so two runs kept apart need two names."""
     lora_config: dict[str, Any] | None = None
     """The adapter's rank, alpha, dropout and target modules (ART's field, `art.dev.LoRAConfig`
     keys); the same as `_internal_config["lora_config"]`."""
@@ -319,11 +327,8 @@ class TrainableModel(Model[ModelConfig, StateType], Generic[ModelConfig, StateTy
         super().model_post_init(__context)
         if self.run_name is None:
             self.run_name = self.name
-        elif self.run_name != self.name:
-            raise ArtValueError(
-                f"run_name {self.run_name!r} differs from name {self.name!r}: a run is stored and served under "
-                "one name here (ART's separate serving alias is not supported); pass the same value or omit "
-                "run_name", field="run_name")
+        elif not isinstance(self.run_name, str) or not self.run_name.strip():
+            raise ArtValueError(f"run_name must be a non-empty string, got {self.run_name!r}", field="run_name")
 
     async def train(
         self,

@@ -11,7 +11,10 @@ backends or torch; `art.gather` adds the progress bar and the exception limit.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import copy
 import inspect
+import json
 import math
 import traceback
 from collections.abc import Awaitable, Iterable, Iterator, Mapping
@@ -19,8 +22,7 @@ from contextvars import ContextVar
 from datetime import datetime
 from typing import Annotated, Any, Protocol, Union
 
-from openai.types.chat.chat_completion import ChatCompletion, Choice
-from openai.types.responses import Response
+from openai.types.chat.chat_completion import Choice
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -28,18 +30,33 @@ from pydantic import (
     PlainSerializer,
     PlainValidator,
     PrivateAttr,
-    RootModel,
     ValidationError,
     field_validator,
+    model_validator,
 )
 from pydantic_core import to_jsonable_python
 
+from . import histories as _histories
 from .errors import TrajectoryError
+from .exchange_turns import ChatTurn, NotATurn, chat_turn
+from .exchanges import (
+    ChatCompletionsExchange,
+    ChatCompletionsRequest,
+    CompletionsExchange,
+    CompletionsRequest,
+    MessagesExchange,
+    MessagesRequest,
+    ResponsesExchange,
+    ResponsesRequest,
+    TrajectoryExchanges,
+)
 from .observability import tracing
+from .tokenize import TokenizedTrajectoryGroup, tokenize_group, tokenize_history, tokenize_trajectory
 from .types import Messages, MessagesAndChoices, Tools
 
 MetricValue = Union[float, int, bool]
-MetadataValue = Union[float, int, str, bool, None]
+MetadataValue = Any
+"""Any JSON value (nested dicts and lists too), as in ART; checked when the trajectory is dumped."""
 
 
 def is_choice(item: object) -> bool:
@@ -65,7 +82,12 @@ def _validate_items(value: Any) -> list[Any]:
         raise ValueError(f"expected a list of message dicts and Choice objects, got {type(value).__name__}")
     items, problems = [], []
     for i, item in enumerate(value):
-        if isinstance(item, Mapping):
+        if isinstance(item, Mapping) and "role" not in item and "message" in item:
+            try:  # a dumped Choice becomes one again; one no Choice takes (ART's) stays as given
+                items.append(Choice.model_validate(dict(item)))
+            except ValidationError:
+                items.append(dict(item))
+        elif isinstance(item, Mapping):
             if "role" not in item:
                 problems.append(f"item {i} is a dict without a 'role' key")
             items.append(item if isinstance(item, dict) else dict(item))
@@ -145,61 +167,63 @@ def get_messages(messages_and_choices: Iterable[Any]) -> Messages:
     return messages
 
 
-class ChatCompletionsRequest(RootModel[dict[str, Any]]):
-    """The JSON body of one chat completion request as it was sent (`.root`, or index it)."""
-
-    model_config = ConfigDict(frozen=True)
-
-    def __getitem__(self, key: str) -> Any:
-        return self.root[key]
-
-    def get(self, key: str, default: Any = None) -> Any:
-        return self.root.get(key, default)
-
-
-class ResponsesRequest(ChatCompletionsRequest):
-    """The JSON body of one Responses API request as it was sent."""
-
-
-class _Exchange(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
-    start_time: datetime
-    end_time: datetime
-
-    @property
-    def model(self) -> str | None:
-        """The model asked for, else the one that answered."""
-        asked = self.request.get("model")
-        return asked if isinstance(asked, str) else self.response.model
+def add_turn(trajectory: Trajectory, turn: ChatTurn) -> None:
+    """Append the turn's new messages and choice to the longest history (the trajectory or one of
+    its `additional_histories`) whose messages and tools begin the turn's request (the trajectory
+    first when empty), or to a new additional history when none does."""
+    histories: list[Trajectory | History] = [trajectory, *trajectory.additional_histories]
+    request = [message_key(m) for m in turn.messages]
+    target, best = None, -1
+    for history in histories:
+        items = history.messages_and_choices
+        if not items or len(items) > len(turn.messages) or _tools_key(history.tools) != _tools_key(turn.tools):
+            continue
+        if [message_key(m) for m in get_messages(items)] == request[: len(items)] and len(items) > best:
+            target, best = history, len(items)
+    if target is None:
+        if not trajectory.messages_and_choices:
+            target = trajectory
+        else:
+            target = History()
+            trajectory.additional_histories.append(target)
+    done = len(target.messages_and_choices)
+    target.messages_and_choices = [*target.messages_and_choices, *turn.messages[done:], turn.choice]
+    if done == 0:
+        target.tools = turn.tools
 
 
-class ChatCompletionsExchange(_Exchange):
-    """One chat completion call an automatic capture saw (ART's name): the request as sent and
-    the answer as received, a stream rebuilt into the whole `ChatCompletion`."""
-
-    request: ChatCompletionsRequest
-    response: ChatCompletion
-
-
-class ResponsesExchange(_Exchange):
-    """One Responses API call a capture saw (ART's name): the request as sent and the `Response`
-    received (a stream's: the one its `response.completed` event carried)."""
-
-    request: ResponsesRequest
-    response: Response
+def message_key(message: Mapping[str, Any]) -> tuple:
+    """What must agree for a request message to be the recorded one. Libraries re-serialise
+    history: content may come back as None or as text parts, tool arguments re-spaced.
+    (art.verifiers matches verifiers' steps to recorded calls by the same key.)"""
+    calls = tuple(
+        ((call.get("function") or {}).get("name"), _json_key((call.get("function") or {}).get("arguments")))
+        for call in message.get("tool_calls") or [] if isinstance(call, Mapping)
+    )
+    return message.get("role"), message_text(message.get("content")), calls
 
 
-class TrajectoryExchanges(BaseModel):
-    """The calls behind a captured trajectory, each kind in the order they finished (read-only)."""
+def message_text(content: Any) -> str:
+    """A message's content as one string: None is "", text parts are joined."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(str(part.get("text", "")) if isinstance(part, Mapping) else str(getattr(part, "text", part))
+                       for part in content)
+    return str(content)
 
-    model_config = ConfigDict(frozen=True)
 
-    chat_completions: tuple[ChatCompletionsExchange, ...] = ()
-    responses: tuple[ResponsesExchange, ...] = ()
+def _json_key(text: Any) -> Any:
+    try:
+        return json.dumps(json.loads(text), sort_keys=True)
+    except (TypeError, ValueError):
+        return text
 
-    def __bool__(self) -> bool:
-        return bool(self.chat_completions or self.responses)
+
+def _tools_key(tools: Any) -> str:
+    return json.dumps(tools or [], sort_keys=True, default=str)
 
 
 class History(BaseModel):
@@ -213,16 +237,56 @@ class History(BaseModel):
     def messages(self) -> Messages:
         return get_messages(self.messages_and_choices)
 
+    def as_chat_completions_history(self, *, model: str | None = None) -> _histories.ChatCompletionsHistory:
+        """ART's view of it as a chat history (user-written messages: no sources)."""
+        return _histories.legacy_as_chat(self, model=model)
+
+    def tokenize(self, *, model: str, base_model: str | None = None, tokenizer: Any = None,
+                 chat_template: str | None = None, chat_template_kwargs: Mapping[str, object] | None = None) -> Any:
+        """Its token ids, logprobs and flags (`art.TokenizedHistory`): exact from its Choices' ids."""
+        return tokenize_history(self, model=model, base_model=base_model, tokenizer=tokenizer,
+                                chat_template=chat_template, chat_template_kwargs=chat_template_kwargs)
+
 
 LegacyHistory = History
 """ART's newer name for `History` (its docs: `from art.trajectories import LegacyHistory`)."""
 
+TrajectoryHistory = Union[History, _histories.ExchangeHistory]
+"""Any history `Trajectory.history()` returns (ART's name)."""
 
-class Trajectory(BaseModel):
-    """One rollout: the conversation (message dicts and model `Choice`s), its reward and logs."""
+
+class _CompactDump(BaseModel):
+    """`model_dump()` leaves out fields still at their defaults, as ART's models do
+    (`art.Trajectory().model_dump() == {}`); `exclude_defaults=False` gives every field."""
+
+    def model_dump(self, *, exclude_defaults: bool = True, **kwargs: Any) -> dict[str, Any]:  # type: ignore[override]
+        if exclude_defaults and "start_time" in type(self).model_fields:
+            kwargs["exclude"] = _with_excluded(kwargs.get("exclude"), "start_time")
+        return super().model_dump(exclude_defaults=exclude_defaults, **kwargs)
+
+
+def _with_excluded(exclude: Any, name: str) -> Any:
+    if exclude is None:
+        return {name}
+    if isinstance(exclude, set):
+        return exclude | {name}
+    if isinstance(exclude, dict):
+        return {**exclude, name: True}
+    return exclude
+
+
+class Trajectory(_CompactDump):
+    """One rollout: the conversation (message dicts and model `Choice`s), its reward and logs.
+
+    `with art.Trajectory() as t:` records the model calls made inside into `t.exchanges` (and
+    the turns they stand for into `messages_and_choices`); see `art.capture`.
+    """
 
     model_config = ConfigDict(arbitrary_types_allowed=True, validate_assignment=True)
 
+    exchanges: TrajectoryExchanges = Field(default_factory=TrajectoryExchanges)
+    """The model calls a capture recorded, each as sent and received (ART's field). A trajectory
+    given only exchanges gets `messages_and_choices` from them: the turns that train."""
     messages_and_choices: _MessagesAndChoicesField = []
     """Message dicts (context) and `Choice` objects (trained when they carry logprobs)."""
     tools: _ToolsField = None
@@ -232,7 +296,7 @@ class Trajectory(BaseModel):
     metrics: dict[str, MetricValue] = {}
     """Numbers averaged per step by `model.log` (under `{split}/{key}`)."""
     metadata: dict[str, MetadataValue] = {}
-    """Free-form scalars stored with the trajectory (scenario id, ...), not averaged."""
+    """Free-form JSON values stored with the trajectory (scenario id, ...), not averaged."""
     logs: list[str] = []
     additional_histories: list[History] = []
     start_time: datetime = Field(default_factory=datetime.now)
@@ -240,11 +304,12 @@ class Trajectory(BaseModel):
     """Set by `finish()`; None while the rollout runs."""
     initial_policy_version: int | None = None
     """The training step whose weights sampled its oldest turn (ART's name): what its staleness
-    is counted from. `art.PipelineTrainer` sets it (`policy_versions`); None: not dated."""
+    is counted from. Set from the steps its calls report, else by `art.PipelineTrainer`."""
     final_policy_version: int | None = None
     """The step whose weights sampled its newest turn."""
-    _exchanges: list[ChatCompletionsExchange | ResponsesExchange] = PrivateAttr(default_factory=list)
-    """Appended to by `art.capture` only; read through `exchanges`."""
+    _built: bool = PrivateAttr(default=False)
+    _entered_in: Any = PrivateAttr(default=None)
+    """The group scope open where `with trajectory:` began: it joins that group when it ends."""
 
     @field_validator("reward")
     @classmethod
@@ -252,6 +317,30 @@ class Trajectory(BaseModel):
         if not math.isfinite(value):
             raise ValueError(f"reward must be a finite number, got {value!r}")
         return value
+
+    @model_validator(mode="after")
+    def _turns_from_exchanges(self) -> Trajectory:
+        # ART's representation (exchanges only): the turns that train are projected from them,
+        # once, when the trajectory is built; later assignments leave the turns as they are set.
+        if self._built:
+            return self
+        self._built = True
+        if self.exchanges and not self.messages_and_choices and not self.additional_histories:
+            for exchange in self.exchanges.in_order():
+                try:
+                    add_turn(self, chat_turn(exchange))
+                except NotATurn:
+                    continue
+            date_from_choices(self)
+        return self
+
+    def __enter__(self) -> Trajectory:
+        """Record the model calls made inside the block (this task and the tasks it starts)."""
+        enter_scope(self)
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        exit_scope(self)
 
     def messages(self) -> Messages:
         return get_messages(self.messages_and_choices)
@@ -264,18 +353,10 @@ class Trajectory(BaseModel):
     def log(self, message: str) -> None:
         self.logs.append(message)
 
-    @property
-    def exchanges(self) -> TrajectoryExchanges:
-        """What `art.trajectory()` (or `capture_auto_trajectory`) recorded, call by call: a view
-        beside `messages_and_choices`, which is what trains and is logged. Empty for a
-        trajectory built by hand; not saved with the trajectory."""
-        return TrajectoryExchanges(
-            chat_completions=tuple(e for e in self._exchanges if isinstance(e, ChatCompletionsExchange)),
-            responses=tuple(e for e in self._exchanges if isinstance(e, ResponsesExchange)))
-
     def for_logging(self) -> dict[str, Any]:
-        """A JSON-serialisable dict; Choices are dumped whole (token ids, logprobs, extras)."""
-        return self.model_dump(mode="json")
+        """A JSON-serialisable dict of what trains and is logged; Choices are dumped whole (token
+        ids, logprobs, extras). `exchanges` are left out: the turns hold what training needs."""
+        return self.model_dump(mode="json", exclude_defaults=False, exclude={"exchanges"})
 
     @classmethod
     def from_logging(cls, data: Mapping[str, Any], where: str = "trajectory") -> Trajectory:
@@ -296,6 +377,62 @@ class Trajectory(BaseModel):
             for i, h in enumerate(data.get("additional_histories", []))
         ]
         return validated(cls, data, where)
+
+    # -- ART's history views and tokenize (art.histories, art.tokenize) ------------------------
+    # A trajectory with exchanges is read from them; one without, from its legacy histories.
+
+    def legacy_histories(self) -> list[History]:
+        """Copies of its main conversation (as a `History`) and its `additional_histories`: what
+        `art.histories` reads when the trajectory has no exchanges."""
+        main = History(messages_and_choices=copy.deepcopy(self.messages_and_choices), tools=copy.deepcopy(self.tools))
+        return [main, *copy.deepcopy(self.additional_histories)]
+
+    def history(self, *, model: str | None = None) -> Any:
+        """The one history of the one API its (`model=`-selected) exchanges used; ValueError
+        when there are several (then use `histories()`)."""
+        return _histories.trajectory_history(self, model=model)
+
+    def histories(self, *, model: str | None = None) -> list[Any]:
+        return _histories.trajectory_histories(self, model=model)
+
+    def chat_completions_history(self, *, model: str | None = None) -> _histories.ChatCompletionsHistory:
+        return _histories.chat_completions_history(self, model=model)
+
+    def chat_completions_histories(self, *, model: str | None = None) -> list[_histories.ChatCompletionsHistory]:
+        return _histories.chat_completions_histories(self, model=model)
+
+    def anthropic_messages_history(self, *, model: str | None = None) -> _histories.AnthropicMessagesHistory:
+        return _histories.anthropic_messages_history(self, model=model)
+
+    def anthropic_messages_histories(self, *, model: str | None = None) -> list[_histories.AnthropicMessagesHistory]:
+        return _histories.anthropic_messages_histories(self, model=model)
+
+    def responses_history(self, *, model: str | None = None) -> _histories.ResponsesHistory:
+        return _histories.responses_history(self, model=model)
+
+    def responses_histories(self, *, model: str | None = None) -> list[_histories.ResponsesHistory]:
+        return _histories.responses_histories(self, model=model)
+
+    def completions_token_history(self, *, model: str | None = None) -> _histories.CompletionsTokenHistory:
+        return _histories.completions_token_history(self, model=model)
+
+    def completions_token_histories(self, *, model: str | None = None) -> list[_histories.CompletionsTokenHistory]:
+        return _histories.completions_token_histories(self, model=model)
+
+    def completions_string_history(self, *, model: str | None = None) -> _histories.CompletionsStringHistory:
+        return _histories.completions_string_history(self, model=model)
+
+    def completions_string_histories(self, *, model: str | None = None) -> list[_histories.CompletionsStringHistory]:
+        return _histories.completions_string_histories(self, model=model)
+
+    def tokenize(self, *, multi_history: bool = False, model: str | None = None, base_model: str | None = None,
+                 tokenizer: Any = None, chat_template: str | None = None,
+                 chat_template_kwargs: Mapping[str, object] | None = None) -> Any:
+        """Its history's token ids, logprobs and flags (`art.TokenizedTrajectory`), or every
+        history's (`multi_history=True`: `art.TokenizedMultiHistoryTrajectory`); see `art.tokenize`."""
+        return tokenize_trajectory(self, multi_history=multi_history, model=model, base_model=base_model,
+                                   tokenizer=tokenizer, chat_template=chat_template,
+                                   chat_template_kwargs=chat_template_kwargs)
 
 
 def validated(model: type[BaseModel], data: Any, where: str) -> Any:
@@ -323,12 +460,81 @@ def sampled_steps(trajectory: Trajectory) -> list[int]:
     return steps
 
 
+def date_from_choices(trajectory: Trajectory) -> None:
+    """Set the policy versions from the steps its choices report, unless already set."""
+    steps = sampled_steps(trajectory)
+    if steps and trajectory.initial_policy_version is None and trajectory.final_policy_version is None:
+        object.__setattr__(trajectory, "initial_policy_version", min(steps))
+        object.__setattr__(trajectory, "final_policy_version", max(steps))
+
+
 def policy_versions(trajectory: Trajectory, started: int, ended: int) -> tuple[int, int]:
     """(initial, final) policy version of a rollout that began at trainer step `started` and
     ended at `ended`: the steps its choices say sampled them (a multi-turn trajectory whose
     turns span a weight update is as old as its oldest turn), else the steps it ran between."""
     steps = sampled_steps(trajectory)
     return (min(steps), max(steps)) if steps else (started, ended)
+
+
+# -- capture scopes ----------------------------------------------------------------------
+# `with art.Trajectory()` and `with art.TrajectoryGroup()` open scopes in the current context
+# (`contextvars`: they follow the task and the tasks it starts). `art.capture` records calls into
+# the innermost trajectory scope; it registers itself in SCOPE_HOOKS, so that this module, below
+# it, never imports it.
+
+
+class ScopeHook(Protocol):
+    def entered(self, trajectory: Trajectory) -> None: ...
+    def exited(self, trajectory: Trajectory) -> None: ...
+
+
+SCOPE_HOOKS: list[ScopeHook] = []
+_TRAJECTORY_SCOPES: ContextVar[tuple[Trajectory, ...]] = ContextVar("art_trajectory_scopes", default=())
+_GROUP_SCOPES: ContextVar[tuple[TrajectoryGroup, ...]] = ContextVar("art_group_scopes", default=())
+
+
+def enter_scope(trajectory: Trajectory) -> None:
+    groups = _GROUP_SCOPES.get()
+    trajectory._entered_in = groups[-1] if groups else None
+    _TRAJECTORY_SCOPES.set((*_TRAJECTORY_SCOPES.get(), trajectory))
+    for hook in SCOPE_HOOKS:
+        hook.entered(trajectory)
+
+
+def exit_scope(trajectory: Trajectory) -> None:
+    scopes = _TRAJECTORY_SCOPES.get()
+    if not scopes or scopes[-1] is not trajectory:
+        raise RuntimeError("Trajectory contexts must exit in the order they were entered")
+    _TRAJECTORY_SCOPES.set(scopes[:-1])
+    for hook in SCOPE_HOOKS:
+        hook.exited(trajectory)
+    date_from_choices(trajectory)
+    trajectory.finish()
+    group, trajectory._entered_in = trajectory._entered_in, None
+    if group is not None:
+        group.trajectories.append(trajectory)
+
+
+def current_scope() -> Trajectory | None:
+    """The trajectory of the innermost open scope here, or None."""
+    scopes = _TRAJECTORY_SCOPES.get()
+    return scopes[-1] if scopes else None
+
+
+def current_group_scope() -> TrajectoryGroup | None:
+    groups = _GROUP_SCOPES.get()
+    return groups[-1] if groups else None
+
+
+@contextlib.contextmanager
+def hidden_scopes() -> Iterator[None]:
+    """Hide the enclosing scopes inside the block (new ones opened inside still count)."""
+    trajectories, groups = _TRAJECTORY_SCOPES.set(()), _GROUP_SCOPES.set(())
+    try:
+        yield
+    finally:
+        _TRAJECTORY_SCOPES.reset(trajectories)
+        _GROUP_SCOPES.reset(groups)
 
 
 class ExceptionRecord(BaseModel):
@@ -421,7 +627,7 @@ async def _run_all(items: list[Any], reporter: _Reporter | None) -> list[Traject
     return await _wait_all([asyncio.ensure_future(_run_one(item, reporter)) for item in items])
 
 
-class TrajectoryGroup(BaseModel):
+class TrajectoryGroup(_CompactDump):
     """Trajectories of the same scenario, whose rewards are compared to compute advantages.
 
     Built from coroutines (`TrajectoryGroup(rollout(s) for _ in range(4))`) it is awaitable,
@@ -476,6 +682,17 @@ class TrajectoryGroup(BaseModel):
 
     def __iter__(self) -> Iterator[Trajectory]:  # type: ignore[override]
         return iter(self.trajectories)
+
+    def __enter__(self) -> TrajectoryGroup:
+        """Collect the trajectories whose `with art.Trajectory()` blocks close inside this one."""
+        _GROUP_SCOPES.set((*_GROUP_SCOPES.get(), self))
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        groups = _GROUP_SCOPES.get()
+        if not groups or groups[-1] is not self:
+            raise RuntimeError("TrajectoryGroup contexts must exit in the order they were entered")
+        _GROUP_SCOPES.set(groups[:-1])
 
     def __len__(self) -> int:
         """As ART counts a group: before it has run, every rollout it was given, awaitables
@@ -534,6 +751,14 @@ class TrajectoryGroup(BaseModel):
             "metrics": to_jsonable_python(self.metrics, serialize_unknown=True),
             "logs": list(self.logs),
         }
+
+    def tokenize(self, *, multi_history: bool = False, model: str | None = None, base_model: str | None = None,
+                 tokenizer: Any = None, chat_template: str | None = None,
+                 chat_template_kwargs: Mapping[str, object] | None = None) -> TokenizedTrajectoryGroup:
+        """Each trajectory's `tokenize(...)`, with the group's metrics and metadata."""
+        return tokenize_group(self, multi_history=multi_history, model=model, base_model=base_model,
+                              tokenizer=tokenizer, chat_template=chat_template,
+                              chat_template_kwargs=chat_template_kwargs)
 
 
 def _record(exception: BaseException | ExceptionRecord | Mapping[str, str]) -> ExceptionRecord:

@@ -387,7 +387,7 @@ async def test_streams_end_at_done_whatever_their_content_type(scripted):
     # The exchanges: one per recorded call, the stream rebuilt as ART rebuilds it (its finish "stop").
     exchanges = trajectory.exchanges.chat_completions
     assert len(exchanges) == 3 and all(e.model == "scripted" for e in exchanges)
-    assert exchanges[0].request.root == {"model": "scripted", "messages": ask("whole"), "tools": tools}
+    assert exchanges[0].request == {"model": "scripted", "messages": ask("whole"), "tools": tools}
     assert exchanges[0].response == ChatCompletion.model_validate(WHOLE)
     streamed = exchanges[1].response
     assert (streamed.id, streamed.created, streamed.object) == ("chunked", 7, "chat.completion")
@@ -395,18 +395,23 @@ async def test_streams_end_at_done_whatever_their_content_type(scripted):
     assert exchanges[2].response.choices[0] == text
 
 
-async def test_exchanges_are_a_read_only_view(scripted):
-    trajectory = await art.trajectory(scripted.chat.completions.create(model="scripted", messages=ask("whole")))
+async def test_exchanges_are_the_calls_as_sent_and_rebuild_the_turns(scripted):
+    request = ask("whole")
+    trajectory = await art.trajectory(scripted.chat.completions.create(model="scripted", messages=request))
     [exchange] = trajectory.exchanges.chat_completions
-    with pytest.raises(AttributeError):
-        trajectory.exchanges = art.TrajectoryExchanges()
-    with pytest.raises(ValidationError):
-        exchange.response = exchange.response
-    assert "exchanges" not in trajectory.model_dump()  # logged and trained: messages_and_choices
-    assert not art.Trajectory().exchanges and art.Trajectory().exchanges.chat_completions == ()
-    exchange.request.root["model"] = "changed"  # the request dict is the exchange's own copy
-    assert trajectory.exchanges.chat_completions[0].request["model"] == "changed"
-    assert trajectory.messages_and_choices[0] == ask("whole")[0]
+    request[0]["content"] = "edited by the agent later"  # the exchange keeps its own copy
+    assert exchange.request["messages"][0]["content"] == "whole"
+    exchange.request["model"] = "changed"  # mutable, as ART's
+    assert trajectory.exchanges.chat_completions[0].model == "changed"
+    assert not art.Trajectory().exchanges and art.Trajectory().exchanges.chat_completions == []
+    # Dumped as ART dumps it; logged and trained without them (the turns hold the ids).
+    assert set(trajectory.model_dump()) >= {"exchanges", "messages_and_choices"}
+    assert "exchanges" not in trajectory.for_logging()
+    # ART's representation, exchanges alone, gives back the same turns that train.
+    exchanges_only = trajectory.model_dump(include={"exchanges", "reward"})
+    rebuilt = art.Trajectory.model_validate(exchanges_only)
+    assert rebuilt.messages_and_choices == trajectory.messages_and_choices
+    assert rebuilt.messages_and_choices[-1].message.content == exchange.response.choices[0].message.content
 
 
 async def test_trajectory_scope_names(scripted):

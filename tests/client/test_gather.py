@@ -201,17 +201,21 @@ async def test_trajectory_group_batches_is_lazy_bounded_and_skips():
 
 
 async def test_trajectory_group_batches_defaults_to_four_batches_in_flight():
-    started = 0
+    started, release = 0, asyncio.Event()
 
     async def counted(reward: float) -> TrajectoryGroup:
         nonlocal started
         started += 1
-        await asyncio.sleep(0.01)
+        await release.wait()  # nothing finishes until counted: what is in flight is the limit
         return TrajectoryGroup([Trajectory(reward=reward)])
 
     gen = trajectory_group_batches((counted(i) for i in range(20)), batch_size=2, pbar_desc=None)
-    await gen.__anext__()
+    first = asyncio.ensure_future(gen.__anext__())
+    for _ in range(200):  # let every rollout the generator will start begin
+        await asyncio.sleep(0)
     assert started == 8  # ART's default: max_concurrent_batches=4
+    release.set()
+    await first
     await gen.aclose()
 
 

@@ -16,6 +16,7 @@ from art.metrics_taxonomy import route_key
 from art.observability import wandb_sink
 from art.serve import create_serve_app
 from art.service.local import LocalService
+from art.storage.history import row_split, rows_for_split
 from tests.support.servers import gather
 
 
@@ -47,7 +48,7 @@ async def test_a_train_row_routes_counts_and_ids(tmp_path):
     ]
     await model.log(groups, split="train", step=7, metrics={"checkpoint/foo": 1.5, "loss/train": 0.3})
     [row] = rows(tmp_path)
-    assert row["training_step"] == 7 and row["step"] == 7 and row["split"] == "train"
+    assert row["training_step"] == 7 and row["step"] == 7 and row_split(row) == "train" and "split" not in row
     assert row["train/reward"] == pytest.approx(0.5) and row["train/custom_score"] == 1.0
     assert row["reward/prefixed"] == 2.0 and row["loss/train"] == 0.3 and row["train/checkpoint/foo"] == 1.5
     assert row["train/exception_rate"] == pytest.approx(0.25)
@@ -132,7 +133,9 @@ async def test_the_builder_refuses_keys_it_cannot_log():
     with builder.activate_context():
         assert art.metrics.MetricsBuilder.get_active() is builder
     flushed = await builder.flush()
-    assert flushed == {"costs/train/judge/call": 1.0, "costs/train/judge": 1.0, "costs/train": 1.0, "costs/all": 1.0}
+    step = {"costs/train/judge/call": 1.0, "costs/train/judge": 1.0, "costs/train": 1.0, "costs/all": 1.0}
+    # As ART's, a flush carries the running totals of this process with the step's values.
+    assert flushed == {**step, **{k.replace("costs/", "costs/cum/", 1): v for k, v in step.items()}}
     assert await builder.flush() == {}
 
 
@@ -247,7 +250,7 @@ async def test_report_metrics_and_wandb_config(tmp_path, monkeypatch):
 async def test_a_train_step_logs_trainer_time_tokens_and_throughput(served_model, tmp_path):
     model = served_model
     await model.train(await gather(model, 0), config=art.TrainConfig(learning_rate=1e-3))
-    [row] = [r for r in rows(tmp_path, name="priced") if r["split"] == "train"]
+    [row] = rows_for_split(rows(tmp_path, name="priced"), "train")
     assert row["data/step_num_gradient_steps"] == row["train/optimizer_steps"] >= 1
     assert row["time/step_trainer_s"] > 0 and row["data/step_trainer_tokens"] == row["train/trained_tokens"] > 0
     assert row["throughput/avg_trainer_tok_per_s"] == pytest.approx(

@@ -69,13 +69,12 @@ def test_a_field_declared_by_a_subclass_passes_the_check():
         WithNotes(name="a", project="p", base_model="b", note="x")
 
 
-def test_run_name_is_arts_storage_name_which_here_is_the_name():
+def test_run_name_defaults_to_the_name_and_may_differ_from_it():
     assert art.TrainableModel(name="agent-001", project="p", base_model="b").run_name == "agent-001"
     model = art.TrainableModel(name="agent-001", run_name="agent-001", project="p", base_model="b")
     assert model.run_name == "agent-001"  # ART's docs pass both, equal
-    with pytest.raises(art.ArtValueError, match="stored and served under one name") as error:
-        art.TrainableModel(name="agent-001", run_name="agent-002", project="p", base_model="b")
-    assert error.value.field == "run_name"
+    other = art.TrainableModel(name="agent-001", run_name="agent-002", project="p", base_model="b")
+    assert (other.run_name, other.get_inference_name()) == ("agent-002", "agent-001")  # served under the name
     with pytest.raises(art.ArtValueError) as bad:
         art.TrainableModel(name="bad/name", project="p", base_model="b")
     assert bad.value.field == "name"  # our own checks keep their error and field

@@ -12,7 +12,14 @@ from openai.types.chat.chat_completion import Choice
 import art
 from art.backends.adapter import art_train_names
 from art.errors import ArtValueError
-from art.pipeline_trainer import CheckpointInfo, CheckpointRetentionContext, keep_recent_and_top
+from art.pipeline_trainer import (
+    CheckpointInfo,
+    CheckpointRetentionContext,
+    CheckpointRetentionPlan,
+    keep_recent_and_periodic,
+    keep_recent_and_top,
+    plan_checkpoint_retention,
+)
 from art.pipeline_trainer.state import PipelineState
 from art.trajectories import History, Trajectory, TrajectoryGroup, policy_versions
 
@@ -46,20 +53,45 @@ def _infos(rewards: dict[int, float | None]) -> CheckpointRetentionContext:
                        metrics={} if r is None else {"val/reward": r}) for s, r in rewards.items()])
 
 
-def test_keep_recent_and_top_returns_the_steps_to_delete():
-    """ART's contract: a strategy names what to delete among the checkpoints it is offered (a
-    user's own ART strategy would otherwise delete exactly what it meant to keep)."""
+def test_strategies_return_the_steps_to_keep_as_arts_plan():
+    """ART's contract: a strategy sees every checkpoint and returns a plan of the steps to keep
+    (and to archive); the pipeline deletes the deletable ones it does not keep."""
     art_example = _infos({0: None, 1: 0.2, 2: None, 3: 0.8, 4: None, 5: None})
-    assert set(keep_recent_and_top(recent=2, top=1)(art_example)) == {0, 1, 2}
+    assert keep_recent_and_top(recent=2, top=1)(art_example).retain_steps == {3, 4, 5}
     context = _infos({1: 0.9, 2: None, 3: 0.2, 4: 0.9, 5: None, 6: 0.1, 7: None})
-    assert set(keep_recent_and_top(recent=2, top=1)(context)) == {1, 2, 3, 5}  # a tie keeps the later step
-    assert set(keep_recent_and_top(recent=0, top=2)(context)) == {2, 3, 5, 6, 7}
-    assert set(keep_recent_and_top(recent=3, top=0)(context)) == {1, 2, 3, 4}
-    assert set(keep_recent_and_top(recent=1, top=1, metric="val/other")(context)) == {1, 2, 3, 4, 5, 6}
-    assert set(keep_recent_and_top(recent=0, top=0)(context)) == set(range(1, 8))
+    assert keep_recent_and_top(recent=2, top=1)(context).retain_steps == {4, 6, 7}  # a tie keeps the later step
+    assert keep_recent_and_top(recent=0, top=2)(context).retain_steps == {1, 4}
+    assert keep_recent_and_top(recent=3, top=0)(context).retain_steps == {5, 6, 7}
+    assert keep_recent_and_top(recent=1, top=1, metric="val/other")(context).retain_steps == {7}
+    assert keep_recent_and_top(recent=0, top=0)(context).retain_steps == set()
     for bad, message in (({"recent": -1}, "recent must be >= 0"), ({"top": -1}, "top must be >= 0")):
         with pytest.raises(ValueError, match=message):
             keep_recent_and_top(**bad)
+
+    periodic = keep_recent_and_periodic(recent=2, archive_interval=2, archives=2)(_infos(dict.fromkeys(range(7))))
+    assert (periodic.retain_steps, periodic.archive_steps) == ({5, 6}, {4, 6})
+    with pytest.raises(ValueError, match="archive_interval must be >= 1"):
+        keep_recent_and_periodic(archive_interval=0)
+
+
+def test_a_plan_deletes_only_deletable_steps_and_keeps_what_is_archived():
+    infos = _infos(dict.fromkeys(range(6))).checkpoints
+    seen = []
+
+    def keep_newest(context):  # ART's earlier form: just the steps to keep
+        seen.append({c.step: c.deletion_eligible for c in context.checkpoints})
+        return [5]
+
+    plan = plan_checkpoint_retention(current_step=5, checkpoints=infos, protected_steps={5, 1}, strategy=keep_newest)
+    assert seen == [{0: True, 1: False, 2: True, 3: True, 4: True, 5: False}]
+    assert plan.retain_steps == {1, 5} and plan.observed_steps == set(range(6))  # 1 is protected
+    archived = plan_checkpoint_retention(current_step=5, checkpoints=infos, protected_steps={5},
+                                         strategy=lambda c: CheckpointRetentionPlan(archive_steps={2}))
+    assert archived.retain_steps == {2, 5}  # no archive store here: an archived step stays
+    assert plan_checkpoint_retention(current_step=5, checkpoints=infos, protected_steps=set(),
+                                     strategy=lambda c: set(range(6))) is None  # nothing to delete
+    with pytest.raises(ValueError, match=r"unknown steps: \[9\]"):
+        plan_checkpoint_retention(current_step=5, checkpoints=infos, protected_steps=set(), strategy=lambda c: [9])
 
 
 def _choice(step: int | None) -> Choice:

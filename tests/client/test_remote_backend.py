@@ -18,6 +18,7 @@ from art.serve import create_serve_app
 from art.server.schemas import TrajectoryGroupPayload
 from art.service import ModelSpec
 from art.service.local import LocalService
+from art.storage.history import row_split
 from tests.support.servers import gather, start_server, stop_server
 
 KEY = "test-key-123"
@@ -54,7 +55,7 @@ async def training_loop(backend: art.RemoteBackend, base_model: str, server_root
 
     await model.log(groups, split="val", metrics={"custom": 3.0})
     history = await backend.get_history(model)
-    assert [(row["split"], row["step"]) for row in history] == [("train", 0), ("val", 2)]
+    assert [(row_split(row), row["step"]) for row in history] == [("train", 0), ("val", 2)]
     assert history[1]["val/custom"] == 3.0 and "val/reward" in history[1]
     logged = (run / "trajectories" / "train" / "0000.jsonl").read_text().splitlines()
     assert len(logged) == 8 and json.loads(logged[0])["messages_and_choices"][1]["token_ids"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import shutil
 
 import openai
@@ -123,19 +124,19 @@ def test_prompt_renders_tool_calls_and_truncates_long_trajectories():
 
 @pytest.mark.parametrize("content,error", [
     ("I think the first one is best.", "not JSON"),
-    (answer(0.5, 0.5, ids=["1", "1"]), "twice"),
-    (answer(0.5), "missing ['2']"),
-    (answer(0.1, 0.2, 0.3), "unknown ['3']"),
+    (answer(0.5, 0.5, ids=["1", "1"]), "duplicate trajectory IDs: 1;"),
+    (answer(0.5), "Expected 2 scores, but got 1 (missing trajectory IDs: 2;"),
+    (answer(0.1, 0.2, 0.3), "unexpected trajectory IDs: 3)"),
     ('{"scores": [{"trajectory_id": "1", "score": 0.5}]}', "schema"),
 ])
 def test_unusable_answers_are_refused(content, error):
-    with pytest.raises(ValueError, match=error.replace("[", r"\[").replace("]", r"\]")):
+    with pytest.raises(ValueError, match=re.escape(error)):
         parse_answer(content, 2)
 
 
 def test_answers_in_prose_or_fences_parse_and_scores_are_clamped():
-    scores, clamped = parse_answer("Here you go:\n```json\n" + answer(1.7, -0.2) + "\n```", 2)
-    assert [s.score for s in scores] == [1.0, 0.0] and clamped == 2
+    scores, clamped = parse_answer("Here you go:\n```json\n" + answer(0.7, -0.2) + "\n```", 2)
+    assert [s.score for s in scores] == [0.7, 0.0] and clamped == 1
     scores, clamped = parse_answer(answer(0.25, 0.75, ids=["2", "1"]), 2)  # out of order: reordered
     assert [s.score for s in scores] == [0.75, 0.25] and clamped == 0
 
@@ -145,12 +146,12 @@ def test_answers_in_prose_or_fences_parse_and_scores_are_clamped():
 
 @pytest.mark.integration
 async def test_errors_are_retried_counted_and_clamping_reported(judge, tmp_path):
-    judge.answers = ["not json at all", answer(0.5, 0.5, 0.5, ids=["1", "1", "2"]), 503, answer(1.7, 0.2, 0.6)]
+    judge.answers = ["not json at all", answer(0.5, 0.5, 0.5, ids=["1", "1", "2"]), 503, answer(1.0, -0.2, 0.6)]
     stats = RulerStats()
     trajectories = list(group("a", "b", "c").trajectories)
     scores = await ruler(trajectories, "judge-model", judge=judge.client, cache=tmp_path, max_retries=3, stats=stats,
                          extra_params={"temperature": 0})
-    assert [s.score for s in scores] == [1.0, 0.2, 0.6]
+    assert [s.score for s in scores] == [1.0, 0.0, 0.6]
     assert (stats.judge_calls, stats.judge_errors, stats.clamped_scores) == (4, 3, 1)
     assert stats.judge_prompt_tokens == 300 and stats.judge_latency_s > 0  # the 503 reported no usage
     schema = judge.requests[0]["response_format"]["json_schema"]["schema"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 import art
+from art.storage.history import rows_for_split
 from tests.support.fakes import groups_of_choices
 
 
@@ -28,7 +29,7 @@ async def test_learning_rate_on_every_train_row_and_the_bar_names_the_rows_step(
         out, err = capfd.readouterr()
     run = tmp_path / "p" / "models" / "m"
     rows = [json.loads(line) for line in (run / "history.jsonl").read_text().splitlines()]
-    assert [(row["step"], row["train/learning_rate"]) for row in rows if row["split"] == "train"] == [
+    assert [(row["step"], row["train/learning_rate"]) for row in rows_for_split(rows, "train")] == [
         (0, 5e-6), (1, 1e-3)]
     assert rows[0].get("train/nothing_to_train") == 1.0
     # The second call trains from step 1 and history files its row under step 1: so does the bar.

@@ -15,7 +15,17 @@ import torch
 from safetensors.torch import load_file
 
 import art
-from art.pipeline_trainer import keep_recent_and_top
+from art.pipeline_trainer import (
+    CHECKPOINT_CREATED_AT_METRIC,
+    CHECKPOINT_EVAL_COMPLETED_METRIC,
+    CHECKPOINT_SAVED_METRIC,
+    CheckpointRetentionContext,
+    PipelineRuntimeConfig,
+    keep_recent_and_top,
+)
+from art.pipeline_trainer.trainer import mean_steps_off_policy
+from art.storage.history import row_split, rows_for_split
+from art.utils.trajectory_logging import read_trajectory_groups_parquet
 from tests.support.fakes import make_choice
 
 pytestmark = pytest.mark.integration
@@ -52,7 +62,7 @@ def history(path, name: str) -> list[dict]:
 
 def train_rows(path, name: str) -> list[dict]:
     """The training steps' rows of the run's history."""
-    return [row for row in history(path, name) if row["split"] == "train"]
+    return rows_for_split(history(path, name), "train")
 
 
 async def test_staleness_zero_gives_the_synchronous_loops_update_exactly(tiny_model_path, tmp_path):
@@ -305,20 +315,78 @@ async def test_evaluation_beside_training_and_checkpoint_retention(tiny_model_pa
             t.reward = 1.0 if step == 2 else 0.1
         return {"val": [group], "test": group.trajectories[:1]}
 
+    offered: list[CheckpointRetentionContext] = []
+    keep = keep_recent_and_top(recent=1, top=1)
+
+    def strategy(context):
+        offered.append(context)
+        return keep(context)
+
     backend, model = await registered(tmp_path, tiny_model_path, "evals")
-    trainer = art.PipelineTrainer(model, backend, rollout, range(12), {"k": 1}, evaluate, num_rollout_workers=2,
-                                  min_batch_size=2, max_batch_size=2, learning_rate=1e-2, eval_every_n_steps=2,
-                                  checkpoint_retention_strategy=keep_recent_and_top(recent=1, top=1))
+    trainer = art.PipelineTrainer(model, backend, rollout, range(12), {"k": 1}, evaluate, learning_rate=1e-2,
+                                  pipeline=PipelineRuntimeConfig(num_rollout_workers=2, min_batch_size=2,
+                                                                 max_batch_size=2),
+                                  eval_every_n_steps=2, checkpoint_retention_strategy=strategy)
     await trainer.train(handle_signals=False)
     steps = await backend.list_checkpoints(model)
     await backend.close()
 
     assert sorted(evaluated) == [0, 2, 4, 6]  # the start, then every 2 steps
     rows = history(tmp_path, "evals")
-    assert {row["step"] for row in rows if row["split"] == "val"} == {0, 2, 4, 6}
-    assert {row["step"] for row in rows if row["split"] == "test"} == {0, 2, 4, 6}
-    assert all("time/step_eval_s" in row for row in rows if row["split"] == "val")
-    assert steps == [2, 5, 6]  # the best by val/reward, the most recent one it could delete, and the latest
+    assert {row["step"] for row in rows_for_split(rows, "val")} == {0, 2, 4, 6}
+    assert {row["step"] for row in rows_for_split(rows, "test")} == {0, 2, 4, 6}
+    assert all("time/step_eval_s" in row for row in rows_for_split(rows, "val"))
+    assert steps == [2, 6]  # the best by val/reward and the most recent (the latest, never deletable)
+
+    # ART's checkpoint rows: one per saved step, one per finished evaluation; what a strategy is told
+    saved = {row["step"]: row[CHECKPOINT_CREATED_AT_METRIC] for row in rows if row.get(CHECKPOINT_SAVED_METRIC) == 1.0}
+    assert sorted(saved) == [1, 2, 3, 4, 5, 6]
+    assert {row["step"] for row in rows if row.get(CHECKPOINT_EVAL_COMPLETED_METRIC) == 1.0} == {0, 2, 4, 6}
+    assert all(row_split(row) is None and "split" not in row for row in rows if CHECKPOINT_SAVED_METRIC in row)
+    last = {info.step: info for info in offered[-1].checkpoints}
+    assert all(last[s].created_at.timestamp() == pytest.approx(saved[s]) for s in last if s in saved)
+    evaluated_steps = {s for s, info in last.items() if info.is_eval_step}
+    assert {s for s in last if s in (0, 2, 4)} <= evaluated_steps <= {0, 2, 4, 6}  # 6's may still run
+    assert not last[max(last)].deletion_eligible  # the latest step is shown, never deletable
+
+
+async def test_a_group_whose_mean_lag_passes_the_limit_is_dropped(tiny_model_path, tmp_path):
+    """`limit_mean_steps_off_policy` alone (no hard bound): scenario 0, sampled at step 0 and back
+    after step 2, lags 2 on average and is dropped; every trained group lags at most the limit."""
+    scenario_0_done = asyncio.Event()
+
+    async def rollout(model, scenario, config):
+        if scenario == 0:
+            while await model.get_step() < 2:
+                await asyncio.sleep(0.02)
+            scenario_0_done.set()
+            return sampled_by(fixed_group(scenario), 0)
+        if scenario >= 5:
+            await scenario_0_done.wait()
+        return sampled_by(fixed_group(scenario), await model.get_step())
+
+    backend, model = await registered(tmp_path, tiny_model_path, "mean")
+    trainer = art.PipelineTrainer(model, backend, rollout, range(12), None, max_steps_off_policy=None,
+                                  limit_mean_steps_off_policy=1.5, max_steps=4, learning_rate=1e-2, eval_fn=None,
+                                  pipeline=PipelineRuntimeConfig(num_rollout_workers=3, min_batch_size=2,
+                                                                 max_batch_size=2))
+    await trainer.train(handle_signals=False)
+    await backend.close()
+
+    rows = train_rows(tmp_path, "mean")
+    assert [row["step"] for row in rows] == [0, 1, 2, 3]
+    assert rows[-1]["discarded/cum/stale_groups"] >= 1.0
+    run = tmp_path / "pipe" / "models" / "mean"
+    trained = set()
+    for step in range(4):
+        for group in read_step_groups(run, step):
+            assert mean_steps_off_policy(group, step, step) <= 1.5
+            trained.add(group.trajectories[0].metadata["scenario"])
+    assert 0 not in trained and trainer.state.is_used(0)
+
+
+def read_step_groups(run, step: int) -> list[art.TrajectoryGroup]:
+    return read_trajectory_groups_parquet(run / "trajectories" / "train" / f"{step:04d}.parquet")
 
 
 SCRIPT = textwrap.dedent("""
@@ -412,11 +480,11 @@ async def test_the_pipeline_trains_the_tool_agent_on_the_default_model(tmp_path,
     assert all(0 < row["throughput/trainer_busy_fraction"] <= 1 for row in rows)
     run = tmp_path / "tool-agent" / "models" / "pipeline-calculator-seed0"
     history_rows = [json.loads(line) for line in (run / "history.jsonl").open()]
-    evals = {row["step"]: row for row in history_rows if row["split"] == "val"}
+    evals = {row["step"]: row for row in rows_for_split(history_rows, "val")}
     assert sorted(evals) == [2], caplog.text  # a failed evaluation is only a logged warning
     step_0 = [(row, split, row[count]) for row in history_rows if row["step"] == 0
               for split, count in (("train", "data/step_num_trajectories"), ("discarded", "discarded/num_trajectories"))
-              if row["split"] == split]
+              if row_split(row) == split]
     episodes = sum(n for _, _, n in step_0)
     untrained = {key: sum(row[f"{split}/{key}"] * n for row, split, n in step_0) / episodes
                  for key in ("valid_tool_call", "reward")}

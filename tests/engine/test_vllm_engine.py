@@ -17,6 +17,7 @@ from art.engine.base import AdapterRef, SampledTokens, SamplingParams
 from art.errors import ArtValueError, BackendUnavailableError, WeightSyncError
 from art.server.structured_output import grammar_for
 from art.service import probe
+from art.storage.history import rows_for_split
 from art.storage.layout import ModelDir
 from tests.support.rollouts import groups, rollout
 from tests.support.vllm import SMALL_CPU_ARGS, group_gone, vllm_python
@@ -172,7 +173,7 @@ async def test_the_pipeline_trainer_trains_on_vllm(served):
     await trainer.train(handle_signals=False)
     assert loaded.step == loaded.engine.live_step == start + 2
     rows = [json.loads(line) for line in ModelDir(backend.root, "p", "agent").history.read_text().splitlines()]
-    pipeline_rows = [r for r in rows if r["split"] == "train" and r["step"] >= start]
+    pipeline_rows = [r for r in rows_for_split(rows, "train") if r["step"] >= start]
     assert len(pipeline_rows) == 2
     tolerance = probe.tolerance_for(loaded.trainer.dtype, "vllm")
     assert all(r["train/weight_sync_max_abs_diff"] < tolerance and r["offpolicy/steps_off_policy_max"] <= 1

@@ -12,8 +12,10 @@ import json
 import math
 import re
 import time
+from datetime import datetime
 from pathlib import Path
 
+from art.storage import step_files
 from art.storage.layout import ModelDir, validate_name
 
 TRAINING_WINDOW_S = 60.0
@@ -128,7 +130,8 @@ def read_history(path: Path, since: int = 0) -> dict:
 
 
 def logged_steps(directory: ModelDir) -> dict[str, list[int]]:
-    """{split: [steps]} that have a trajectories file, from a folder listing."""
+    """{split: [steps]} that have a trajectories file (ours or ART's, JSONL or Parquet), from a
+    folder listing."""
     out: dict[str, list[int]] = {}
     base = directory.path / "trajectories"
     try:
@@ -136,7 +139,7 @@ def logged_steps(directory: ModelDir) -> dict[str, list[int]]:
     except OSError:
         return out
     for split in sorted(splits, key=lambda p: p.name):
-        steps = sorted(int(f.name[:-6]) for f in split.iterdir() if f.name.endswith(".jsonl") and f.name[:-6].isdigit())
+        steps = step_files.logged_steps(split)
         if steps:
             out[split.name] = steps
     return out
@@ -156,7 +159,18 @@ def _parse(line: bytes) -> dict | None:
         row = loads(line)
     except ValueError:
         return None  # a line cut short by a crash
-    return row if isinstance(row, dict) else None
+    if not isinstance(row, dict):
+        return None
+    if isinstance(row.get("recorded_at"), str):  # ART writes an ISO time (local); the chart's time axis wants seconds
+        row["recorded_at"] = _epoch(row["recorded_at"])
+    return row
+
+
+def _epoch(text: str) -> float | None:
+    try:
+        return datetime.fromisoformat(text).timestamp()
+    except ValueError:
+        return None
 
 
 def _number(value) -> float | None:

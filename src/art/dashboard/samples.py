@@ -1,9 +1,9 @@
 """One logged step's samples for the dashboard: its groups, their trajectories, and one
 trajectory's tokens.
 
-A step's file (`trajectories/{split}/{step:04d}.jsonl`, one `Trajectory.for_logging()` dict per
-line with its `group` index) is read as plain JSON for the samples view: messages, tool calls,
-reward, metrics. The advantage shown is the one training used: `group_advantages` over the
+A step's trajectories (`art.storage.step_files`: our run log's JSONL, ART's older JSONL with a
+group per line, or ART's Parquet) are read as plain dicts for the samples view: messages, tool
+calls, reward, metrics. The advantage shown is the one training used: `group_advantages` over the
 group's rewards, scaled as the run's stored `train_options.scale_rewards` says (GRPO's
 per-group std when the run has none). The token view rebuilds the trained sequences with the
 trainer's own code (`art.training.audit.audit`); the trainer's logprob of each trained token is
@@ -14,13 +14,15 @@ the view shows where sampler and trainer disagree without loading the model.
 from __future__ import annotations
 
 import functools
+import json
 import logging
 from pathlib import Path
 
 from art.errors import ArtValueError, ModelNotFoundError
 from art.naming import MAX_STEP, echo
 from art.storage.layout import ModelDir
-from art.storage.run_log import exceptions_file, trainer_logprobs_file
+from art.storage.run_log import trainer_logprobs_file
+from art.storage.step_files import read_step_rows
 from art.training.advantages import group_advantages, reward_std
 
 from art.dashboard.runs import loads
@@ -42,20 +44,12 @@ def parse_index(value: str, field: str, upper: int = MAX_STEP) -> int:
 def read_step(directory: ModelDir, split: str, step: int) -> dict:
     """The step's groups, each with its trajectories (rendered messages, reward, advantage,
     metrics) and the exceptions its rollouts raised; 404 when the step logged nothing."""
-    path = directory.trajectories(split, step)
-    lines = _lines(path)
-    failed = _lines(exceptions_file(directory, split, step))
-    if lines is None and failed is None:
-        raise ModelNotFoundError(f"no trajectories logged for {split} step {step}")
-    rows = [_load(line) for line in lines or []]
+    logged = _step_rows(directory, split, step)
     groups: dict[int, dict] = {}
-    for index, row in enumerate(rows):
+    for index, row in enumerate(logged.rows):
         group = _group_index(row)
         groups.setdefault(group, _empty_group(group))["trajectories"].append(_trajectory(index, row))
-    for line in failed or []:
-        entry = _load(line)
-        if entry is None:
-            continue
+    for entry in logged.failed:
         group = _group_index(entry)
         groups.setdefault(group, _empty_group(group))["exceptions"] += [
             {"type": str(e.get("type", "")), "message": str(e.get("message", "")),
@@ -80,14 +74,13 @@ def trajectory_tokens(directory: ModelDir, split: str, step: int, index: int) ->
     from art.trajectories import Trajectory
     from art.training.audit import audit
 
-    lines = _lines(directory.trajectories(split, step))
-    if lines is None:
+    rows = _step_rows(directory, split, step).rows
+    if not rows:
         raise ModelNotFoundError(f"no trajectories logged for {split} step {step}")
-    if index >= len(lines):
-        raise ModelNotFoundError(f"{split} step {step} has {len(lines)} trajectories; there is no index {index}")
-    rows = [_load(line) for line in lines]
+    if index >= len(rows):
+        raise ModelNotFoundError(f"{split} step {step} has {len(rows)} trajectories; there is no index {index}")
     row, group = rows[index], _group_index(rows[index])
-    if row is None:
+    if not row:
         raise ModelNotFoundError(f"trajectory {index} of {split} step {step} is not readable JSON")
     peers = [i for i, r in enumerate(rows) if _group_index(r) == group]
     rewards = [_reward(rows[i]) for i in peers]
@@ -138,6 +131,18 @@ def _at(values: list | None, position: int) -> float | None:
 # -- reading ------------------------------------------------------------------------------
 
 
+def _step_rows(directory: ModelDir, split: str, step: int):
+    """The step's rows and failures (any layout); 404 when it logged nothing; 400 when its Parquet
+    file cannot be read."""
+    try:
+        logged = read_step_rows(directory, split, step)
+    except (OSError, ValueError, ImportError) as exc:  # ImportError: a Parquet step without pyarrow
+        raise ArtValueError(f"{split} step {step}'s trajectories cannot be read: {exc}", field="step") from exc
+    if logged is None:
+        raise ModelNotFoundError(f"no trajectories logged for {split} step {step}")
+    return logged
+
+
 def _lines(path: Path) -> list[str] | None:
     """The file's complete, non-empty lines; None when it does not exist."""
     try:
@@ -176,7 +181,7 @@ def _trajectory(index: int, row) -> dict:
     items = row.get("messages_and_choices") or []
     return {
         "index": index, "reward": _reward(row),
-        "metrics": _scalars(row.get("metrics")), "metadata": _scalars(row.get("metadata")),
+        "metrics": _scalars(row.get("metrics")), "metadata": _metadata(row.get("metadata")),
         "logs": [str(line) for line in row.get("logs") or []],
         "messages": [_message(item) for item in items if isinstance(item, dict)],
         "start_time": row.get("start_time"), "end_time": row.get("end_time"),
@@ -216,6 +221,14 @@ def _tool_calls(calls) -> list[dict]:
             function = call.get("function") or {}
             out.append({"id": call.get("id"), "name": function.get("name"), "arguments": function.get("arguments")})
     return out
+
+
+def _metadata(values) -> dict:
+    """Metadata as shown: scalars as they are, nested values (any JSON) as compact JSON text."""
+    if not isinstance(values, dict):
+        return {}
+    return {str(k): v if v is None or isinstance(v, (int, float, str, bool))
+            else json.dumps(v, ensure_ascii=False, separators=(",", ":"), default=str) for k, v in values.items()}
 
 
 def _scalars(values) -> dict:

@@ -19,6 +19,7 @@ from openai.types.chat.chat_completion import Choice
 
 from art.capture import AutoTrajectoryContext
 from art.model import Model
+from art.exchanges import TrajectoryExchanges
 from art.trajectories import History, Trajectory, get_messages, is_choice
 
 from .context import served_names, training
@@ -89,13 +90,15 @@ def _fill(result: T, captured: Trajectory, names: set[str]) -> T:
         result.additional_histories = [*others, *(History(messages_and_choices=i, tools=t) for i, t in rest)]
     elif result is captured:  # only other models were called
         result.messages_and_choices, result.tools, result.additional_histories = [], None, []
-    kept_calls = [*ours, *captured.exchanges.responses]  # Responses calls stay as they were
+    calls = captured.exchanges  # the other APIs' calls stay as they were
+    kept_calls = [*ours, *calls.completions, *calls.responses, *calls.messages]
     if result is captured:
         result.logs = logs
-        result._exchanges[:] = kept_calls
+        result.exchanges = TrajectoryExchanges()
     else:
         result.logs = [*result.logs, *logs]
-        result._exchanges.extend(kept_calls)
+    for call in kept_calls:
+        result.exchanges.add(call)
     return result
 
 

@@ -66,7 +66,9 @@ def _run(model, run_dir: Path):
     run_dir.mkdir(parents=True, exist_ok=True)
     user_config = model.config.model_dump() if hasattr(model.config, "model_dump") else model.config
     extra = dict(getattr(model, "wandb_config", None) or {})
-    run = wandb.init(project=model.project, name=model.name, id=model.name, resume="allow",
+    # Shown under ART's `run_name` (None: `name`); one run folder, one W&B run id: `name`.
+    run = wandb.init(project=model.project, name=getattr(model, "run_name", None) or model.name, id=model.name,
+                     resume="allow",
                      dir=str(run_dir), config={"model": model.name, "base_model": getattr(model, "base_model", None),
                                                "user_config": user_config, **extra},
                      reinit="create_new")

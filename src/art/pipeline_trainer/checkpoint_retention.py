@@ -1,24 +1,40 @@
-"""Which checkpoints a pipeline deletes: a strategy picks, among those it may delete, the ones to delete.
+"""Which checkpoints a pipeline keeps: a strategy sees every checkpoint and names the ones to keep.
 
-ART's contract: the pipeline never offers a strategy the latest step or a step an evaluation
-still needs, and deletes exactly the steps the strategy returns
-(`PipelineTrainer(checkpoint_retention_strategy=...)`). A strategy written for ART runs here as is.
+ART's contract, in both its forms: a strategy returns a `CheckpointRetentionPlan` (`retain_steps`,
+and `archive_steps` to set aside) or, as ART's earlier releases did, just the steps to keep. The
+pipeline deletes the checkpoints it may delete (`deletion_eligible`: never the latest step or one
+an evaluation still needs) that the plan does not retain. Here, with no store to archive to, an
+archived step stays in the run folder. A strategy written for ART runs here as is
+(`PipelineTrainer(checkpoint_retention_strategy=...)`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from datetime import datetime
+from typing import Union
 
 from pydantic import BaseModel, Field
 
 from art.errors import ArtValueError
 
+CHECKPOINT_SAVED_METRIC = "checkpoint/saved"
+CHECKPOINT_CREATED_AT_METRIC = "checkpoint/created_at_unix"
+"""When the step's checkpoint was written (Unix seconds): `CheckpointInfo.created_at`."""
+CHECKPOINT_EVAL_COMPLETED_METRIC = "checkpoint/eval_completed"
+"""1.0 once an evaluation of the step's checkpoint finished: `CheckpointInfo.is_eval_step`.
+
+The pipeline writes these three in history rows of their own (ART's names and row shape: the
+step, `training_step` and `recorded_at` beside them), so a strategy sees the same facts after a
+restart, and ART's readers of `history.jsonl` read ours."""
+
 
 class CheckpointInfo(BaseModel):
     step: int
-    path: str
+    path: str | None = None
     created_at: datetime
+    deletion_eligible: bool = False
+    """The pipeline may delete it: not the latest step, nor one an evaluation still needs."""
     is_eval_step: bool = False
     """An evaluation was logged at this step."""
     metrics: dict[str, float] = Field(default_factory=dict)
@@ -28,26 +44,75 @@ class CheckpointInfo(BaseModel):
 class CheckpointRetentionContext(BaseModel):
     current_step: int
     checkpoints: list[CheckpointInfo] = Field(default_factory=list)
-    """The checkpoints the strategy may delete, oldest first."""
+    """Every checkpoint of the run, oldest first."""
 
 
-CheckpointRetentionStrategy = Callable[[CheckpointRetentionContext], Iterable[int]]
-"""Returns the steps to delete among `context.checkpoints`; the others are kept."""
+class CheckpointRetentionPlan(BaseModel):
+    observed_steps: set[int] = Field(default_factory=set)
+    """The steps the plan was made from (set by `plan_checkpoint_retention`)."""
+    retain_steps: set[int] = Field(default_factory=set)
+    """The steps to keep; an eligible step not named here is deleted."""
+    archive_steps: set[int] = Field(default_factory=set)
+    """Steps to set aside for good (kept in the run folder here)."""
+
+
+CheckpointRetentionStrategy = Callable[[CheckpointRetentionContext], Union[CheckpointRetentionPlan, Iterable[int]]]
+"""Returns the plan, or (ART's earlier form) the steps to keep."""
+
+
+def plan_checkpoint_retention(*, current_step: int, checkpoints: list[CheckpointInfo], protected_steps: set[int],
+                              strategy: CheckpointRetentionStrategy) -> CheckpointRetentionPlan | None:
+    """The strategy's plan over `checkpoints` (those in `protected_steps` not deletable), with
+    `retain_steps` every step that stays; None when nothing is to be deleted or archived."""
+    known = {c.step for c in checkpoints}
+    eligible = known - protected_steps
+    answer = strategy(CheckpointRetentionContext(current_step=current_step, checkpoints=[
+        c.model_copy(update={"deletion_eligible": c.step in eligible}) for c in checkpoints]))
+    plan = answer if isinstance(answer, CheckpointRetentionPlan) else CheckpointRetentionPlan(retain_steps=set(answer))
+    unknown = (plan.retain_steps | plan.archive_steps) - known
+    if unknown:
+        raise ArtValueError(f"checkpoint retention selected unknown steps: {sorted(unknown)}",
+                            field="checkpoint_retention_strategy")
+    delete = eligible - plan.retain_steps - plan.archive_steps
+    if not delete and not plan.archive_steps:
+        return None
+    return plan.model_copy(update={"observed_steps": known, "retain_steps": known - delete})
+
+
+def _limit(name: str, value: object, least: int = 0) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise ArtValueError(f"{name} must be >= {least} (an int), got {value!r}", field=name)
 
 
 def keep_recent_and_top(*, recent: int = 5, top: int = 2, metric: str = "val/reward") -> CheckpointRetentionStrategy:
-    """Delete every offered checkpoint but the `recent` newest and the `top` best by `metric`
-    (ties: the later step)."""
-    for name, value in (("recent", recent), ("top", top)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ArtValueError(f"{name} must be >= 0 (an int), got {value!r}", field=name)
+    """Keep the `recent` newest checkpoints and the `top` best by `metric` (ties: the later step).
+    The default is our history's name of the validation reward (ART's rows call it `reward/val`)."""
+    _limit("recent", recent)
+    _limit("top", top)
 
-    def strategy(context: CheckpointRetentionContext) -> set[int]:
+    def strategy(context: CheckpointRetentionContext) -> CheckpointRetentionPlan:
         by_step = sorted(context.checkpoints, key=lambda c: c.step)
         keep = {c.step for c in by_step[len(by_step) - recent:]} if recent else set()
         ranked = sorted((c for c in by_step if metric in c.metrics), key=lambda c: (c.metrics[metric], c.step),
                         reverse=True)
         keep |= {c.step for c in ranked[:top]}
-        return {c.step for c in by_step} - keep
+        return CheckpointRetentionPlan(retain_steps=keep)
+
+    return strategy
+
+
+def keep_recent_and_periodic(*, recent: int = 5, archive_interval: int = 25, archives: int = 2,
+                             ) -> CheckpointRetentionStrategy:
+    """Keep the `recent` newest checkpoints and archive the last `archives` steps that are
+    multiples of `archive_interval` (step 0 never)."""
+    _limit("recent", recent)
+    _limit("archives", archives)
+    _limit("archive_interval", archive_interval, least=1)
+
+    def strategy(context: CheckpointRetentionContext) -> CheckpointRetentionPlan:
+        by_step = sorted(c.step for c in context.checkpoints)
+        periodic = [step for step in by_step if step > 0 and step % archive_interval == 0]
+        return CheckpointRetentionPlan(retain_steps=set(by_step[len(by_step) - recent:]) if recent else set(),
+                                       archive_steps=set(periodic[len(periodic) - archives:]) if archives else set())
 
     return strategy

@@ -7,6 +7,8 @@ event loop:
          ▲   start a scenario only while the policy is                │
          │   at most `max_steps_off_policy` steps behind              └─▶ evaluations (own task)
 
+- **Sizes.** `pipeline=PipelineRuntimeConfig(...)` (ART's; `config.py`): how many rollouts run,
+  how many groups a step trains, how many may wait.
 - **Rollouts.** `num_rollout_workers` tasks each take the next scenario and run
   `rollout_fn(model, scenario, config)` against the engine, which keeps serving while a step
   trains (`art.service.update`). A worker starts a scenario only while the group it would
@@ -25,8 +27,11 @@ event loop:
   groups, in scenario order. A group sampled more than `max_steps_off_policy` steps before s is
   dropped (`stale_groups="drop"`, ART's behaviour) or never arises (`"wait"`: before training,
   the trainer waits for every running rollout that would be too old after this step, and trains
-  it now), and counted. The importance ratio against the sampler's logprobs corrects the rest
-  of the lag.
+  it now), and counted; so is one whose lag, averaged over its completion tokens, passes
+  `limit_mean_steps_off_policy` (`mean_steps_off_policy`). The importance ratio against the
+  sampler's logprobs corrects the rest of the lag.
+- **Checkpoint rows.** Each saved step and each finished evaluation add a history row of ART's
+  `checkpoint/*` metrics, which retention strategies are told (`CheckpointInfo`).
 - **Resume.** After each step the scenarios used up and the counters are saved (`state.py`),
   with the step's checkpoint already on disk; a killed pipeline started again resumes at the
   model's step and runs again only the scenarios whose groups were not trained yet.
@@ -43,6 +48,7 @@ import logging
 import math
 import signal
 import time
+import warnings
 from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -54,10 +60,14 @@ from art.errors import ArtValueError, TooManyExceptionsError
 from art.gather import completion_tokens, has_signal
 from art.metrics_taxonomy import route
 from art.pipeline_trainer.checkpoint_retention import (
+    CHECKPOINT_CREATED_AT_METRIC,
+    CHECKPOINT_EVAL_COMPLETED_METRIC,
+    CHECKPOINT_SAVED_METRIC,
     CheckpointInfo,
-    CheckpointRetentionContext,
     CheckpointRetentionStrategy,
+    plan_checkpoint_retention,
 )
+from art.pipeline_trainer.config import PipelineRuntimeConfig, check_art_keywords
 from art.pipeline_trainer.state import STATE_KEY, PipelineState
 from art.pipeline_trainer.types import ConfigT, EvalFn, RolloutFn, ScenarioT, SingleRolloutFn
 from art.trajectories import Trajectory, TrajectoryGroup, policy_versions
@@ -147,36 +157,49 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         config: ConfigT,
         eval_fn: EvalFn[ConfigT] | None = None,
         *,
-        num_rollout_workers: int = 16,
-        min_batch_size: int = 4,
+        num_rollout_workers: int | None = None,
+        min_batch_size: int | None = None,
         max_batch_size: int | None = None,
-        max_steps_off_policy: int | None = 4,
-        stale_groups: Literal["drop", "wait"] = "drop",
         queue_maxsize: int | None = None,
+        pipeline: PipelineRuntimeConfig | None = None,
+        autotune: object | None = None,
         learning_rate: float = 1e-5,
         loss_fn: str = "cispo",
         loss_fn_config: dict | None = None,
         normalize_advantages: bool = True,
+        grad_accumulation_sequences: int | None = None,
         adam_params: object | None = None,
+        kl_penalty_coef: float = 0.0,
+        kl_penalty_step_lag: int | None = None,
         train_options: Mapping[str, Any] | None = None,
         max_steps: int | None = None,
         discard_queue_multiplier: int = 100,
+        max_steps_off_policy: int | None = 4,
+        limit_mean_steps_off_policy: float | None = None,
+        stale_groups: Literal["drop", "wait"] = "drop",
+        score_reference_groups_per_step: float | None = None,
+        score_reference_rollouts_per_group: float | None = None,
         log_interval_seconds: float = 60.0,
         status_ewa_alpha: float = 0.2,
         total_scenarios: int | None = None,
         eval_every_n_steps: int = 20,
         eval_at_start: bool = True,
         save_checkpoint: bool = True,
+        optimizer_save_interval: int = 5,
         checkpoint_retention_strategy: CheckpointRetentionStrategy | None = None,
         checkpoint_retention_interval: int = 1,
         resume: bool = True,
+        rollout_executor: object | None = None,
     ) -> None:
-        """`num_rollout_workers` scenarios run at once; a step trains `min_batch_size` to
-        `max_batch_size` (default 10x min) groups. `max_steps_off_policy`: the most steps a trained
-        group may lag the policy it trains (None: unbounded); `stale_groups` says what happens to
-        one that would lag more ("drop" it, or "wait" for it so it trains in time). `queue_maxsize`
-        (default max_steps_off_policy x max_batch_size, at least one batch): finished groups that
-        may wait for a batch before workers hold off. `learning_rate`, `loss_fn` ("cispo" or
+        """`pipeline` (`PipelineRuntimeConfig`, ART's): `num_rollout_workers` scenarios run at once;
+        a step trains `min_batch_size` to `max_batch_size` (default 10x min) groups; `queue_maxsize`
+        finished groups may wait for a batch before workers hold off (default: one batch per step
+        a group may lag, at least one batch). Passing those four to the trainer itself is ART's
+        deprecated spelling (a DeprecationWarning; with `pipeline` too, an error).
+        `max_steps_off_policy`: the most steps a trained group may lag the policy it trains (None:
+        unbounded); `limit_mean_steps_off_policy`: the most its token-weighted mean lag may be
+        (None: no limit); `stale_groups` says what happens to one past the first bound ("drop"
+        it, or "wait" for it so it trains in time). `learning_rate`, `loss_fn` ("cispo" or
         "ppo"), `normalize_advantages` and `train_options` (any other `backend.train` option,
         e.g. {"epsilon_high": 5.0}) go to every step. `max_steps`: steps to train in this call.
         Training stops after `discard_queue_multiplier` x `min_batch_size` groups in a row without
@@ -187,9 +210,33 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         `checkpoint_retention_strategy` (e.g. `keep_recent_and_top()`) picks which older ones to
         delete (ART's contract), every `checkpoint_retention_interval` steps. `resume`: continue from the run's
         saved pipeline state. `log_interval_seconds`: a status line that often.
-        (`status_ewa_alpha` and `adam_params`/`loss_fn_config` other than None are ART's and
-        have no meaning here: the latter two are refused by `backend.train`.)"""
-        problems = []
+        (`status_ewa_alpha`, `grad_accumulation_sequences`, `optimizer_save_interval` and the
+        `score_reference_*` settings are ART's and accepted for its code, with no effect here;
+        `adam_params`/`loss_fn_config` other than None and `kl_penalty_coef` other than 0 are
+        refused by `backend.train`; ART's autotuner and distributed rollout executors are not
+        available: `autotune` other than off and a `rollout_executor` are refused.)"""
+        problems = check_art_keywords(
+            pipeline=pipeline, autotune=autotune, rollout_executor=rollout_executor,
+            limit_mean_steps_off_policy=limit_mean_steps_off_policy, kl_penalty_coef=kl_penalty_coef,
+            kl_penalty_step_lag=kl_penalty_step_lag, grad_accumulation_sequences=grad_accumulation_sequences,
+            optimizer_save_interval=optimizer_save_interval,
+            score_reference_groups_per_step=score_reference_groups_per_step,
+            score_reference_rollouts_per_group=score_reference_rollouts_per_group)
+        aliases = {name: value for name, value in (("num_rollout_workers", num_rollout_workers),
+                                                   ("min_batch_size", min_batch_size),
+                                                   ("max_batch_size", max_batch_size),
+                                                   ("queue_maxsize", queue_maxsize)) if value is not None}
+        if pipeline is not None and aliases:
+            problems.append(f"{', '.join(aliases)}: Use either pipeline=PipelineRuntimeConfig(...) or deprecated "
+                            "direct pipeline settings, not both.")
+        elif aliases:
+            warnings.warn("Direct PipelineTrainer runtime settings are deprecated; pass "
+                          "pipeline=PipelineRuntimeConfig(...) instead.", DeprecationWarning, stacklevel=2)
+        settings = pipeline if isinstance(pipeline, PipelineRuntimeConfig) else PipelineRuntimeConfig()
+        num_rollout_workers = aliases.get("num_rollout_workers", settings.num_rollout_workers)
+        min_batch_size = aliases.get("min_batch_size", settings.min_batch_size)
+        max_batch_size = aliases.get("max_batch_size", settings.max_batch_size)
+        queue_maxsize = aliases.get("queue_maxsize", settings.queue_maxsize)
 
         def check_int(name: str, value, low: int, none_ok: bool = False) -> None:
             if value is None and none_ok:
@@ -220,16 +267,27 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         if eval_fn is not None and not callable(eval_fn):
             problems.append("eval_fn must be an async function (model, step, config) or None")
         if problems:
-            field_name = problems[0].split(" ", 1)[0]
+            field_name = problems[0].split(" ", 1)[0].rstrip(":,")
             raise ArtValueError("invalid PipelineTrainer settings: " + "; ".join(problems), field=field_name)
         self.model, self.backend, self.rollout_fn, self.config, self.eval_fn = model, backend, rollout_fn, config, eval_fn
+        self.pipeline = PipelineRuntimeConfig(**{**settings.model_dump(exclude_unset=True), **aliases})
         self.num_rollout_workers = num_rollout_workers
         self.min_batch_size = min_batch_size
         self.max_batch_size = max_batch_size if max_batch_size is not None else 10 * min_batch_size
         self.max_steps_off_policy = max_steps_off_policy
+        self.limit_mean_steps_off_policy = limit_mean_steps_off_policy
+        self._age_bound = (max_steps_off_policy if max_steps_off_policy is not None else
+                           math.ceil(limit_mean_steps_off_policy) if limit_mean_steps_off_policy is not None else None)
+        """The lag the rollout gate plans for: the hard bound, else the mean limit rounded up."""
         self.stale_groups = stale_groups
-        self.queue_maxsize = queue_maxsize or max(self.max_batch_size,
-                                                  (max_steps_off_policy or 1) * self.max_batch_size)
+        self.queue_maxsize = queue_maxsize or max(self.max_batch_size, (self._age_bound or 1) * self.max_batch_size)
+        self.kl_penalty_step_lag = kl_penalty_step_lag
+        self.optimizer_save_interval = optimizer_save_interval
+        self.score_reference_groups_per_step = (score_reference_groups_per_step if score_reference_groups_per_step
+                                                is not None else settings.score_reference_groups_per_step)
+        self.score_reference_rollouts_per_group = (
+            score_reference_rollouts_per_group if score_reference_rollouts_per_group is not None
+            else settings.score_reference_rollouts_per_group)
         self.train_kwargs = {"learning_rate": learning_rate, "loss_fn": loss_fn, "loss_fn_config": loss_fn_config,
                              "normalize_advantages": normalize_advantages, "adam_params": adam_params,
                              **dict(train_options or {})}
@@ -362,7 +420,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         stale_groups="wait": exactly one batch at a time, the synchronous loop."""
         if len(self._ready) >= self.queue_maxsize:
             return False
-        bound = self.max_steps_off_policy
+        bound = self._age_bound
         if bound is None:
             return True
         return self._places_filled(bound) < self._places_until(self._policy + bound) - 1e-9
@@ -419,6 +477,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         started_at, version = time.monotonic(), self._policy
         self._running[index] = version
         self.state.total_scenarios_consumed += 1
+        costs = self._metrics_context("train")
         try:
             group = self.rollout_fn(self.model, scenario, self.config)
             if inspect.isawaitable(group) and not isinstance(group, TrajectoryGroup):
@@ -435,6 +494,8 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             log.warning("scenario %d: the rollout failed (%s: %s); it is not trained", index, type(exc).__name__, exc)
             return
         finally:
+            if costs is not None:
+                costs.var.reset(costs)
             self._running.pop(index, None)
             self._changes.notify()
         elapsed = time.monotonic() - started_at
@@ -506,11 +567,13 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             await self._changes.wait()
 
     def _set_aside_unusable(self, step: int) -> None:
-        """Drop what is too old to train at `step` (with stale_groups="drop"), counted and used
-        up. (Groups whose rewards are all equal were set aside as they finished.)"""
-        bound, keep = self.max_steps_off_policy, []
+        """Drop what is too old to train at `step` (with stale_groups="drop"), or whose mean lag
+        passes `limit_mean_steps_off_policy`, counted and used up. (Groups whose rewards are all
+        equal were set aside as they finished.)"""
+        bound, limit, keep = self.max_steps_off_policy, self.limit_mean_steps_off_policy, []
         for item in self._ready:
-            if bound is not None and item.version < step - bound:
+            if (bound is not None and item.version < step - bound) or (
+                    limit is not None and mean_steps_off_policy(item.group, step, item.version) > limit):
                 self._interval.stale += 1
                 self.state.discarded_stale_groups += 1
                 self.state.use_up(item.index)
@@ -558,6 +621,8 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         if "trained_tokens" in result.metrics:  # with time/step_trainer_s: throughput/avg_trainer_tok_per_s
             metrics["data/step_trainer_tokens"] = result.metrics["trained_tokens"]
         await self.model.log(groups, split="train", step=step, metrics=metrics)
+        await self._log_checkpoint(result.step, {CHECKPOINT_SAVED_METRIC: 1.0,
+                                                 CHECKPOINT_CREATED_AT_METRIC: time.time()})
         if self._set_aside:
             aside, self._set_aside = self._set_aside, []
             await self.model.log(aside[:50], split="discarded", step=step)
@@ -574,8 +639,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
     def _step_metrics(self, step: int, batch: list[_Finished], interval: _Interval, idle_s: float,
                       train_s: float) -> dict[str, float]:
         lags = [step - item.version for item in batch]
-        weights = [(step - (t.initial_policy_version if t.initial_policy_version is not None else item.version),
-                    max(1, completion_tokens(t))) for item in batch for t in item.group.trajectories]
+        weights = [pair for item in batch for pair in _ages(step, item.group, item.version)]
         wall = time.monotonic() - interval.started
         trajectories = sum(len(item.group.trajectories) for item in batch)
         return {
@@ -640,7 +704,12 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
     async def _evaluate(self, step: int) -> None:
         began = time.monotonic()
         try:
-            result = await self.eval_fn(self.model, step, self.config)
+            costs = self._metrics_context("eval")
+            try:
+                result = await self.eval_fn(self.model, step, self.config)
+            finally:
+                if costs is not None:
+                    costs.var.reset(costs)
             splits = result if isinstance(result, Mapping) else {"val": result}
             timing = {"time/step_eval_s": time.monotonic() - began}
             for split, items in splits.items():
@@ -650,6 +719,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
                     timing = None
             if timing is not None:
                 await self.model.log(split="val", step=step, metrics=timing)
+            await self._log_checkpoint(step, {CHECKPOINT_EVAL_COMPLETED_METRIC: 1.0})
             self.state.completed_eval_steps = sorted(set(self.state.completed_eval_steps) | {step})
             self.model.merge_state({STATE_KEY: self.state.saved()})
         except asyncio.CancelledError:
@@ -659,6 +729,12 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         finally:
             self._evaluating.discard(step)
             self._changes.notify()
+
+    def _metrics_context(self, name: str):
+        """As ART's pipeline: API costs of rollouts go to the "train" row, of evaluations to the
+        "val" one (`Model.activate_metrics_context`); None for a model without it."""
+        activate = getattr(self.model, "activate_metrics_context", None)
+        return activate(name) if callable(activate) else None
 
     # -- checkpoints ----------------------------------------------------------------------------
     async def _retain_checkpoints(self, step: int) -> None:
@@ -672,30 +748,61 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         eligible = [s for s in steps if s not in protected]
         if not eligible:
             return
-        keep: set[int] = set()
-        if self.save_checkpoint:  # ART's contract: the strategy names the steps to delete
-            infos = await self._checkpoint_infos(eligible)
-            delete = set(strategy(CheckpointRetentionContext(current_step=step, checkpoints=infos)))
-            keep = set(eligible) - delete
-        if set(eligible) - keep:
-            await self.backend.delete_checkpoints(self.model, keep_steps=sorted((set(steps) - set(eligible)) | keep))
+        keep = set(steps) - set(eligible)
+        if self.save_checkpoint:  # ART's contract: the strategy's plan names the steps to keep
+            plan = plan_checkpoint_retention(current_step=step, checkpoints=await self._checkpoint_infos(steps),
+                                             protected_steps=protected, strategy=strategy)
+            if plan is None:
+                return
+            keep = plan.retain_steps | plan.archive_steps
+        if set(steps) - keep:
+            await self.backend.delete_checkpoints(self.model, keep_steps=sorted(keep))
+
+    async def _log_checkpoint(self, step: int, metrics: dict[str, float]) -> None:
+        """A history row of its own for a checkpoint fact (ART's `checkpoint/*` rows): history
+        only, not W&B, and not routed under a split."""
+        await self.backend.log(self.model, split="train", step=step, metrics=metrics, groups=[])
 
     async def _checkpoint_infos(self, steps: list[int]) -> list[CheckpointInfo]:
+        """What a strategy knows of each step, from its history rows: every numeric metric
+        averaged over the rows (ART's), when its checkpoint was written and whether an
+        evaluation of it finished (`checkpoint/*`, else a `val/` or `test/` metric)."""
         sums: dict[int, dict[str, list[float]]] = {}
         for row in await self.backend.get_history(self.model):
             at = row.get("step")
             if type(at) is int and at in steps:
                 for key, value in row.items():
-                    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+                    if (key not in ("step", "recorded_at") and isinstance(value, (int, float))
+                            and not isinstance(value, bool) and math.isfinite(value)):
                         sums.setdefault(at, {}).setdefault(key, []).append(float(value))
         out = []
         for at in sorted(steps):
-            metrics = {k: sum(v) / len(v) for k, v in sums.get(at, {}).items() if k != "step"}
+            metrics = {k: sum(v) / len(v) for k, v in sums.get(at, {}).items()}
+            created = metrics.get(CHECKPOINT_CREATED_AT_METRIC)
             out.append(CheckpointInfo(
-                step=at, path=f"checkpoints/{at:04d}", created_at=datetime.now(timezone.utc),
-                is_eval_step=at in self.state.completed_eval_steps or any(k.startswith("val/") for k in metrics),
+                step=at, path=f"checkpoints/{at:04d}",
+                created_at=datetime.fromtimestamp(created, timezone.utc) if created is not None
+                else datetime.now(timezone.utc),
+                is_eval_step=(at in self.state.completed_eval_steps
+                              or metrics.get(CHECKPOINT_EVAL_COMPLETED_METRIC, 0.0) > 0.0
+                              or any(k.startswith(("val/", "test/")) for k in metrics)),
                 metrics=metrics))
         return out
+
+
+def mean_steps_off_policy(group: TrajectoryGroup, step: int, default_version: int) -> float:
+    """How many steps behind `step` the policy that sampled `group` is, on average over its
+    completion tokens (what `limit_mean_steps_off_policy` bounds): each trajectory lags from
+    its `initial_policy_version` (else `default_version`), weighted by its completion tokens
+    (at least 1). A group without trajectories lags `step - default_version`."""
+    pairs = _ages(step, group, default_version)
+    return sum(a * w for a, w in pairs) / sum(w for _, w in pairs) if pairs else float(step - default_version)
+
+
+def _ages(step: int, group: TrajectoryGroup, default_version: int) -> list[tuple[int, int]]:
+    """(lag behind `step`, completion tokens) of each trajectory of a group."""
+    return [(step - (t.initial_policy_version if t.initial_policy_version is not None else default_version),
+             max(1, completion_tokens(t))) for t in group.trajectories]
 
 
 def _as_groups(items, split: str) -> list[TrajectoryGroup]:

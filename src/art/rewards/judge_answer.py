@@ -2,13 +2,16 @@
 
 A judge asked for structured output (`response_format` json_schema) can only produce the
 schema's shape; any other judge may wrap the JSON in prose or a code fence, skip or repeat a
-trajectory, or score outside [0, 1]. Parsing finds the JSON object, validates it with pydantic,
-requires exactly one score per trajectory id, and clamps scores into [0, 1], counting each.
+trajectory, or score on another scale ("8/10", 80). Parsing finds the JSON object, validates it
+with pydantic, requires exactly one score per trajectory id, brings scores to [0, 1] and clamps
+what stays outside, counting each.
 """
 
 from __future__ import annotations
 
 import math
+import re
+from collections import Counter
 
 from pydantic import BaseModel, Field, ValidationError
 
@@ -33,7 +36,20 @@ class Response(BaseModel):
 
 
 class JudgeAnswerError(ValueError):
-    """The judge's answer cannot be used (not JSON, wrong shape, ids missing or repeated)."""
+    """The judge's answer cannot be used (not JSON, wrong shape, ids missing, repeated or
+    unexpected). For a wrong set of ids, `got` (score objects in the answer), `missing`,
+    `duplicate` and `unexpected` (trajectory ids) say what was wrong, so a retry can tell the
+    judge; they are None for any other problem."""
+
+    def __init__(self, message: str, *, got: int | None = None, missing: list[str] | None = None,
+                 duplicate: list[str] | None = None, unexpected: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.got, self.missing, self.duplicate, self.unexpected = got, missing, duplicate, unexpected
+
+    @property
+    def structural(self) -> bool:
+        """Whether the answer parsed but scored the wrong set of trajectory ids."""
+        return self.got is not None
 
 
 def answer_schema(n: int) -> dict:
@@ -63,36 +79,99 @@ def answer_schema(n: int) -> dict:
 
 
 def parse_answer(content: str | None, n: int) -> tuple[list[TrajectoryScore], int]:
-    """(scores in trajectory order "1".."n", how many were clamped into [0, 1])."""
+    """(scores in trajectory order "1".."n", in [0, 1]; how many were clamped into it).
+
+    A score may be a number or a string: "0.8", "8/10", "40%". Numbers on another scale are
+    brought to [0, 1] by the answer's largest: all within 1 are taken as they are, else within
+    10 they are tenths (8 -> 0.8), else within 100 hundredths; a fraction or a percentage says
+    its own scale. What is still outside [0, 1] (a negative, past 100) is clamped and counted."""
     data = _json_object(content or "")
+    raw_scores = data.get("scores") if isinstance(data, dict) else None
+    explicit: set[int] = set()
+    if isinstance(raw_scores, list):
+        data = {**data, "scores": [_plain_entry(entry, i, explicit) for i, entry in enumerate(raw_scores)]}
     try:
         answer = Response.model_validate(data)
     except ValidationError as exc:
         raise JudgeAnswerError(f"the answer does not match the schema: {exc.errors()[0]['msg']} "
                                f"at {'.'.join(map(str, exc.errors()[0]['loc']))}") from exc
-    by_id: dict[str, TrajectoryScore] = {}
-    for score in answer.scores:
-        key = score.trajectory_id.strip()
-        if key in by_id:
-            raise JudgeAnswerError(f"trajectory {key!r} was scored twice")
-        by_id[key] = score
     expected = [str(i) for i in range(1, n + 1)]
-    missing = [i for i in expected if i not in by_id]
-    unknown = sorted(set(by_id) - set(expected))
-    if missing or unknown:
-        raise JudgeAnswerError(f"the answer must score trajectories {expected} once each; missing {missing}, "
-                               f"unknown {unknown}")
+    ids = [score.trajectory_id.strip() for score in answer.scores]
+    _check_ids(ids, expected)
+    values = [score.score for score in answer.scores]
+    for key, value in zip(ids, values):
+        if not math.isfinite(value):
+            raise JudgeAnswerError(f"trajectory {key!r} has a non-finite score {value!r}")
+    implicit = [abs(v) for i, v in enumerate(values) if i not in explicit]
+    scale = next((s for s in SCALES if max(implicit, default=0.0) <= s), SCALES[-1])
+    by_id: dict[str, TrajectoryScore] = {}
     clamped = 0
-    out = []
-    for key in expected:
-        score = by_id[key]
-        if not math.isfinite(score.score):
-            raise JudgeAnswerError(f"trajectory {key!r} has a non-finite score {score.score!r}")
-        if not 0.0 <= score.score <= 1.0:
+    for i, (key, score) in enumerate(zip(ids, answer.scores)):
+        value = score.score if i in explicit else score.score / scale
+        if not 0.0 <= value <= 1.0:
             clamped += 1
-            score = score.model_copy(update={"score": min(1.0, max(0.0, score.score))})
-        out.append(score.model_copy(update={"trajectory_id": key}))
-    return out, clamped
+            value = min(1.0, max(0.0, value))
+        by_id[key] = score.model_copy(update={"trajectory_id": key, "score": value})
+    return [by_id[key] for key in expected], clamped
+
+
+SCALES = (1.0, 10.0, 100.0)
+"""The scales a judge's plain numbers are read on, the smallest that holds them all."""
+_FRACTION = re.compile(r"^\s*([-+]?\d*\.?\d+)\s*/\s*(\d*\.?\d+)\s*$")
+_PERCENT = re.compile(r"^\s*([-+]?\d*\.?\d+)\s*%\s*$")
+
+
+def _plain_entry(entry: object, index: int, explicit: set[int]) -> object:
+    """A score entry with a numeric id made a string and a string score made a number; the
+    index goes into `explicit` when the score stated its scale ("8/10", "40%")."""
+    if not isinstance(entry, dict):
+        return entry
+    entry = dict(entry)
+    if isinstance(entry.get("trajectory_id"), int) and not isinstance(entry["trajectory_id"], bool):
+        entry["trajectory_id"] = str(entry["trajectory_id"])
+    score = entry.get("score")
+    if isinstance(score, str):
+        entry["score"] = _score_text(score, str(entry.get("trajectory_id", index + 1)))
+        if _FRACTION.match(score) or _PERCENT.match(score):
+            explicit.add(index)
+    return entry
+
+
+def _score_text(text: str, key: str) -> float:
+    if fraction := _FRACTION.match(text):
+        top, bottom = float(fraction.group(1)), float(fraction.group(2))
+        if bottom == 0:
+            raise JudgeAnswerError(f"trajectory {key!r} has score {text!r}, a fraction over 0")
+        return top / bottom
+    if percent := _PERCENT.match(text):
+        return float(percent.group(1)) / 100
+    try:
+        return float(text)
+    except ValueError:
+        raise JudgeAnswerError(f"trajectory {key!r} has score {text!r}: not a number, a fraction such as '8/10' "
+                               "or a percentage such as '40%'") from None
+
+
+def _check_ids(ids: list[str], expected: list[str]) -> None:
+    """Exactly one score per expected id, or a structural JudgeAnswerError saying what differs
+    (its message opens as ART's: "Expected 2 scores, but got 1")."""
+    counts = Counter(ids)
+    missing = [i for i in expected if i not in counts]
+    duplicate = [i for i in counts if counts[i] > 1]
+    unexpected = [i for i in counts if i not in set(expected)]
+    if not (missing or duplicate or unexpected):
+        return
+    head = (f"Expected {len(expected)} scores, but got {len(ids)}" if len(ids) != len(expected)
+            else f"Expected one score for each trajectory ID {', '.join(expected)}")
+    raise JudgeAnswerError(
+        f"{head} (missing trajectory IDs: {listed(missing)}; duplicate trajectory IDs: {listed(duplicate)}; "
+        f"unexpected trajectory IDs: {listed(unexpected)})",
+        got=len(ids), missing=missing, duplicate=duplicate, unexpected=unexpected)
+
+
+def listed(ids: list[str]) -> str:
+    """Ids as the judge is told them: "1, 2", or "none"."""
+    return ", ".join(ids) if ids else "none"
 
 
 def _json_object(content: str) -> object:

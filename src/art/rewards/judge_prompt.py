@@ -4,7 +4,8 @@ The messages every trajectory starts with (system prompt, task) are shown once, 
 `<context>`; each trajectory then shows only what follows. Messages are rendered as text,
 `[role] content`, tool calls as `name({...})` and tool results under the tool's name; token ids
 and logprobs are never sent. A trajectory longer than the budget keeps its head and its end
-(where the outcome usually is) with the cut marked.
+(where the outcome usually is) with the cut marked. A retry shows the judge its unusable answer
+and what was wrong with it (`correction`).
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from __future__ import annotations
 import json
 from textwrap import dedent
 from typing import Any
+
+from art.rewards.judge_answer import listed
 
 DEFAULT_RUBRIC = dedent(
     """
@@ -88,8 +91,8 @@ def judge_messages(message_lists: list[list[dict[str, Any]]], rubric: str,
         context = "\n".join(render_message(m) for m in message_lists[0][:shared])
         parts.append(f"<context>\n{truncate(context, max_trajectory_tokens)}\n</context>")
     if tools:
-        listed = json.dumps(tools, ensure_ascii=False, default=str)
-        parts.append(f"<available_tools>\n{truncate(listed, max_trajectory_tokens)}\n</available_tools>")
+        tool_text = json.dumps(tools, ensure_ascii=False, default=str)
+        parts.append(f"<available_tools>\n{truncate(tool_text, max_trajectory_tokens)}\n</available_tools>")
     for i, messages in enumerate(message_lists, start=1):
         body = "\n".join(render_message(m) for m in messages[shared:])
         parts.append(f'<trajectory id="{i}">\n{truncate(body, max_trajectory_tokens)}\n</trajectory>')
@@ -99,11 +102,32 @@ def judge_messages(message_lists: list[list[dict[str, Any]]], rubric: str,
 
         Grading standards:
         {rubric}
-        Answer with a JSON object {{"scores": [{{"trajectory_id": "1", "explanation": "...", "score": 0.5}}, ...]}}, one entry per trajectory id, in order.
+        Answer with a JSON object {{"scores": [{{"trajectory_id": "1", "explanation": "...", "score": 0.5}}, ...]}} holding exactly {n} score objects, one for each trajectory ID ({ids}), in order.
         """
-    ).strip().format(rubric=rubric.strip())
+    ).strip().format(rubric=rubric.strip(), n=len(message_lists), ids=_ids(len(message_lists)))
     intro = "The messages shared by every trajectory are in <context>.\n\n" if shared else ""
     if tools:
         intro += "The tools the agent could call are in <available_tools>.\n\n"
     return [{"role": "system", "content": system},
             {"role": "user", "content": intro + "Trajectories:\n\n" + "\n\n".join(parts)}]
+
+
+def correction(bad_answer: str, problem: ValueError, n: int) -> list[dict[str, str]]:
+    """What a retry adds to the judge's conversation: its unusable answer, then what was wrong
+    with it (for a wrong set of ids: which are missing, repeated or unexpected) and what to send."""
+    got = getattr(problem, "got", None)
+    if got is not None:
+        what = (f"Your previous answer had {got} score object{'' if got == 1 else 's'}, but there "
+                f"{'is 1 trajectory' if n == 1 else f'are {n} trajectories'}.\n"
+                f"Missing trajectory IDs: {listed(problem.missing)}\n"
+                f"Duplicate trajectory IDs: {listed(problem.duplicate)}\n"
+                f"Unexpected trajectory IDs: {listed(problem.unexpected)}")
+    else:
+        what = f"Your previous answer could not be used: {problem}"
+    return [{"role": "assistant", "content": bad_answer},
+            {"role": "user", "content": f"{what}\n\nAnswer again with exactly {n} score object"
+                                        f"{'' if n == 1 else 's'}, using each trajectory ID exactly once: {_ids(n)}."}]
+
+
+def _ids(n: int) -> str:
+    return ", ".join(str(i) for i in range(1, n + 1))

@@ -10,6 +10,8 @@ OpenAI-compatible endpoint, reached with the official `openai` client (no LiteLL
   is a local Ollama's OpenAI-compatible endpoint at `OLLAMA_API_BASE` (LiteLLM's variable;
   default http://localhost:11434), sent the plain answer schema as ART sends it
   (`_get_response_format_for_ollama`).
+- `judge_model="openrouter/openai/gpt-4.1-mini"`: OpenRouter (`OPENROUTER_API_KEY`, and
+  `OPENROUTER_API_BASE` as LiteLLM reads it), asked for `openai/gpt-4.1-mini`.
 - `judge=AsyncOpenAI(...)`, `judge="http://host:8000/v1"` (+ `judge_api_key`), or an `art.Model`
   registered with a backend (our own server, e.g. the base model served next to the one being
   trained: `judge=model, judge_model=model.base_model`).
@@ -17,7 +19,11 @@ OpenAI-compatible endpoint, reached with the official `openai` client (no LiteLL
 The judge is asked for a JSON schema through `response_format` (constrained decoding on our
 server, vLLM and OpenAI); a judge that refuses it is asked for a JSON object, then for plain
 text, and the level that worked is remembered per endpoint. Every answer is parsed strictly
-(`judge_answer`); an unusable one is retried `max_retries` times, then `JudgeError`.
+(`judge_answer`; "8/10", "40%" and a 0-10 or 0-100 scale are read as [0, 1]). An unusable answer
+is retried `max_retries` times (default 1: two calls, as ART's), the judge shown its answer and
+which trajectory ids were missing, repeated or unexpected; then `RulerAnswerError` (a
+`JudgeError` and, as ART's, a ValueError). Every call made while a metrics builder is active is
+charged to it as `costs/<context>/judge/ruler`.
 """
 
 from __future__ import annotations
@@ -33,9 +39,10 @@ from openai import APIConnectionError, APIStatusError, AsyncOpenAI, BadRequestEr
 from pydantic import BaseModel
 
 from art.errors import ArtValueError, JudgeError
+from art.metrics import active_builder
 from art.rewards.judge_answer import JudgeAnswerError, Response, TrajectoryScore, answer_schema, parse_answer
 from art.rewards.judge_cache import JudgeCache
-from art.rewards.judge_prompt import DEFAULT_RUBRIC, judge_messages
+from art.rewards.judge_prompt import DEFAULT_RUBRIC, correction, judge_messages
 from art.training.advantages import rewards_differ
 from art.trajectories import Trajectory, TrajectoryGroup, get_messages, is_choice
 
@@ -53,6 +60,11 @@ OLLAMA_PREFIXES = ("ollama/", "ollama_chat/")
 """LiteLLM's prefixes for a model served by Ollama (ART's judge names)."""
 DEFAULT_OLLAMA_BASE = "http://localhost:11434"
 """Where Ollama listens unless `OLLAMA_API_BASE` says otherwise (LiteLLM's default)."""
+OPENROUTER_PREFIX = "openrouter/"
+"""LiteLLM's prefix for a model served by OpenRouter (`openrouter/openai/gpt-4.1-mini`), which
+reports each call's cost in `usage.cost`."""
+DEFAULT_OPENROUTER_BASE = "https://openrouter.ai/api/v1"
+"""Where OpenRouter is reached unless `OPENROUTER_API_BASE` says otherwise (LiteLLM's variable)."""
 _warned_uniform: set[str] = set()
 """Judges (endpoint + model) already warned about for scoring a group's candidates all alike."""
 
@@ -88,6 +100,8 @@ class _Judge:
     """Made here (from None or a URL), so closed here after the call."""
     ollama: bool = False
     """An Ollama model (`ollama/...`): asked for the plain answer schema."""
+    priced_as: str = ""
+    """`judge_model` as given (`openai/gpt-4.1`): its provider prefix and name price each call."""
 
 
 def _is_ollama_model(judge_model: str) -> bool:
@@ -112,10 +126,16 @@ def _ollama_base_url() -> str:
 def _judge(judge: Any, judge_model: str, api_key: str | None) -> _Judge:
     ollama = _is_ollama_model(judge_model)
     model = judge_model.removeprefix("openai/")
-    for prefix in OLLAMA_PREFIXES:
+    for prefix in (*OLLAMA_PREFIXES, OPENROUTER_PREFIX):
         model = model.removeprefix(prefix)
     if judge is None and ollama:
         judge, api_key = _ollama_base_url(), api_key or "ollama"  # Ollama ignores the key
+    elif judge is None and judge_model.startswith(OPENROUTER_PREFIX):
+        judge = os.environ.get("OPENROUTER_API_BASE", DEFAULT_OPENROUTER_BASE)
+        api_key = api_key or os.environ.get("OPENROUTER_API_KEY")
+        if not api_key:
+            raise ArtValueError(f"no key for the OpenRouter judge {judge_model!r}: set OPENROUTER_API_KEY "
+                                "or pass judge_api_key", "judge_api_key")
     if judge is None or isinstance(judge, str):
         try:
             client = AsyncOpenAI(base_url=judge, api_key=api_key or os.environ.get("OPENAI_API_KEY")
@@ -130,7 +150,8 @@ def _judge(judge: Any, judge_model: str, api_key: str | None) -> _Judge:
     else:
         raise ArtValueError(f"judge must be an AsyncOpenAI client, a base URL or an art.Model, got "
                             f"{type(judge).__name__}", "judge")
-    return _Judge(client, model, str(client.base_url), owned=judge is None or isinstance(judge, str), ollama=ollama)
+    return _Judge(client, model, str(client.base_url), owned=judge is None or isinstance(judge, str), ollama=ollama,
+                  priced_as=judge_model)
 
 
 def _message_list(item: Any) -> list[dict[str, Any]]:
@@ -152,7 +173,7 @@ async def ruler(
     judge: Any = None,
     judge_api_key: str | None = None,
     extra_params: dict | None = None,
-    max_retries: int = 2,
+    max_retries: int = 1,
     max_trajectory_tokens: int = 2048,
     cache: bool | str | os.PathLike | Any = True,
     structured: bool | None = None,
@@ -161,7 +182,9 @@ async def ruler(
 ) -> list[TrajectoryScore]:
     """Score trajectories (Trajectory objects or message lists) relative to each other.
 
-    Returns one `TrajectoryScore` per input, in order, each clamped to [0, 1].
+    Returns one `TrajectoryScore` per input, in order, each in [0, 1].
+    - `max_retries`: tries after an unusable answer or a failed call (1: two calls, as ART's);
+      then `RulerAnswerError` (a ValueError, as ART's) or, after a failed call, `JudgeError`.
     - `tools`: the tool definitions the agent had (ART's argument), shown to the judge once.
     - `extra_params` (or ART's `extra_litellm_params`): request settings for the judge, e.g.
       `{"temperature": 0, "max_tokens": 2000}`; they are part of the cache key.
@@ -212,8 +235,10 @@ def _check_uniform(scores: list[TrajectoryScore], lists: list[list[dict]], targe
 async def _score(lists: list[list[dict]], target: _Judge, *, rubric: str, tools: list[Any] | None, params: dict,
                  max_retries: int, max_trajectory_tokens: int, store: JudgeCache | None, structured: bool | None,
                  debug: bool, stats: RulerStats) -> list[TrajectoryScore]:
-    """Ask the judge until an answer parses (at most 1 + max_retries tries), using the cache."""
-    messages = judge_messages(lists, rubric, max_trajectory_tokens, tools)
+    """Ask the judge until an answer parses (at most 1 + max_retries tries), using the cache.
+    A retry after an unusable answer shows the judge that answer and what was wrong with it."""
+    base = judge_messages(lists, rubric, max_trajectory_tokens, tools)
+    messages = base
     where = f"{target.endpoint}|{target.model}"
     level = 0 if structured else 2 if structured is False else _format_of.get(where, 0)
     last_error: Exception | None = None
@@ -252,13 +277,22 @@ async def _score(lists: list[list[dict]], target: _Judge, *, rubric: str, tools:
         except JudgeAnswerError as exc:
             stats.judge_errors += 1
             last_error = exc
+            messages = [*base, *correction(content, exc, len(lists))]
             log.warning("unusable judge answer (try %d of %d): %s", attempt + 1, max_retries + 1, exc)
             continue
         stats.clamped_scores += clamped
         if store:
             store.put(key, content)
         return _report(scores, stats, debug)
-    raise JudgeError(f"the judge {target.model} gave no usable answer in {max_retries + 1} tries; last: {last_error}")
+    tries = f"the judge {target.model} at {target.endpoint} gave no usable answer in {max_retries + 1} tries"
+    if isinstance(last_error, JudgeAnswerError):
+        raise RulerAnswerError(f"{last_error}; {tries}") from last_error
+    raise JudgeError(f"{tries}; last: {last_error}") from last_error
+
+
+class RulerAnswerError(JudgeError, ValueError):
+    """The judge's answers stayed unusable through every try. A `JudgeError`, and a ValueError
+    as ART's `ruler` raises, its message opening as ART's ("Expected 2 scores, but got 1")."""
 
 
 def _request(target: _Judge, messages: list[dict], params: dict, response_format: str | None, n: int) -> dict:
@@ -295,12 +329,27 @@ async def _ask(target: _Judge, request: dict[str, Any], stats: RulerStats) -> st
         response = await target.client.chat.completions.create(**request)
     finally:
         stats.judge_latency_s += time.monotonic() - started
+    _charge(target, response)
     if response.usage is not None:
         stats.judge_prompt_tokens += response.usage.prompt_tokens or 0
         stats.judge_completion_tokens += response.usage.completion_tokens or 0
     if not response.choices:
         return ""
     return response.choices[0].message.content or ""
+
+
+def _charge(target: _Judge, response: Any) -> None:
+    """Charge one judge call to the active metrics builder as `costs/<context>/judge/ruler`
+    (ART's), priced by `judge_model`'s provider prefix; a judge with no prefix, or whose price
+    is unknown (a local model), costs nothing."""
+    builder = active_builder()
+    provider, slash, _ = target.priced_as.partition("/")
+    if builder is None or not slash or not provider.strip():
+        return
+    try:
+        builder.add_response_cost("judge/ruler", response, provider=provider, model_name=target.priced_as)
+    except ValueError as exc:
+        log.debug("judge call not priced: %s", exc)
 
 
 def _about_format(exc: BadRequestError) -> bool:

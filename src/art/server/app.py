@@ -1,4 +1,5 @@
-"""The OpenAI-compatible HTTP face of a backend: /v1/models, /v1/chat/completions and /v1/responses.
+"""The OpenAI-compatible HTTP face of a backend: /v1/models, /v1/chat/completions, /v1/completions,
+/v1/responses and Anthropic's /v1/messages.
 
 The app holds no model state: every request resolves its `model` through the registry it was
 given and samples with that engine. It turns chat messages into prompt ids (the engine never
@@ -16,7 +17,12 @@ a failure in one request is answered with a 500 and never takes the server down.
 path: `art.responses_format` turns the request into the chat request it means, that request is
 served as above, and the chat answer (or each chunk of its stream) is written back in the
 Responses shape, with the same `token_ids`, `prompt_token_ids`, logprobs and `step` on the
-`Response` itself.
+`Response` itself. Anthropic's /v1/messages (what the `anthropic` SDK calls) is served the same
+way (`art.messages_format`), written back as a `Message` with `token_ids`,
+`prompt_token_ids`, `logprobs` and `step` at its top level, its errors in Anthropic's shape.
+/v1/completions (OpenAI's legacy Completions) samples the prompt as sent, text or token ids,
+without a chat template (`art.server.completions_format`); its choices carry vLLM's
+`token_ids` and `prompt_token_ids` and logprobs in the Completions shape.
 
 A backend whose models may be known only on disk (`art serve` after a restart) passes
 `recover`: a model name that does not resolve is offered to it once, and resolved again if it
@@ -41,12 +47,17 @@ from art.chat_template import prompt_ids, template_messages, tools_active
 from art.engine.base import SamplingParams, ServedModel
 from art.errors import ArtError, ArtValueError, ContextLengthError, ModelNotFoundError
 from art.observability import tracing
-from art.responses_format import ResponseEvents, ResponsesFormatError, chat_request, response_object, sse
-from art.server.errors import AsciiJSONResponse, error_object, error_response, install_error_handlers
+from art.responses_format import ResponseEvents, ResponsesFormatError, chat_request, response_object
+from art.responses_format import sse as responses_sse  # the Anthropic one is messages_format.sse
+from art import messages_format
+from art.server import completions_format
+from art.server.errors import AsciiJSONResponse, as_anthropic, error_object, error_response, install_error_handlers
+from art.messages_format import MessagesFormatError
 from art.server.openai_format import (ChunkWriter, TokenText, request_attributes, response_attributes,
                                       response_choice, response_head, token_usage)
 from art.server.registry import ModelRegistry
-from art.server.schemas import ChatCompletionRequest, ResponsesRequest
+from art.server.schemas import (ChatCompletionRequest, CompletionRequest, MessagesCountRequest, MessagesRequest,
+                                ResponsesRequest)
 from art.server.structured_output import grammar_for
 
 def create_app(registry: ModelRegistry, *, default_max_tokens: int = 1024,
@@ -97,17 +108,18 @@ def create_app(registry: ModelRegistry, *, default_max_tokens: int = 1024,
                 raise
             return registry.resolve(model)  # stored on disk, loaded again just now
 
-    async def serve(what: str, body: ChatCompletionRequest, request: Request,
-                    answer: Callable[[ServedModel, Any], Awaitable[Any]]):
+    async def serve(what: str, body: ChatCompletionRequest | CompletionRequest, request: Request,
+                    answer: Callable[[ServedModel, Any], Awaitable[Any]], attributes=request_attributes):
         """Resolve the model and `answer(served, span)` inside the request's span. The caller's
         trace (a rollout's span) continues here: the completion hangs under it. A stream's span
-        ends with its last chunk; every other answer ends it here."""
+        ends with its last chunk; every other answer ends it here. `attributes(body)`: the span's
+        request attributes."""
         response = current = None
         try:
             with tracing.span(f"{what.split()[0]} {body.model}", kind="SERVER", end_on_exit=False,
                               context=tracing.extract_context(request.headers)) as current:
                 if current is not None:
-                    tracing.set_attributes(current, request_attributes(body))
+                    tracing.set_attributes(current, attributes(body))
                 try:
                     response = await answer(await resolve(body.model), current)
                     return response
@@ -125,6 +137,14 @@ def create_app(registry: ModelRegistry, *, default_max_tokens: int = 1024,
         return await serve("chat completion", body, request,
                            lambda served, span: _complete(served, body, default_max_tokens, span))
 
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request):
+        """OpenAI's legacy Completions: a prompt (text or token ids) without a chat template
+        (`art.server.completions_format`)."""
+        return await serve("completion", body, request,
+                           lambda served, span: completions_format.complete(served, body, default_max_tokens, span),
+                           completions_format.request_attributes)
+
     @app.post("/v1/responses")
     async def responses(body: ResponsesRequest, request: Request):
         """OpenAI's Responses API, served as the chat request it means (`art.responses_format`):
@@ -140,11 +160,42 @@ def create_app(registry: ModelRegistry, *, default_max_tokens: int = 1024,
                 exc.field = _RESPONSES_FIELDS.get(exc.field, exc.field)
                 raise
             if isinstance(result, StreamingResponse):
-                return StreamingResponse(_response_events(result.body_iterator, wire), media_type="text/event-stream")
+                return StreamingResponse(_chat_stream_as(result.body_iterator, ResponseEvents(wire), responses_sse),
+                                         media_type="text/event-stream")
             # ASCII JSON: the Response repeats request text (instructions, tools), which may hold a lone surrogate.
             return AsciiJSONResponse(response_object(result, wire))
 
         return await serve("response", chat, request, answer)
+
+    @app.post("/v1/messages")
+    async def messages(body: MessagesRequest, request: Request):
+        """Anthropic's Messages API, served as the chat request it means
+        (`art.messages_format`), written back as a `Message` or its stream events; errors
+        in Anthropic's shape."""
+        wire = body.model_dump(exclude_none=True)
+        chat = _chat_body(wire, messages_format.chat_request, messages_format.FIELDS)
+
+        async def answer(served: ServedModel, span):
+            try:
+                result = await _complete(served, chat, default_max_tokens, span)
+            except ArtValueError as exc:  # named as chat names it: say the Messages field instead
+                exc.field = messages_format.FIELDS.get(exc.field, exc.field)
+                raise
+            if isinstance(result, StreamingResponse):
+                return StreamingResponse(_chat_stream_as(result.body_iterator, messages_format.MessageEvents(),
+                                                         messages_format.sse),
+                                         media_type="text/event-stream")
+            return AsciiJSONResponse(messages_format.message_object(result))
+
+        return as_anthropic(await serve("message", chat, request, answer))
+
+    @app.post("/v1/messages/count_tokens")
+    async def count_tokens(body: MessagesCountRequest) -> dict[str, int]:
+        """Anthropic's token count: the length of the prompt the same Messages request renders."""
+        chat = _chat_body(body.model_dump(exclude_none=True), messages_format.chat_request, messages_format.FIELDS)
+        engine = (await resolve(chat.model)).engine
+        prompt, _ = await asyncio.to_thread(_prompt_and_grammar, engine, engine.tokenizer, chat)
+        return {"input_tokens": len(prompt)}
 
     return app
 
@@ -178,7 +229,7 @@ async def _complete(served: ServedModel, body: ChatCompletionRequest, default_ma
     usage = token_usage(prompt, completions)
     if span is not None:
         tracing.set_attributes(span, response_attributes(served, completions, prompt, head))
-    choices = [response_choice(i, c, prompt, tokens, parse) for i, c in enumerate(completions)]
+    choices = [response_choice(i, c, prompt, tokens, parse, params.stop) for i, c in enumerate(completions)]
     return {**head, "object": "chat.completion", "choices": choices, "usage": usage, "prompt_token_ids": prompt}
 
 
@@ -228,23 +279,24 @@ _RESPONSES_FIELDS = {"messages": "input", "response_format": "text.format", "max
 """Chat request fields -> the Responses fields they came from (for the 400s that name them)."""
 
 
-def _chat_body(wire: dict[str, Any]) -> ChatCompletionRequest:
-    """The chat request a Responses body means; a 400 naming the Responses field when it cannot be one."""
+def _chat_body(wire: dict[str, Any], translate=chat_request, fields=_RESPONSES_FIELDS) -> ChatCompletionRequest:
+    """The chat request a Responses (or Messages) body means; a 400 naming the field of the
+    request as sent when it cannot be one."""
     try:
-        return ChatCompletionRequest.model_validate(chat_request(wire))
-    except ResponsesFormatError as exc:
+        return ChatCompletionRequest.model_validate(translate(wire))
+    except (ResponsesFormatError, MessagesFormatError) as exc:
         raise ArtValueError(str(exc), exc.param) from None
     except ValidationError as exc:
         first = exc.errors()[0]
         loc = [str(part) for part in first.get("loc", ())]
-        field = _RESPONSES_FIELDS.get(loc[0], loc[0]) if loc else None
+        field = fields.get(loc[0], loc[0]) if loc else None
         raise ArtValueError(f"invalid request: {field}: {first.get('msg', 'invalid')}", field) from None
 
 
-async def _response_events(chunks, wire: dict[str, Any]):
-    """A chat stream's SSE lines (`_stream`'s) rewritten as Responses stream events. Closing
-    this closes the chat stream, which ends the request's span."""
-    events = ResponseEvents(wire)
+async def _chat_stream_as(chunks, events, sse):
+    """A chat stream's SSE lines (`_stream`'s) rewritten as another API's stream events:
+    `events` (a `ResponseEvents` or `MessageEvents`) turns each chunk into events, `sse` writes
+    them. Closing this closes the chat stream, which ends the request's span."""
     try:
         async for line in chunks:
             for data in (part[len("data: "):] for part in line.split("\n") if part.startswith("data: ")):

@@ -70,6 +70,34 @@ def error_object(exc: BaseException, what: str = "request") -> dict[str, Any]:
     return body
 
 
+ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                   404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
+                   503: "overloaded_error", 529: "overloaded_error"}
+"""HTTP status -> Anthropic's error `type` (any other 4xx: invalid_request_error, 5xx: api_error)."""
+ANTHROPIC_PATH = "/v1/messages"
+"""Routes under this path answer errors in Anthropic's shape (the `anthropic` SDK reads them)."""
+
+
+def anthropic_error(status: int, message: str) -> dict[str, Any]:
+    """Anthropic's error body `{"type": "error", "error": {type, message}}` for an HTTP status."""
+    kind = ANTHROPIC_TYPES.get(status, "invalid_request_error" if status < 500 else "api_error")
+    return {"type": "error", "error": {"type": kind, "message": message}}
+
+
+def as_anthropic(response: Any) -> Any:
+    """An error response in OpenAI's shape rewritten in Anthropic's (same status, Retry-After
+    kept); the field OpenAI's `param` names leads the message. Any other response passes."""
+    if not isinstance(response, JSONResponse) or response.status_code < 400:
+        return response
+    error = json.loads(response.body).get("error") or {}
+    message, param = str(error.get("message") or "error"), error.get("param")
+    if param and param not in message:
+        message = f"{param}: {message}"
+    headers = {k: v for k, v in response.headers.items() if k.lower() == "retry-after"}
+    return AsciiJSONResponse(anthropic_error(response.status_code, message), status_code=response.status_code,
+                             headers=headers or None)
+
+
 def _loc(loc: tuple) -> str | None:
     """('body', 'messages', 0, 'content') -> 'messages[0].content'; ('query', 'x') -> 'x'."""
     out = ""
@@ -79,8 +107,16 @@ def _loc(loc: tuple) -> str | None:
 
 
 def install_error_handlers(app: FastAPI) -> None:
-    """Answer every failure of `app`'s routes in OpenAI's error shape."""
+    """Answer every failure of `app`'s routes in OpenAI's error shape (Anthropic's under
+    `ANTHROPIC_PATH`)."""
+    def shaped(handler):
+        async def answer(request: Request, exc: Exception) -> JSONResponse:
+            response = await handler(request, exc)
+            return as_anthropic(response) if request.url.path.startswith(ANTHROPIC_PATH) else response
+        return answer
+
     @app.exception_handler(RequestValidationError)
+    @shaped
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         errors = exc.errors()
         if any(e.get("type") == "json_invalid" for e in errors):
@@ -100,15 +136,18 @@ def install_error_handlers(app: FastAPI) -> None:
         return _error(400, "invalid request: " + "; ".join(parts), "invalid_request_error", param)
 
     @app.exception_handler(ArtError)
+    @shaped
     async def art_error(request: Request, exc: ArtError) -> JSONResponse:
         return error_response(error_object(exc, f"{request.method} {request.url.path}"))
 
     @app.exception_handler(StarletteHTTPException)
+    @shaped
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
         return _error(exc.status_code, str(exc.detail), kind)
 
     @app.exception_handler(Exception)
+    @shaped
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
         # A backstop: Starlette still re-raises to the ASGI server after this response; the
         # routes themselves answer their own failures without re-raising.

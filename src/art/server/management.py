@@ -32,6 +32,7 @@ from art.server.schemas import (Cancelled, Checkpoints, DeletedCheckpoints, Fork
                                 TrainSFTRequest, TrajectoryGroupPayload)
 from art.server.security import check_base_model
 from art.service import ModelKey, ModelSpec, Progress, Service, TrainEvent, TrainResult, resolve_train_options
+from art.storage.history import rows_for_split
 from art.storage.layout import validate_name
 from art.training.sft_options import resolve_sft_options
 from art.trajectories import TrajectoryGroup
@@ -377,7 +378,7 @@ def management_router(service: Service, *, heartbeat_s: float = 10.0, model_root
                       split: str | None = Query(None, description="Only rows logged for this split.")) -> Response:
         rows = await service.history(key)
         if split is not None:
-            rows = [row for row in rows if row.get("split") == split]
+            rows = rows_for_split(rows, split)
         return _json({"rows": rows})
 
     return router

@@ -2,9 +2,10 @@
 chunks of a stream, and the tool calls parsed out of a completion's text.
 
 Every choice carries, beside OpenAI's fields, what RL training needs: its exact completion
-`token_ids`, the `prompt_token_ids` (vLLM's `return_token_ids` names) and per-token logprobs.
-Parsing `<tool_call>` blocks (the Hermes convention the prompt offers, `art.chat_template`)
-changes only the text fields: the ids and logprobs stay exactly as sampled. The GenAI
+`token_ids`, the `prompt_token_ids` (vLLM's `return_token_ids` names), per-token logprobs and
+vLLM's `stop_reason` (the stop string that ended it, else None: `matched_stop`). Parsing
+`<tool_call>` blocks (the Hermes convention the prompt offers, `art.chat_template`) changes only
+the text fields: the ids and logprobs stay exactly as sampled. The GenAI
 span attributes of a request and its response are written here too. Nothing here knows
 routes, registries or sampling.
 """
@@ -82,8 +83,20 @@ def token_usage(prompt: list[int], completions: list[Completion]) -> dict[str, i
     return {"prompt_tokens": len(prompt), "completion_tokens": generated, "total_tokens": len(prompt) + generated}
 
 
+def matched_stop(tokenizer, c: Completion, stop: tuple[str, ...]) -> str | None:
+    """vLLM's `stop_reason`: the stop string that ended `c`, None when EOS or the length did.
+
+    The engine cuts a matched stop string from the text but keeps its ids, so the full decode
+    holds it right where the text ends; of several starting there, the shortest completed first."""
+    if c.finish_reason != "stop" or not stop:
+        return None
+    whole = tokenizer.decode(c.token_ids, skip_special_tokens=True)
+    hits = [s for s in stop if whole.startswith(s, len(c.text))]
+    return min(hits, key=len) if hits else None
+
+
 def response_choice(index: int, c: Completion, prompt: list[int], tokens: TokenText,
-                    parse_tools: bool) -> dict[str, Any]:
+                    parse_tools: bool, stop: tuple[str, ...] = ()) -> dict[str, Any]:
     """One non-streamed choice; with `parse_tools`, `<tool_call>` blocks become `tool_calls`."""
     content, calls = split_completion(c.text, parse_tools)
     message: dict[str, Any] = {"role": "assistant", "content": content}
@@ -91,6 +104,7 @@ def response_choice(index: int, c: Completion, prompt: list[int], tokens: TokenT
         message["tool_calls"] = calls
     choice = {"index": index, "message": message,
               "finish_reason": "tool_calls" if calls else c.finish_reason,
+              "stop_reason": None if calls else matched_stop(tokens.tokenizer, c, stop),
               "logprobs": {"content": [tokens.entry(c, k) for k in range(len(c.token_ids))]},
               "token_ids": c.token_ids, "prompt_token_ids": prompt}
     if c.step is not None:  # the choice itself says which weights sampled it: a trajectory keeps only choices
@@ -200,13 +214,13 @@ class ChunkWriter:
     Each sampled token is one chunk with its text delta, `logprobs` and `token_ids`; the first
     chunk carries the role and `prompt_token_ids`. A choice whose tools are active sends empty
     content deltas per token and at the end its content once, or its content and its parsed calls
-    (`stream_deltas`): finding a call needs the whole text. Finish chunks, usage and
-    `[DONE]` follow the completions.
+    (`stream_deltas`): finding a call needs the whole text. Finish chunks (with `stop_reason`),
+    usage and `[DONE]` follow the completions.
     """
 
     def __init__(self, head: dict, prompt: list[int], n: int, tokens: TokenText, stop: tuple[str, ...],
                  parse_tools: bool, include_usage: bool, finals: list[str] | None = None) -> None:
-        self.head, self.prompt, self.n, self.tokens = head, prompt, n, tokens
+        self.head, self.prompt, self.n, self.tokens, self.stop = head, prompt, n, tokens, stop
         self.parse_tools, self.include_usage = parse_tools, include_usage
         self.texts = [IncrementalText(tokens.tokenizer, stop, finals[i] if finals else None) for i in range(n)]
 
@@ -240,7 +254,9 @@ class ChunkWriter:
             for delta in deltas:
                 yield self.sse([{"index": i, "delta": delta, "logprobs": None, "finish_reason": None}])
             finish = "tool_calls" if calls else c.finish_reason
-            yield self.sse([{"index": i, "delta": {}, "logprobs": None, "finish_reason": finish}])
+            stop_reason = None if calls else matched_stop(self.tokens.tokenizer, c, self.stop)
+            yield self.sse([{"index": i, "delta": {}, "logprobs": None, "finish_reason": finish,
+                             "stop_reason": stop_reason}])
         if self.include_usage:
             yield self.sse([], usage=usage)
         yield "data: [DONE]\n\n"

@@ -1,6 +1,7 @@
 """The bodies of the server's routes: the chat-completions request, with OpenAI's field names and
-limits, and the requests and answers of the management routes (`art.server.management`), the
-wire `art.RemoteBackend` speaks.
+limits (its sampling fields shared with the legacy completions request), the Responses and
+Anthropic Messages requests served through it, and the requests and answers of the management
+routes (`art.server.management`), the wire `art.RemoteBackend` speaks.
 
 Validation lives here so a bad request fails before it touches the engine, with a 400 that
 names the field (the app maps pydantic's errors). Fields we accept but cannot honour
@@ -164,13 +165,12 @@ TEMPLATE_ARGUMENTS = frozenset({
 """`apply_chat_template`'s own arguments: a request's template variables may not name them."""
 
 
-class ChatCompletionRequest(BaseModel):
-    """POST /v1/chat/completions body (OpenAI's names and ranges)."""
+class SamplingFields(BaseModel):
+    """The sampling fields chat completions and legacy completions share (OpenAI's names and
+    ranges, vLLM's extensions), with their checks."""
 
     model_config = ConfigDict(extra="ignore")
 
-    model: str
-    messages: list[ChatMessage] = Field(min_length=1)
     n: int = Field(1, ge=1, le=128)
     temperature: float = Field(1.0, ge=0.0, le=2.0)
     """0 means greedy."""
@@ -179,18 +179,58 @@ class ChatCompletionRequest(BaseModel):
     """vLLM extension (`extra_body`): draw only from the k most likely tokens; 0 or -1 keeps all."""
     min_p: float = Field(0.0, ge=0.0, le=1.0)
     """vLLM extension: drop tokens less likely than min_p times the most likely one; 0 keeps all."""
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    ignore_eos: bool = False  # vLLM extension: keep sampling past end-of-sequence (benchmarks)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    repetition_penalty: float | None = None
+    """vLLM extension; only the neutral 1 is accepted, like the penalties above."""
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_limit(cls, value: str | list[str] | None) -> str | list[str] | None:
+        if isinstance(value, list) and len(value) > 4:
+            raise ValueError("at most 4 stop sequences are allowed")
+        return value
+
+    @field_validator("frequency_penalty", "presence_penalty")
+    @classmethod
+    def _penalty_unsupported(cls, value: float | None) -> float | None:
+        if value:
+            raise ValueError("unsupported: only 0 is accepted (the sampler applies no penalties)")
+        return value
+
+    @field_validator("repetition_penalty")
+    @classmethod
+    def _repetition_penalty_unsupported(cls, value: float | None) -> float | None:
+        if value is not None and value != 1:
+            raise ValueError("unsupported: only 1 is accepted (the sampler applies no penalties)")
+        return value
+
+    @property
+    def stop_strings(self) -> tuple[str, ...]:
+        if self.stop is None:
+            return ()
+        stops = [self.stop] if isinstance(self.stop, str) else self.stop
+        return tuple(s for s in stops if s)
+
+
+class ChatCompletionRequest(SamplingFields):
+    """POST /v1/chat/completions body (OpenAI's names and ranges)."""
+
+    model: str
+    messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = Field(None, ge=1)
     """Deprecated by OpenAI in favour of `max_completion_tokens`; None: fill the context."""
     max_completion_tokens: int | None = Field(None, ge=1)
     """Wins over `max_tokens` when both are given."""
-    stop: str | list[str] | None = None
-    seed: int | None = None
-    ignore_eos: bool = False  # vLLM extension: keep sampling past end-of-sequence (benchmarks)
     logprobs: bool = False
     """Only decides `top_logprobs`; the sampled tokens' logprobs are always returned."""
     top_logprobs: int | None = Field(None, ge=0, le=20)
-    stream: bool = False
-    stream_options: StreamOptions | None = None
     tools: list[dict[str, Any]] | None = None
     """Functions the model may call: [{"type": "function", "function": {"name", "description",
     "parameters"}}]. Rendered by the chat template, or as a Hermes `<tool_call>` preamble in the
@@ -213,12 +253,7 @@ class ChatCompletionRequest(BaseModel):
     """vLLM extension: completions follow this grammar, in llguidance's Lark syntax."""
     structured_outputs: StructuredOutputs | None = None
     """vLLM's newer form of the four above: {"json" | "regex" | "choice" | "grammar": ...}."""
-    user: str | None = None
     metadata: dict[str, Any] | None = None
-    frequency_penalty: float | None = None
-    presence_penalty: float | None = None
-    repetition_penalty: float | None = None
-    """vLLM extension; only the neutral 1 is accepted, like the penalties above."""
     chat_template_kwargs: dict[str, Any] | None = None
     """Variables for the model's chat template (vLLM's field; ART sends it), such as
     `{"enable_thinking": false}`: they change the prompt, whose ids every choice reports."""
@@ -233,27 +268,6 @@ class ChatCompletionRequest(BaseModel):
         taken = sorted(set(value) & TEMPLATE_ARGUMENTS)
         if taken:
             raise ValueError(f"chat_template_kwargs may not set {', '.join(taken)}: the request's own fields do")
-        return value
-
-    @field_validator("stop")
-    @classmethod
-    def _stop_limit(cls, value: str | list[str] | None) -> str | list[str] | None:
-        if isinstance(value, list) and len(value) > 4:
-            raise ValueError("at most 4 stop sequences are allowed")
-        return value
-
-    @field_validator("frequency_penalty", "presence_penalty")
-    @classmethod
-    def _penalty_unsupported(cls, value: float | None) -> float | None:
-        if value:
-            raise ValueError("unsupported: only 0 is accepted (the sampler applies no penalties)")
-        return value
-
-    @field_validator("repetition_penalty")
-    @classmethod
-    def _repetition_penalty_unsupported(cls, value: float | None) -> float | None:
-        if value is not None and value != 1:
-            raise ValueError("unsupported: only 1 is accepted (the sampler applies no penalties)")
         return value
 
     @field_validator("tools")
@@ -329,13 +343,6 @@ class ChatCompletionRequest(BaseModel):
     @property
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
-
-    @property
-    def stop_strings(self) -> tuple[str, ...]:
-        if self.stop is None:
-            return ()
-        stops = [self.stop] if isinstance(self.stop, str) else self.stop
-        return tuple(s for s in stops if s)
 
 
 def _schema_object(value: dict[str, Any] | str | None) -> dict[str, Any] | None:
@@ -417,6 +424,168 @@ class ResponsesRequest(BaseModel):
         if value:
             raise ValueError("unsupported: responses are answered in the request (or streamed), not in the background")
         return value
+
+
+MAX_PROMPTS = 64
+"""Prompts in one legacy completions request (its batch form)."""
+MAX_CHOICES = 128
+"""Choices in one legacy completions request: prompts times n (chat's bound on n)."""
+
+REFUSED_ON_COMPLETIONS = ("response_format", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
+                          "structured_outputs")
+"""Constraints chat completions honour and /v1/completions does not: refused rather than ignored."""
+
+
+class CompletionRequest(SamplingFields):
+    """POST /v1/completions body: OpenAI's legacy Completions, with vLLM's extensions. Served by
+    `art.server.completions_format`, which tokenizes the prompt and checks its ids against the
+    vocabulary. What it cannot honour is refused: `suffix`, `best_of` other than `n`, a
+    `logit_bias`, `echo` with `logprobs` (prompt logprobs are not computed), structured outputs."""
+
+    model: str
+    prompt: Any
+    """A string, a list of token ids, or a batch: a list of strings or of token id lists."""
+    max_tokens: int | None = Field(16, ge=1)
+    """OpenAI's default is 16; None fills the context (up to the server's default)."""
+    logprobs: int | None = Field(None, ge=0, le=20)
+    """Alternatives per position in `top_logprobs`. The sampled tokens' logprobs are always
+    returned (for training); None leaves `top_logprobs` null."""
+    echo: bool = False
+    """The prompt's text is put before each completion's text."""
+    suffix: str | None = None
+    best_of: int | None = None
+    logit_bias: dict[str, float] | None = None
+    return_tokens_as_token_ids: bool = False
+    """vLLM extension: `logprobs.tokens` are written as "token_id:<id>" (exact for training)."""
+    add_special_tokens: bool = True
+    """vLLM extension: a string prompt is tokenized with the tokenizer's special tokens (a BOS)."""
+    response_format: Any = None
+    guided_json: Any = None
+    guided_regex: Any = None
+    guided_choice: Any = None
+    guided_grammar: Any = None
+    structured_outputs: Any = None
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _prompt_shape(cls, value: Any, info: ValidationInfo) -> Any:
+        def ids(item: Any) -> bool:
+            return isinstance(item, list) and bool(item) and all(
+                isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in item)
+
+        if isinstance(value, str) or ids(value):
+            return value
+        if isinstance(value, list) and value and (all(isinstance(p, str) for p in value) or all(map(ids, value))):
+            if len(value) > MAX_PROMPTS:
+                raise ValueError(f"at most {MAX_PROMPTS} prompts are accepted in one request")
+            if len(value) * info.data.get("n", 1) > MAX_CHOICES:
+                raise ValueError(f"prompts times n may be at most {MAX_CHOICES} choices in one request")
+            return value
+        raise ValueError("must be a string, a non-empty list of token ids (integers >= 0), or a non-empty list "
+                         "of either (a batch)")
+
+    @field_validator("suffix")
+    @classmethod
+    def _no_suffix(cls, value: str | None) -> str | None:
+        if value:
+            raise ValueError("unsupported: this server does not insert text (suffix); leave it out")
+        return value
+
+    @field_validator("best_of")
+    @classmethod
+    def _best_of_is_n(cls, value: int | None, info: ValidationInfo) -> int | None:
+        if value is not None and value != info.data.get("n", 1):
+            raise ValueError("unsupported: best_of must equal n (every sample is returned, none is ranked)")
+        return value
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _no_logit_bias(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        if value:
+            raise ValueError("unsupported: the sampler applies no logit bias")
+        return value
+
+    @field_validator("echo")
+    @classmethod
+    def _echo_without_logprobs(cls, value: bool, info: ValidationInfo) -> bool:
+        if value and info.data.get("logprobs") is not None:
+            raise ValueError("unsupported with logprobs: echo's logprobs cover the prompt, whose logprobs this "
+                             "server does not compute; leave out logprobs (token ids are still returned)")
+        return value
+
+    @field_validator(*REFUSED_ON_COMPLETIONS)
+    @classmethod
+    def _no_constraints(cls, value: Any, info: ValidationInfo) -> Any:
+        if value is not None:
+            raise ValueError(f"unsupported on /v1/completions: {info.field_name} is honoured on "
+                             "/v1/chat/completions only")
+        return value
+
+    @property
+    def prompts(self) -> list[str | list[int]]:
+        """The prompts as a batch (one for a single prompt)."""
+        single = isinstance(self.prompt, str) or isinstance(self.prompt[0], int)
+        return [self.prompt] if single else list(self.prompt)
+
+
+class MessagesRequest(BaseModel):
+    """POST /v1/messages body: Anthropic's Messages API (what the `anthropic` SDK sends). It is
+    served as the chat request it means (`art.messages_format` reads the messages, the
+    system prompt and the tools); here are the scalar fields and what cannot be served.
+    Settings that change nothing here (`metadata`, `service_tier`, `cache_control`, `speed`, ...)
+    are ignored; extended `thinking`,
+    `container` and `mcp_servers` are refused with a 400 naming the field."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str
+    max_tokens: int = Field(ge=1)
+    """Required, as Anthropic requires it."""
+    messages: list[Any] = Field(min_length=1)
+    system: Any = None
+    """A string or a list of text blocks."""
+    stop_sequences: list[str] | None = Field(None, max_length=4)
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    """Anthropic's range is 0 to 1; this server samples up to 2. 0 means greedy."""
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    top_k: int | None = Field(None, ge=0)
+    """0 keeps all tokens."""
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    stream: bool = False
+    metadata: dict[str, Any] | None = None
+    service_tier: str | None = None
+    output_config: dict[str, Any] | None = None
+    """`{"format": {"type": "json_schema", "schema": {...}}}`: the text is constrained to JSON that the
+    schema accepts (as chat's `response_format`); `effort` changes nothing here."""
+    thinking: Any = None
+    container: Any = None
+    mcp_servers: Any = None
+    seed: int | None = None
+    """Our extension (as on chat): a seeded request samples the same tokens again."""
+    chat_template_kwargs: dict[str, Any] | None = None
+    """Our extension, as chat's."""
+
+    @field_validator("thinking")
+    @classmethod
+    def _no_thinking(cls, value: Any) -> Any:
+        if value is not None and not (isinstance(value, dict) and value.get("type") == "disabled"):
+            raise ValueError("unsupported: extended thinking is not served; leave thinking out")
+        return value
+
+    @field_validator("container", "mcp_servers")
+    @classmethod
+    def _no_hosted(cls, value: Any, info: ValidationInfo) -> Any:
+        if value is not None:
+            raise ValueError(f"unsupported: {info.field_name} runs on Anthropic's side")
+        return value
+
+
+class MessagesCountRequest(MessagesRequest):
+    """POST /v1/messages/count_tokens body: a Messages request without `max_tokens`."""
+
+    max_tokens: int = Field(1, ge=1)
+    """Not part of a count; any value renders the same prompt."""
 
 
 # -- management routes -----------------------------------------------------------------------

@@ -83,10 +83,10 @@ class RefuseQueryCredentials:
 
 
 class BearerAuth:
-    """Require `Authorization: Bearer <api_key>` on every HTTP request except `OPEN_PATHS` and
-    `open_paths` (a login form must be postable by someone without the key). Those learn
-    whether the caller had the key (`scope["state"]["authorized"]`: /health shows details only
-    then).
+    """Require `Authorization: Bearer <api_key>` (or Anthropic's `x-api-key: <api_key>`) on every
+    HTTP request except `OPEN_PATHS` and `open_paths` (a login form must be postable by someone
+    without the key). Those learn whether the caller had the key (`scope["state"]["authorized"]`:
+    /health shows details only then).
 
     A browser cannot send the header: `session(scope)` says whether a request without it is let
     in anyway (the dashboard's login cookie), and `login_form(scope)` gives the ASGI app that
@@ -110,6 +110,9 @@ class BearerAuth:
             return
         header = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
         scheme, _, token = header.partition(b" ")
+        if not header:  # the `anthropic` SDK sends its key as `x-api-key`
+            header = token = next((v for k, v in scope["headers"] if k == b"x-api-key"), b"")
+            scheme = b"bearer"
         # compare_digest on bytes: constant time whatever the token holds.
         authorized = scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self._expected)
         if authorized or scope["path"] in self._open_paths:

@@ -20,8 +20,11 @@ from art.storage.layout import ModelDir, write_atomic
 
 log = logging.getLogger(__name__)
 
-ROW_KEYS = ("step", "split", "recorded_at", TRAINING_STEP_KEY)
-"""What every history row carries itself; a metric may not take these names."""
+ROW_KEYS = ("step", "recorded_at", TRAINING_STEP_KEY)
+"""What every history row carries itself, ART's keys; every other key is a metric."""
+RESERVED_NAMES = (*ROW_KEYS, "split")
+"""Names a metric may not take: the row's own keys, and `split`, which rows written before the
+split moved into the metric names carried (`art.storage.history.row_split`)."""
 
 
 def check_log(step: int, metrics: dict) -> None:
@@ -33,9 +36,9 @@ def check_log(step: int, metrics: dict) -> None:
         if not isinstance(key, str) or not 0 < len(key) <= MAX_METRIC_NAME:
             raise ArtValueError(f"metric names must be strings of 1-{MAX_METRIC_NAME} characters, got {echo(key)}",
                                 field="metrics")
-        if key in ROW_KEYS:
+        if key in RESERVED_NAMES:
             raise ArtValueError(f"metric {echo(key)} would overwrite the history row's own {key!r}; rename it "
-                                f"(the row keys are {', '.join(ROW_KEYS)})", field=f"metrics.{key}")
+                                f"(reserved: {', '.join(RESERVED_NAMES)})", field=f"metrics.{key}")
 
 
 def exceptions_file(model_dir: ModelDir, split: str, step: int) -> Path:
@@ -86,7 +89,9 @@ def write_trainer_logprobs(model_dir: ModelDir, step: int, rows: list[dict]) -> 
 def write_log(model_dir: ModelDir, *, split: str, step: int, metrics: dict, groups=(),
               scenario_ids: Iterable[str] = ()) -> dict:
     """Write the step's trajectories, then its history row (with `training_step` and what the run's
-    running totals derive from it, art.storage.metric_totals); the row as written."""
+    running totals derive from it, art.storage.metric_totals); the row as written. The row holds
+    ART's keys only (step, recorded_at, training_step, metrics): its split is in the metric
+    names `model.log` gave (`val/reward`), as ART's readers expect."""
     check_log(step, metrics)
     rows = []
     for index, group in enumerate(groups):
@@ -102,5 +107,5 @@ def write_log(model_dir: ModelDir, *, split: str, step: int, metrics: dict, grou
         append_jsonl(exceptions_file(model_dir, split, step), failed)
     if groups and trajectory_parquet.available():
         write_parquet_copy(model_dir, split, step, groups)
-    row = {"step": step, "split": split, "recorded_at": time.time(), TRAINING_STEP_KEY: step, **metrics}
+    row = {"step": step, "recorded_at": time.time(), TRAINING_STEP_KEY: step, **metrics}
     return append_with_totals(model_dir.history, row, scenario_ids)

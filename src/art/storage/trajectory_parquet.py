@@ -7,7 +7,8 @@ logprobs) and ART's flat columns beside them for queries (`reward`, `metrics`, `
 `tools`, `logs`, `messages` as {role, content, tool_calls, tool_call_id, trainable},
 `group_metadata`, `group_metrics`, `group_logs`), ZSTD-compressed. A file ART wrote before the
 JSON columns existed (no version marker) is read from the flat columns, so its choices come
-back as plain assistant messages.
+back as plain assistant messages; the `tools` and `additional_histories` columns ART's JSONL
+migration added to that layout are read too.
 
 pyarrow is imported on use (`available()` says whether it is installed): the client installs
 without it, and then the run log keeps JSONL only.
@@ -22,8 +23,10 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from openai.types.chat.chat_completion import Choice
+
 from art.errors import ArtValueError
-from art.trajectories import Trajectory, TrajectoryGroup, is_choice
+from art.trajectories import History, Trajectory, TrajectoryGroup, is_choice
 
 FORMAT_VERSION = 2
 VERSION_KEY = b"art.trajectory_parquet.version"
@@ -224,6 +227,8 @@ def _read_flat(rows: list[dict[str, Any]], path: str | Path) -> list[TrajectoryG
         members.setdefault(group_index, []).append(Trajectory(
             messages_and_choices=messages, reward=float(reward), metrics=_lenient_object(row.get("metrics")),
             metadata=_lenient_object(row.get("metadata")), logs=[str(line) for line in row.get("logs") or []],
+            tools=_lenient_list(row.get("tools")),
+            additional_histories=_histories(row.get("additional_histories")),
         ))
     return [
         TrajectoryGroup(members[index], metadata=_lenient_object(group_rows[index].get("group_metadata")),
@@ -256,6 +261,39 @@ def _json_object(text: Any, path: str | Path, what: str, field: str) -> dict[str
     if not isinstance(value, dict):
         raise ArtValueError(f"{path}: {what} is not a JSON object", field=field)
     return value
+
+
+def _lenient_list(text: Any) -> list[Any] | None:
+    """A version 1 JSON list column (`tools`); None when empty or not a list."""
+    try:
+        value = json.loads(text) if text else None
+    except (TypeError, ValueError):
+        return None
+    return value if isinstance(value, list) and value else None
+
+
+def _histories(text: Any) -> list[History]:
+    """The `additional_histories` column ART's JSONL migration wrote ({messages_and_choices,
+    tools} each); Choices among them come back as Choices."""
+    histories = []
+    for entry in _lenient_list(text) or []:
+        if isinstance(entry, dict):
+            histories.append(History(
+                messages_and_choices=[_choice_or_dict(item) for item in entry.get("messages_and_choices") or []
+                                      if isinstance(item, dict)],
+                tools=entry.get("tools") or None))
+    return histories
+
+
+def _choice_or_dict(item: dict[str, Any]) -> Any:
+    """A dumped chat Choice (a `message`, no `role` of its own) as a Choice; anything else, and a
+    choice-shaped dict that is not a valid Choice (ART keeps those verbatim), as given."""
+    if "message" in item and "role" not in item:
+        try:
+            return Choice.model_validate(item)
+        except ValueError:
+            return item
+    return item
 
 
 def _lenient_object(text: Any) -> dict[str, Any]:

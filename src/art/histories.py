@@ -1,0 +1,913 @@
+"""A trajectory's exchanges as histories: the conversations its model calls formed, one API at a time.
+
+ART's 2026 names. A history is a mutable dataclass in its API's own terms (chat messages, Anthropic
+messages, Responses input items, Completions prompt ids or text) beside a parallel list of
+*sources*: for each item, the exchange it came from and where in it (`request_index` for an item
+of a request, `choice_index` / `output_index` / `generation_index` for what the model sampled),
+or None for an item a user wrote. Tokenizing (`art.tokenize`) reads exact token ids through the
+sources, and refuses an item that no longer matches its source.
+
+How exchanges become histories. Exchanges of one model, in start order, grow *branches*: a call
+whose request (items, and its context: tools, system prompt, chat template) begins with a
+branch's items extends the longest such branch with its answer, one branch per choice; a call
+that extends none starts a branch (a request that is a prefix of a branch is a regeneration and
+shares that branch's sources). Each branch left at the end is a history. Unlike ART, which splits
+only where a template dropped a sampled turn's reasoning, a branch (Chat, Messages, Responses) also
+ends wherever the next call's exact prompt ids do not extend the ids sampled so far (a template
+that re-renders earlier turns): our trainer trains that as a new token sequence, so each history
+is one sequence. `model=` selects exchanges by model name or `fnmatch` pattern.
+
+Nothing here tokenizes (`art.exchange_tokens` reads the ids), knows trajectories' classes (a
+trajectory is read by its attributes) or imports `art.tokenize`, which imports this module:
+`History.tokenize` goes through `TOKENIZE_HOOK`, which `art.tokenize` fills.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from fnmatch import fnmatchcase
+from typing import Any, ClassVar, Optional, Protocol, Union
+
+from .exchange_turns import anthropic_chat_messages, anthropic_chat_tools
+from .exchange_tokens import (
+    Sampled,
+    chat_sampled,
+    completion_sampled,
+    extra_fields,
+    is_sampled,
+    messages_sampled,
+    responses_generations,
+    sampled_of,
+)
+from .exchanges import (
+    ChatCompletionsExchange,
+    CompletionsExchange,
+    MessagesExchange,
+    ResponsesExchange,
+    TrajectoryExchanges,
+)
+from .responses_format import ResponsesFormatError, chat_messages, chat_tools
+
+TOKENIZE_HOOK: list[Callable[..., Any]] = []
+"""`art.tokenize.tokenize_history`, registered when that module loads (it imports this one)."""
+
+
+# -- sources ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ChatCompletionsMessageSource:
+    """Where a chat message came from: item `request_index` of the exchange's request, or its
+    choice `choice_index` (a Messages or Responses exchange converted to chat: `output_index`)."""
+
+    exchange: Union[ChatCompletionsExchange, MessagesExchange, ResponsesExchange]
+    request_index: Optional[int] = None
+    choice_index: Optional[int] = None
+    output_index: Optional[int] = None
+    generation_index: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class AnthropicMessageSource:
+    """Message `request_index` of the request, or (None) the exchange's response."""
+
+    exchange: MessagesExchange
+    request_index: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class ResponsesItemSource:
+    """Input item `request_index` of the request, or output item `output_index` of the response
+    (`generation_index`: which of its token generations sampled it)."""
+
+    exchange: ResponsesExchange
+    request_index: Optional[int] = None
+    output_index: Optional[int] = None
+    generation_index: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class CompletionsSource:
+    """Prompt `prompt_index` of a Completions request, or (with `choice_index`) what that choice sampled."""
+
+    exchange: CompletionsExchange
+    prompt_index: int
+    choice_index: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class CompletionsTokenSourceSpan:
+    """Token positions [start, end) of a token history and their source (None: user-written)."""
+
+    start: int
+    end: int
+    source: Optional[CompletionsSource]
+
+
+@dataclass(frozen=True)
+class CompletionsStringSourceSpan:
+    """Character positions [start, end) of a string history and their source (None: user-written)."""
+
+    start: int
+    end: int
+    source: Optional[CompletionsSource]
+
+
+# -- histories -------------------------------------------------------------------------------
+
+
+class History:
+    """ART's `art.trajectories.History`: the base of the API histories. (`art.History` stays our
+    long-standing name of `LegacyHistory`.)"""
+
+    protocol: ClassVar[str] = ""
+    model: Optional[str]
+
+    def as_chat_completions_history(self) -> ChatCompletionsHistory:
+        raise ValueError(f"{type(self).__name__} cannot be represented as Chat Completions")
+
+    def tokenize(self, *, base_model: str | None = None, tokenizer: Any = None, chat_template: str | None = None,
+                 chat_template_kwargs: Mapping[str, object] | None = None) -> Any:
+        """The history's token ids, logprobs and flags (`art.TokenizedHistory`)."""
+        return TOKENIZE_HOOK[0](self, model=self.model, base_model=base_model, tokenizer=tokenizer,
+                                chat_template=chat_template, chat_template_kwargs=chat_template_kwargs)
+
+
+@dataclass
+class ChatCompletionsHistory(History):
+    protocol: ClassVar[str] = "chat_completions"
+    model: Optional[str]
+    messages: list[dict[str, Any]]
+    message_sources: list[Optional[ChatCompletionsMessageSource]]
+    tools: Optional[list[dict[str, Any]]] = None
+    chat_template: Optional[str] = None
+    chat_template_kwargs: Optional[dict[str, Any]] = None
+
+    def as_chat_completions_history(self) -> ChatCompletionsHistory:
+        return self
+
+
+@dataclass
+class AnthropicMessagesHistory(History):
+    protocol: ClassVar[str] = "messages"
+    model: str
+    messages: list[dict[str, Any]]
+    message_sources: list[Optional[AnthropicMessageSource]]
+    system: Union[str, list[dict[str, Any]], None] = None
+    system_source: Optional[MessagesExchange] = None
+    tools: Optional[list[dict[str, Any]]] = None
+    chat_template: Optional[str] = None
+    chat_template_kwargs: Optional[dict[str, Any]] = None
+
+    def as_chat_completions_history(self) -> ChatCompletionsHistory:
+        return anthropic_as_chat(self)
+
+
+@dataclass
+class ResponsesHistory(History):
+    protocol: ClassVar[str] = "responses"
+    model: str
+    input: list[dict[str, Any]]
+    input_sources: list[Optional[ResponsesItemSource]]
+    instructions: Optional[str] = None
+    instructions_source: Optional[ResponsesExchange] = None
+    tools: Optional[list[dict[str, Any]]] = None
+    conversation: Any = None
+    previous_response_id: Optional[str] = None
+    chat_template: Optional[str] = None
+    chat_template_kwargs: Optional[dict[str, Any]] = None
+
+    def as_chat_completions_history(self) -> ChatCompletionsHistory:
+        return responses_as_chat(self)
+
+
+@dataclass
+class CompletionsTokenHistory(History):
+    protocol: ClassVar[str] = "completions_token"
+    model: str
+    prompt: list[int]
+    prompt_sources: list[CompletionsTokenSourceSpan]
+    sampled_spans: list[tuple[int, int]]
+
+    def as_chat_completions_history(self) -> ChatCompletionsHistory:
+        raise ValueError("Raw Completions history has no chat-message structure")
+
+
+@dataclass
+class CompletionsStringHistory(History):
+    protocol: ClassVar[str] = "completions_string"
+    model: str
+    prompt: str
+    prompt_sources: list[CompletionsStringSourceSpan]
+    sampled_spans: list[tuple[int, int]]
+
+    def as_chat_completions_history(self) -> ChatCompletionsHistory:
+        raise ValueError("Raw Completions history has no chat-message structure")
+
+
+ExchangeHistory = Union[ChatCompletionsHistory, AnthropicMessagesHistory, ResponsesHistory,
+                        CompletionsTokenHistory, CompletionsStringHistory]
+
+
+class TrajectoryLike(Protocol):
+    """What the projections read of an `art.Trajectory` (this module sits below it)."""
+
+    exchanges: TrajectoryExchanges
+    messages_and_choices: list[Any]
+    tools: Any
+    additional_histories: list[Any]
+
+    def legacy_histories(self) -> list[Any]: ...
+
+
+# -- model selection -------------------------------------------------------------------------
+
+
+def _matches(model: Optional[str], wanted: str) -> bool:
+    return model is not None and (model == wanted or fnmatchcase(model, wanted))
+
+
+def select(exchanges: Sequence[Any], model: Optional[str], protocol: str) -> list[tuple[str, list[Any]]]:
+    """(model, its exchanges in start order) for each model `model=` selects: its exact name when
+    some exchange has it, else an `fnmatch` pattern (`"policy@*"`); every model when None."""
+    exact = model is not None and any(e.model == model for e in exchanges)
+    chosen = [e for e in exchanges
+              if model is None or (e.model == model if exact else _matches(e.model, model))]
+    if not chosen:
+        raise ValueError(f"Trajectory contains no {protocol} exchanges"
+                         + (f" for model {model!r}" if model is not None else ""))
+    if any(e.model is None for e in chosen):
+        raise ValueError(f"Every {protocol} exchange must identify its model")
+    by_model: dict[str, list[Any]] = {}
+    for exchange in sorted(chosen, key=lambda e: (e.start_time, e.end_time)):
+        by_model.setdefault(exchange.model, []).append(exchange)
+    return list(by_model.items())
+
+
+def only(histories: Sequence[Any], what: str, model: Optional[str]) -> Any:
+    if model is None and len({getattr(h, "model", None) for h in histories if hasattr(h, "protocol")}) > 1:
+        raise ValueError(f"{what} requires exactly one model; pass model= to select one")
+    if len(histories) != 1:
+        raise ValueError(f"{what} requires exactly one history; found {len(histories)}")
+    return histories[0]
+
+
+# -- branches --------------------------------------------------------------------------------
+
+
+@dataclass
+class _Branch:
+    items: list[Any]
+    keys: list[str]  # one per item: what must agree for a later request to continue it
+    lineage: list[str]  # one per item: the same, without hidden reasoning (which sources it)
+    sources: list[Any]
+    context: str  # the request's tools, system prompt, template, as JSON
+    order: tuple[int, ...]
+    first_time: datetime
+    context_source: Any = None
+
+
+def json_key(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, default=str)
+
+
+def _lineage_sources(branches: list[_Branch], lineage: list[str], defaults: list[Any]) -> list[Any]:
+    """Sources for a request's items: those of the longest branch (any context) whose items the
+    request repeats (reasoning aside), the request's own for the rest."""
+    parents = [b for b in branches if len(b.items) < len(lineage) and lineage[: len(b.items)] == b.lineage]
+    if not parents:
+        return list(defaults)
+    parent = min(parents, key=lambda b: (-len(b.items), b.order))
+    return [*parent.sources, *defaults[len(parent.items):]]
+
+
+@dataclass
+class _Call:
+    """One request's prompt and the outputs it sampled, in one API's items."""
+
+    prompt: list[Any]
+    keys: list[str]
+    lineage: list[str]
+    sources: list[Any]
+    outputs: list[tuple[int, list[Any], list[str], list[str], list[Any]]]  # (index, items, keys, lineage, sources)
+    context: str
+    sequence: int
+    start_time: datetime
+    context_source: Any = None
+
+
+def _grow(branches: list[_Branch], call: _Call, continues: Callable[[_Branch], bool] | None = None) -> None:
+    """Extend the longest branch the call's prompt begins with (or share the sources of one it
+    regenerates, or start anew): one new branch per output."""
+    n = len(call.prompt)
+    fits = [b for b in branches if b.context == call.context and len(b.keys) <= n
+            and call.keys[: len(b.keys)] == b.keys and (continues is None or continues(b))]
+    parent, removed = None, False
+    if fits:
+        parent = min(fits, key=lambda b: (-len(b.items), b.order))
+        branches.remove(parent)
+        removed = True
+        sources = [*parent.sources, *call.sources[len(parent.items):]]
+    else:
+        redone = [b for b in branches if b.context == call.context and len(b.keys) >= n
+                  and b.keys[:n] == call.keys and (continues is None or continues(b))]
+        parent = min(redone, key=lambda b: b.order) if redone else None
+        sources = list(parent.sources[:n]) if parent else list(call.sources)
+    order = parent.order if parent else (call.sequence,)
+    first = parent.first_time if parent else call.start_time
+    for index, items, keys, lineage, out_sources in call.outputs:
+        branches.append(_Branch([*copy.deepcopy(call.prompt), *copy.deepcopy(items)], [*call.keys, *keys],
+                                [*call.lineage, *lineage], [*sources, *out_sources], call.context,
+                                (*order, index), first, call.context_source))
+    if not call.outputs and removed and parent is not None:
+        branches.append(parent)
+
+
+def _finished(branches: list[_Branch]) -> list[_Branch]:
+    return sorted(branches, key=lambda b: (b.first_time, b.order))
+
+
+# -- Chat Completions ------------------------------------------------------------------------
+
+
+def normalize_chat_message(message: Mapping[str, Any]) -> dict[str, Any]:
+    """A chat message in its history form: no `annotations`, an assistant's None content as "",
+    another role's None content left out, no empty `tool_calls`."""
+    data = copy.deepcopy(dict(message))
+    data.pop("annotations", None)
+    if data.get("role") == "assistant" and data.get("content") is None:
+        data["content"] = ""
+    elif "content" in data and data["content"] is None:
+        data.pop("content")
+    if data.get("tool_calls") == []:
+        data.pop("tool_calls")
+    return data
+
+
+def chat_key(message: Mapping[str, Any], *, visible_only: bool = False) -> str:
+    data = normalize_chat_message(message)
+    if visible_only:
+        data.pop("reasoning", None)
+        data.pop("reasoning_content", None)
+    return json_key(data)
+
+
+def _ordered_choices(choices: Sequence[Any], protocol: str) -> list[Any]:
+    if not choices:
+        raise ValueError(f"{protocol} response contains no choices")
+    indices = [c.index for c in choices]
+    if any(not isinstance(i, int) or isinstance(i, bool) or i < 0 for i in indices):
+        raise ValueError(f"{protocol} choice indices must be non-negative integers")
+    if len(set(indices)) != len(indices):
+        raise ValueError(f"{protocol} response contains duplicate choice indices")
+    return sorted(choices, key=lambda c: c.index)
+
+
+def _contains(ids: Sequence[int], part: Sequence[int]) -> bool:
+    return any(list(ids[i: i + len(part)]) == list(part) for i in range(len(ids) - len(part) + 1))
+
+
+def _prompt_ids_of(exchange: Any) -> Optional[list[int]]:
+    """The exact prompt ids a call reported (its first choice's or generation's), else None."""
+    try:
+        if isinstance(exchange, ChatCompletionsExchange):
+            choices = exchange.response.choices
+            return chat_sampled(exchange, choices[0].index).prompt_ids if choices else None
+        if isinstance(exchange, MessagesExchange):
+            return messages_sampled(exchange).prompt_ids
+        generations = responses_generations(exchange)
+        return generations[0][0].prompt_ids if generations else None
+    except ValueError:
+        return None
+
+
+def _continues(branch: _Branch, exchange: Any) -> bool:
+    """Whether the call's exact prompt ids carry on the branch's sampled ids: they extend the last
+    sampled turn's ids (prompt + sampled), and contain the sampled ids of every earlier turn that
+    had reasoning (ART's rule: a template that drops reasoning re-renders the turn). True when
+    ids are unknown."""
+    prompt = _prompt_ids_of(exchange)
+    if not prompt:
+        return True
+    turns: list[tuple[Any, Sampled, Any]] = []
+    for source, item in zip(branch.sources, branch.items):
+        if not is_sampled(source):
+            continue
+        try:
+            key, sampled = sampled_of(source)
+        except ValueError:
+            continue
+        if sampled is not None and sampled.token_ids is not None and (not turns or turns[-1][0] != key):
+            turns.append((key, sampled, item))
+    for number, (_, sampled, item) in enumerate(turns):
+        if number == len(turns) - 1 and sampled.prompt_ids is not None:
+            so_far = [*sampled.prompt_ids, *(sampled.token_ids or [])]
+            if prompt[: len(so_far)] != so_far:
+                return False
+        elif isinstance(item, Mapping) and (item.get("reasoning") or item.get("reasoning_content")) \
+                and sampled.token_ids and not _contains(prompt, sampled.token_ids):
+            return False
+    return True
+
+
+def _chat_context(request: Mapping[str, Any]) -> str:
+    return json_key([request.get("tools"), request.get("chat_template"), request.get("chat_template_kwargs")])
+
+
+def chat_completions_histories(trajectory: TrajectoryLike, *, model: str | None) -> list[ChatCompletionsHistory]:
+    if not trajectory.exchanges:
+        return [legacy_as_chat(history, model=model) for history in trajectory.legacy_histories()]
+    out: list[ChatCompletionsHistory] = []
+    for name, exchanges in select(trajectory.exchanges.chat_completions, model, "Chat Completions"):
+        branches: list[_Branch] = []
+        for sequence, exchange in enumerate(exchanges):
+            raw = exchange.request.get("messages") or []
+            if not isinstance(raw, list) or not all(isinstance(m, Mapping) for m in raw):
+                raise ValueError("Chat Completions request messages must be a list of JSON objects")
+            prompt = [normalize_chat_message(m) for m in raw]
+            lineage = [chat_key(m, visible_only=True) for m in prompt]
+            defaults = [ChatCompletionsMessageSource(exchange, request_index=i) for i in range(len(prompt))]
+            outputs = []
+            for choice in _ordered_choices(exchange.response.choices, "Chat Completions"):
+                message = normalize_chat_message(choice.message.model_dump(mode="json", exclude_none=True))
+                outputs.append((choice.index, [message], [chat_key(message)], [chat_key(message, visible_only=True)],
+                                [ChatCompletionsMessageSource(exchange, choice_index=choice.index)]))
+            call = _Call(prompt, [chat_key(m) for m in prompt], lineage, _lineage_sources(branches, lineage, defaults),
+                         outputs, _chat_context(exchange.request), sequence, exchange.start_time)
+            _grow(branches, call, lambda b, exchange=exchange: _continues(b, exchange))
+        for branch in _finished(branches):
+            tools, template, kwargs = json.loads(branch.context)
+            out.append(ChatCompletionsHistory(name, branch.items, branch.sources, tools, template, kwargs))
+    return out
+
+
+def chat_completions_history(trajectory: TrajectoryLike, *, model: str | None) -> ChatCompletionsHistory:
+    return only(chat_completions_histories(trajectory, model=model), "Chat Completions history", model)
+
+
+def legacy_as_chat(history: Any, *, model: str | None) -> ChatCompletionsHistory:
+    """A `LegacyHistory` (messages and choices) as a chat history of user-written messages."""
+    messages = [dict(m) for m in history.messages()]
+    return ChatCompletionsHistory(model, messages, [None] * len(messages), copy.deepcopy(history.tools))
+
+
+# -- Anthropic Messages ----------------------------------------------------------------------
+
+
+def _anthropic_prompt(value: Any) -> list[dict[str, Any]]:
+    if not isinstance(value, list):
+        raise ValueError("Anthropic messages must be a list")
+    out = []
+    for message in value:
+        if not isinstance(message, Mapping):
+            raise ValueError("Anthropic messages must be JSON objects")
+        content = message.get("content")
+        if not isinstance(content, (str, list)):
+            raise ValueError("Anthropic message content must be text or a list")
+        if isinstance(content, list) and not all(isinstance(b, Mapping) or hasattr(b, "model_dump") for b in content):
+            raise ValueError("Anthropic message content blocks must be JSON objects")
+        out.append(copy.deepcopy(dict(message)))
+    return out
+
+
+def anthropic_key(message: Mapping[str, Any], *, visible_only: bool = False) -> str:
+    """Text content as one text block, hidden thinking left out when `visible_only`, a server's
+    token fields left out."""
+    content = message.get("content")
+    blocks = [{"type": "text", "text": content}] if isinstance(content, str) else []
+    for block in content if isinstance(content, list) else []:
+        data = block.model_dump(mode="json", exclude_none=True) if hasattr(block, "model_dump") else dict(block)
+        if visible_only and data.get("type") in ("thinking", "redacted_thinking"):
+            continue
+        data.pop("token_ids", None)
+        data.pop("logprobs", None)
+        blocks.append(data)
+    return json_key({**dict(message), "content": blocks})
+
+
+def anthropic_response_message(exchange: MessagesExchange) -> dict[str, Any]:
+    return {"role": "assistant",
+            "content": [block.model_dump(mode="json", exclude_none=True) for block in exchange.response.content]}
+
+
+def anthropic_messages_histories(trajectory: TrajectoryLike, *, model: str | None) -> list[AnthropicMessagesHistory]:
+    out: list[AnthropicMessagesHistory] = []
+    for name, exchanges in select(trajectory.exchanges.messages, model, "Anthropic Messages"):
+        branches: list[_Branch] = []
+        for sequence, exchange in enumerate(exchanges):
+            request = exchange.request
+            prompt = _anthropic_prompt(request.get("messages", []))
+            lineage = [anthropic_key(m, visible_only=True) for m in prompt]
+            defaults = [AnthropicMessageSource(exchange, request_index=i) for i in range(len(prompt))]
+            answer = anthropic_response_message(exchange)
+            context = json_key([request.get("system"), request.get("tools"), request.get("chat_template"),
+                             request.get("chat_template_kwargs")])
+            call = _Call(prompt, [anthropic_key(m) for m in prompt], lineage,
+                         _lineage_sources(branches, lineage, defaults),
+                         [(0, [answer], [anthropic_key(answer)], [anthropic_key(answer, visible_only=True)],
+                           [AnthropicMessageSource(exchange)])],
+                         context, sequence, exchange.start_time,
+                         exchange if request.get("system") is not None else None)
+            _grow(branches, call, lambda b, exchange=exchange: _continues(b, exchange))
+        for branch in _finished(branches):
+            system, tools, template, kwargs = json.loads(branch.context)
+            out.append(AnthropicMessagesHistory(name, branch.items, branch.sources, system, branch.context_source,
+                                                tools, template, kwargs))
+    return out
+
+
+def anthropic_messages_history(trajectory: TrajectoryLike, *, model: str | None) -> AnthropicMessagesHistory:
+    return only(anthropic_messages_histories(trajectory, model=model), "Anthropic Messages history", model)
+
+
+def anthropic_message_as_chat(message: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """One Anthropic message as the chat messages it stands for (tool results come out as
+    `tool` messages first), thinking as `reasoning_content`."""
+    converted = anthropic_chat_messages({"messages": [message]})
+    content = message.get("content")
+    thinking = "".join(str(b.get("thinking") or "") for b in content if isinstance(b, Mapping)
+                       and b.get("type") == "thinking") if isinstance(content, list) else ""
+    if thinking and converted and converted[-1].get("role") == "assistant":
+        converted[-1]["reasoning_content"] = thinking
+    for item in converted:
+        if item.get("role") == "assistant" and item.get("tool_calls") and not item.get("content"):
+            item["content"] = None
+    return [normalize_chat_message(m) for m in converted]
+
+
+def anthropic_as_chat(history: AnthropicMessagesHistory) -> ChatCompletionsHistory:
+    messages: list[dict[str, Any]] = []
+    sources: list[Optional[ChatCompletionsMessageSource]] = []
+    if history.system:
+        messages += anthropic_chat_messages({"system": history.system, "messages": []})
+        sources.append(ChatCompletionsMessageSource(history.system_source) if history.system_source else None)
+    for message, source in zip(history.messages, history.message_sources):
+        converted = anthropic_message_as_chat(message)
+        messages += converted
+        if source is None:
+            sources += [None] * len(converted)
+        else:
+            sampled = source.request_index is None
+            sources += [ChatCompletionsMessageSource(source.exchange, request_index=source.request_index,
+                                                     output_index=0 if sampled else None)] * len(converted)
+    return ChatCompletionsHistory(history.model, messages, sources, anthropic_chat_tools(history.tools),
+                                  history.chat_template, copy.deepcopy(history.chat_template_kwargs))
+
+
+# -- Responses -------------------------------------------------------------------------------
+
+
+def responses_input(value: Any) -> list[dict[str, Any]]:
+    if isinstance(value, str):
+        return [{"role": "user", "content": value}]
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(item, Mapping) for item in value):
+        raise ValueError("Responses input must be text or a list of input items")
+    return [copy.deepcopy(dict(item)) for item in value]
+
+
+def responses_output_items(exchange: ResponsesExchange) -> list[dict[str, Any]]:
+    return [item.model_dump(mode="json", exclude_none=True) if hasattr(item, "model_dump") else dict(item)
+            for item in exchange.response.output or []]
+
+
+def responses_histories(trajectory: TrajectoryLike, *, model: str | None) -> list[ResponsesHistory]:
+    out: list[ResponsesHistory] = []
+    for name, exchanges in select(trajectory.exchanges.responses, model, "Responses"):
+        branches: list[_Branch] = []
+        # what a later call's `previous_response_id` or `conversation` brings back:
+        # (items, sources, conversation, previous id outside the trajectory)
+        earlier: dict[str, tuple[list[Any], list[Any], Any, Optional[str]]] = {}
+        conversations: dict[str, tuple[list[Any], list[Any], Any, Optional[str]]] = {}
+        for sequence, exchange in enumerate(exchanges):
+            request = exchange.request
+            prompt = responses_input(request.get("input"))
+            sources: list[Any] = [ResponsesItemSource(exchange, request_index=i) for i in range(len(prompt))]
+            previous, conversation = request.get("previous_response_id"), request.get("conversation")
+            prior = earlier.get(previous) if isinstance(previous, str) else None
+            if prior is None and conversation is not None:
+                prior = conversations.get(json_key(conversation))
+            outside, inherited = (previous if isinstance(previous, str) and previous not in earlier else None), None
+            if prior is not None:
+                prompt, sources = [*copy.deepcopy(prior[0]), *prompt], [*prior[1], *sources]
+                inherited = prior[2]
+                outside = outside or prior[3]
+            keys = [json_key(item) for item in prompt]
+            sources = _lineage_sources(branches, keys, sources)
+            instructions = request.get("instructions")
+            if instructions is not None and not isinstance(instructions, str):
+                raise ValueError("Responses instructions must be text")
+            conversation = conversation if conversation is not None else inherited
+            output = responses_output_items(exchange)
+            generation_of: dict[int, int] = {}
+            for number, (sampled, indices) in enumerate(responses_generations(exchange)):
+                if sampled.prompt_ids is None:
+                    raise ValueError("Responses generation without an exact prompt cannot be projected")
+                if sampled.token_ids is None:
+                    raise ValueError("Responses generation without exact output tokens cannot yet be projected "
+                                     "as a history")
+                generation_of.update({index: number for index in indices})
+            out_sources = [ResponsesItemSource(exchange, output_index=i, generation_index=generation_of.get(i))
+                           for i in range(len(output))]
+            out_keys = [json_key(item) for item in output]
+            context = json_key([instructions, request.get("tools"), conversation, outside, request.get("chat_template"),
+                             request.get("chat_template_kwargs")])
+            _grow(branches, _Call(prompt, keys, keys, sources, [(0, output, out_keys, out_keys, out_sources)], context,
+                                  sequence, exchange.start_time, exchange if instructions is not None else None),
+                  lambda b, exchange=exchange: _continues(b, exchange))
+            record = ([*prompt, *output], [*sources, *out_sources], copy.deepcopy(conversation), outside)
+            earlier[exchange.response.id] = record
+            if conversation is not None:
+                conversations[json_key(conversation)] = record
+        for branch in _finished(branches):
+            instructions, tools, conversation, outside, template, kwargs = json.loads(branch.context)
+            out.append(ResponsesHistory(name, branch.items, branch.sources, instructions, branch.context_source, tools,
+                                        conversation, outside, template, kwargs))
+    return out
+
+
+def responses_history(trajectory: TrajectoryLike, *, model: str | None) -> ResponsesHistory:
+    return only(responses_histories(trajectory, model=model), "Responses history", model)
+
+
+def _reasoning_text(item: Mapping[str, Any]) -> str:
+    parts = [*(item.get("summary") or []), *(item.get("content") or [])]
+    return "".join(str(p.get("text") or "") for p in parts if isinstance(p, Mapping))
+
+
+def responses_items_as_chat(items: Sequence[Mapping[str, Any]]) -> list[tuple[dict[str, Any], list[int]]]:
+    """Responses input items as chat messages, each with the positions of the items it came from
+    (a reasoning item joins the next assistant message as `reasoning`; function calls join the
+    assistant message before them)."""
+    out: list[tuple[dict[str, Any], list[int]]] = []
+    pending: list[int] = []
+    kept: list[Mapping[str, Any]] = []
+    for position, item in enumerate(items):
+        if item.get("type") == "reasoning":
+            pending.append(position)
+            continue
+        before = len(_as_chat(kept))
+        kept.append(item)
+        after = _as_chat(kept)
+        if len(after) == before:  # joined the previous message (a function call)
+            out[-1][1].append(position)
+            out[-1] = (after[-1], out[-1][1])
+            continue
+        message = after[-1]
+        if pending and message.get("role") == "assistant":
+            message["reasoning"] = "".join(_reasoning_text(items[i]) for i in pending)
+            out.append((message, [*pending, position]))
+        else:
+            out += [({"role": "assistant", "content": "", "reasoning": "".join(_reasoning_text(items[i]))}, [i])
+                    for i in pending]
+            out.append((message, [position]))
+        pending = []
+    out += [({"role": "assistant", "content": "", "reasoning": _reasoning_text(items[i])}, [i]) for i in pending]
+    return [(normalize_chat_message(m), positions) for m, positions in out]
+
+
+def _as_chat(items: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    if not items:
+        return []
+    try:
+        return chat_messages({"input": list(items)})
+    except ResponsesFormatError as exc:
+        raise ValueError(f"Responses input cannot be represented as Chat Completions ({exc})") from None
+
+
+def responses_as_chat(history: ResponsesHistory) -> ChatCompletionsHistory:
+    if history.previous_response_id is not None or history.conversation is not None:
+        raise ValueError("Opaque Responses context cannot be represented as Chat Completions")
+    messages: list[dict[str, Any]] = []
+    sources: list[Optional[ChatCompletionsMessageSource]] = []
+    if history.instructions:
+        messages.append({"role": "system", "content": history.instructions})
+        given = history.instructions_source
+        sources.append(ChatCompletionsMessageSource(given) if given else None)
+    for message, positions in responses_items_as_chat(history.input):
+        messages.append(message)
+        sources.append(_merged_source([history.input_sources[p] for p in positions]))
+    return ChatCompletionsHistory(history.model, messages, sources, chat_tools(history.tools),
+                                  history.chat_template, copy.deepcopy(history.chat_template_kwargs))
+
+
+def _merged_source(contributors: list[Optional[ResponsesItemSource]]) -> Optional[ChatCompletionsMessageSource]:
+    if not contributors or any(s is None for s in contributors):
+        return None
+    present = [s for s in contributors if s is not None]
+    if len({id(s.exchange) for s in present}) != 1:
+        raise ValueError("One projected Chat message cannot span multiple Responses exchanges")
+    generations = {s.generation_index for s in present if s.generation_index is not None}
+    if len(generations) > 1:
+        raise ValueError("One projected Chat message cannot span multiple Responses generations")
+    return ChatCompletionsMessageSource(
+        present[0].exchange,
+        request_index=next((s.request_index for s in present if s.request_index is not None), None),
+        output_index=next((s.output_index for s in present if s.output_index is not None), None),
+        generation_index=next(iter(generations), None))
+
+
+# -- Completions -----------------------------------------------------------------------------
+
+
+def completion_prompts(value: Any) -> list[Union[str, list[int]]]:
+    """A Completions request's prompt as a list of prompts (text or token ids)."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list):
+        if all(isinstance(t, int) and not isinstance(t, bool) for t in value):
+            return [_prompt_ids(value)]
+        prompts: list[Union[str, list[int]]] = []
+        for item in value:
+            if isinstance(item, str):
+                prompts.append(item)
+            elif isinstance(item, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in item):
+                prompts.append(_prompt_ids(item))
+            else:
+                raise ValueError("Invalid batched Completions prompt")
+        return prompts
+    raise ValueError("Completions prompt must be text or token IDs")
+
+
+def _prompt_ids(value: list[Any]) -> list[int]:
+    if any(t < 0 for t in value):
+        raise ValueError("Completions token prompts must contain non-negative integers")
+    return list(value)
+
+
+def completion_choice_groups(exchange: CompletionsExchange) -> list[list[Any]]:
+    """The choices of each prompt of a (batched) Completions call: by a choice's `prompt_index`,
+    else by its exact prompt ids, else `n` consecutive choices per prompt."""
+    prompts = completion_prompts(exchange.request.get("prompt"))
+    choices = _ordered_choices(exchange.response.choices, "Completions")
+    if len(prompts) == 1:
+        return [choices]
+    found: dict[int, int] = {}
+    for choice in choices:
+        given = extra_fields(choice).get("prompt_index")
+        if given is not None:
+            if not isinstance(given, int) or isinstance(given, bool) or not 0 <= given < len(prompts):
+                raise ValueError("Completions choice prompt_index must identify a batched prompt")
+            found[choice.index] = given
+            continue
+        ids = completion_sampled(exchange, choice.index).prompt_ids
+        same = [i for i, p in enumerate(prompts) if isinstance(p, list) and p == ids]
+        if len(same) == 1:
+            found[choice.index] = same[0]
+    requested = exchange.request.get("n")
+    if len(found) == len(choices):
+        groups: list[list[Any]] = [[] for _ in prompts]
+        for choice in choices:
+            groups[found[choice.index]].append(choice)
+        if all(groups) and (requested is None or all(len(g) == requested for g in groups)):
+            return groups
+        raise ValueError("Cannot associate Completions choices with batched prompts")
+    if len(choices) % len(prompts) or (requested is not None and requested != len(choices) // len(prompts)):
+        raise ValueError("Cannot associate Completions choices with batched prompts")
+    if [c.index for c in choices] != list(range(len(choices))):
+        raise ValueError("Ambiguous Completions choice-to-prompt association")
+    size = len(choices) // len(prompts)
+    return [choices[i * size:(i + 1) * size] for i in range(len(prompts))]
+
+
+def _spans(sources: Sequence[Optional[CompletionsSource]]) -> list[tuple[int, int, Optional[CompletionsSource]]]:
+    runs: list[tuple[int, int, Optional[CompletionsSource]]] = []
+    for position, source in enumerate(sources):
+        if runs and runs[-1][2] == source:
+            runs[-1] = (runs[-1][0], position + 1, source)
+        else:
+            runs.append((position, position + 1, source))
+    return runs
+
+
+def _sampled_spans(branch: _Branch) -> list[tuple[int, int]]:
+    return [(start, end) for start, end, source in _spans(branch.sources) if source and source.choice_index is not None]
+
+
+def _completions_branches(trajectory: TrajectoryLike, model: str | None, *,
+                          text: bool) -> list[tuple[str, list[_Branch]]]:
+    out = []
+    for name, exchanges in select(trajectory.exchanges.completions, model, "Completions"):
+        branches: list[_Branch] = []
+        complete = True
+        for sequence, exchange in enumerate(exchanges):
+            if exchange.request.get("suffix") is not None:
+                raise ValueError("Completions suffix is not supported")
+            groups = completion_choice_groups(exchange)
+            for prompt_index, request_prompt in enumerate(completion_prompts(exchange.request.get("prompt"))):
+                for choice in groups[prompt_index]:
+                    if text:
+                        if not isinstance(request_prompt, str):
+                            complete = False
+                            continue
+                        prompt: list[Any] = list(request_prompt)
+                        answer = choice.text
+                        if exchange.request.get("echo") is True:
+                            if not answer.startswith(request_prompt):
+                                raise ValueError("Cannot locate echoed Completions prompt boundary")
+                            answer = answer[len(request_prompt):]
+                        output: list[Any] = list(answer)
+                    else:
+                        sampled = completion_sampled(exchange, choice.index)
+                        ids = sampled.prompt_ids if sampled.prompt_ids is not None else (
+                            request_prompt if isinstance(request_prompt, list) else None)
+                        if ids is None or sampled.token_ids is None:
+                            complete = False
+                            continue
+                        prompt, output = list(ids), list(sampled.token_ids)
+                    keys = [str(t) for t in prompt]
+                    out_keys = [str(t) for t in output]
+                    source = CompletionsSource(exchange, prompt_index)
+                    chosen = CompletionsSource(exchange, prompt_index, choice.index)
+                    _grow(branches, _Call(prompt, keys, keys, [source] * len(prompt),
+                                          [(choice.index, output, out_keys, out_keys, [chosen] * len(output))],
+                                          "", sequence, exchange.start_time))
+        if not complete:
+            raise ValueError("Completions string history requires text prompts for every choice" if text else
+                             "Completions token history requires exact token IDs for every choice")
+        out.append((name, branches))
+    return out
+
+
+def completions_token_histories(trajectory: TrajectoryLike, *, model: str | None) -> list[CompletionsTokenHistory]:
+    histories = [CompletionsTokenHistory(name, list(b.items),
+                                         [CompletionsTokenSourceSpan(s, e, src) for s, e, src in _spans(b.sources)],
+                                         _sampled_spans(b))
+                 for name, branches in _completions_branches(trajectory, model, text=False) for b in branches]
+    if not histories:
+        raise ValueError("Completions token history requires exact token IDs")
+    return histories
+
+
+def completions_token_history(trajectory: TrajectoryLike, *, model: str | None) -> CompletionsTokenHistory:
+    return only(completions_token_histories(trajectory, model=model), "Completions token history", None)
+
+
+def completions_string_histories(trajectory: TrajectoryLike, *, model: str | None) -> list[CompletionsStringHistory]:
+    histories = [CompletionsStringHistory(name, "".join(b.items),
+                                          [CompletionsStringSourceSpan(s, e, src) for s, e, src in _spans(b.sources)],
+                                          _sampled_spans(b))
+                 for name, branches in _completions_branches(trajectory, model, text=True) for b in branches]
+    if not histories:
+        raise ValueError("Completions string history requires text prompts")
+    return histories
+
+
+def completions_string_history(trajectory: TrajectoryLike, *, model: str | None) -> CompletionsStringHistory:
+    return only(completions_string_histories(trajectory, model=model), "Completions string history", None)
+
+
+# -- any API ---------------------------------------------------------------------------------
+
+
+def trajectory_histories(trajectory: TrajectoryLike, *, model: str | None) -> list[Any]:
+    """Every history of the one API the (selected) exchanges used; the legacy histories
+    (`messages_and_choices` and `additional_histories`) of a trajectory without exchanges."""
+    if not trajectory.exchanges:
+        return trajectory.legacy_histories()
+    every = trajectory.exchanges
+    exact = model is not None and any(e.model == model for e in every.in_order())
+
+    def chosen(exchanges: Iterable[Any]) -> bool:
+        return any(model is None or (e.model == model if exact else _matches(e.model, model)) for e in exchanges)
+
+    found: list[Any] = []
+    if chosen(every.chat_completions):
+        found += chat_completions_histories(trajectory, model=model)
+    if chosen(every.completions):
+        try:
+            found += completions_token_histories(trajectory, model=model)
+        except ValueError as exc:
+            if "requires exact token IDs" not in str(exc):
+                raise
+            found += completions_string_histories(trajectory, model=model)
+    if chosen(every.responses):
+        found += responses_histories(trajectory, model=model)
+    if chosen(every.messages):
+        found += anthropic_messages_histories(trajectory, model=model)
+    if not found:
+        raise ValueError("Trajectory contains no exchanges" + (f" for model {model!r}" if model is not None else ""))
+    if len({type(h) for h in found}) != 1:
+        raise ValueError("Trajectory resolves to multiple protocol histories; use a protocol-specific method")
+    return found
+
+
+def trajectory_history(trajectory: TrajectoryLike, *, model: str | None) -> Any:
+    return only(trajectory_histories(trajectory, model=model), "Trajectory history", model)
+
+
+def trajectory_messages(trajectory: TrajectoryLike) -> list[dict[str, Any]]:
+    """ART's `Trajectory.messages()` for a trajectory with exchanges: its one history as chat messages."""
+    return trajectory_history(trajectory, model=None).as_chat_completions_history().messages
+
+
+__all__ = [
+    "AnthropicMessageSource", "AnthropicMessagesHistory", "ChatCompletionsHistory", "ChatCompletionsMessageSource",
+    "CompletionsSource", "CompletionsStringHistory", "CompletionsStringSourceSpan", "CompletionsTokenHistory",
+    "CompletionsTokenSourceSpan", "ExchangeHistory", "History", "ResponsesHistory", "ResponsesItemSource",
+]
