@@ -78,9 +78,9 @@ def test_a_plan_deletes_only_deletable_steps_and_keeps_what_is_archived():
     infos = _infos(dict.fromkeys(range(6))).checkpoints
     seen = []
 
-    def keep_newest(context):  # ART's earlier form: just the steps to keep
+    def keep_newest(context):
         seen.append({c.step: c.deletion_eligible for c in context.checkpoints})
-        return [5]
+        return CheckpointRetentionPlan(retain_steps={5})
 
     plan = plan_checkpoint_retention(current_step=5, checkpoints=infos, protected_steps={5, 1}, strategy=keep_newest)
     assert seen == [{0: True, 1: False, 2: True, 3: True, 4: True, 5: False}]
@@ -89,9 +89,14 @@ def test_a_plan_deletes_only_deletable_steps_and_keeps_what_is_archived():
                                          strategy=lambda c: CheckpointRetentionPlan(archive_steps={2}))
     assert archived.retain_steps == {2, 5}  # no archive store here: an archived step stays
     assert plan_checkpoint_retention(current_step=5, checkpoints=infos, protected_steps=set(),
-                                     strategy=lambda c: set(range(6))) is None  # nothing to delete
+                                     strategy=lambda c: CheckpointRetentionPlan(retain_steps=set(range(6)))) is None
     with pytest.raises(ValueError, match=r"unknown steps: \[9\]"):
-        plan_checkpoint_retention(current_step=5, checkpoints=infos, protected_steps=set(), strategy=lambda c: [9])
+        plan_checkpoint_retention(current_step=5, checkpoints=infos, protected_steps=set(),
+                                  strategy=lambda c: CheckpointRetentionPlan(retain_steps={9}))
+    # bare steps meant "keep" in one ART release and "delete" in another: refused, nothing deleted
+    with pytest.raises(ValueError, match="must return a CheckpointRetentionPlan") as refused:
+        plan_checkpoint_retention(current_step=5, checkpoints=infos, protected_steps=set(), strategy=lambda c: {0, 1})
+    assert refused.value.field == "checkpoint_retention_strategy"
 
 
 def _choice(step: int | None) -> Choice:

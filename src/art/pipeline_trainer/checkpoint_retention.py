@@ -1,7 +1,8 @@
 """Which checkpoints a pipeline keeps: a strategy sees every checkpoint and names the ones to keep.
 
-ART's contract, in both its forms: a strategy returns a `CheckpointRetentionPlan` (`retain_steps`,
-and `archive_steps` to set aside) or, as ART's earlier releases did, just the steps to keep. The
+ART's newest contract: a strategy returns a `CheckpointRetentionPlan` (`retain_steps`, and
+`archive_steps` to set aside). A bare set of steps is refused, not read: ART's releases disagreed
+on whether it named the steps to keep or to delete, and a wrong guess deletes checkpoints. The
 pipeline deletes the checkpoints it may delete (`deletion_eligible`: never the latest step or one
 an evaluation still needs) that the plan does not retain. Here, with no store to archive to, an
 archived step stays in the run folder. A strategy written for ART runs here as is
@@ -10,10 +11,8 @@ archived step stays in the run folder. A strategy written for ART runs here as i
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from datetime import datetime
-from typing import Union
-
 from pydantic import BaseModel, Field
 
 from art.errors import ArtValueError
@@ -56,8 +55,7 @@ class CheckpointRetentionPlan(BaseModel):
     """Steps to set aside for good (kept in the run folder here)."""
 
 
-CheckpointRetentionStrategy = Callable[[CheckpointRetentionContext], Union[CheckpointRetentionPlan, Iterable[int]]]
-"""Returns the plan, or (ART's earlier form) the steps to keep."""
+CheckpointRetentionStrategy = Callable[[CheckpointRetentionContext], CheckpointRetentionPlan]
 
 
 def plan_checkpoint_retention(*, current_step: int, checkpoints: list[CheckpointInfo], protected_steps: set[int],
@@ -68,7 +66,12 @@ def plan_checkpoint_retention(*, current_step: int, checkpoints: list[Checkpoint
     eligible = known - protected_steps
     answer = strategy(CheckpointRetentionContext(current_step=current_step, checkpoints=[
         c.model_copy(update={"deletion_eligible": c.step in eligible}) for c in checkpoints]))
-    plan = answer if isinstance(answer, CheckpointRetentionPlan) else CheckpointRetentionPlan(retain_steps=set(answer))
+    if not isinstance(answer, CheckpointRetentionPlan):
+        raise ArtValueError(
+            f"checkpoint_retention_strategy must return a CheckpointRetentionPlan(retain_steps=...), got "
+            f"{type(answer).__name__}: bare steps are refused, since ART's releases read them as the steps "
+            "to keep in one and to delete in another", field="checkpoint_retention_strategy")
+    plan = answer
     unknown = (plan.retain_steps | plan.archive_steps) - known
     if unknown:
         raise ArtValueError(f"checkpoint retention selected unknown steps: {sorted(unknown)}",
