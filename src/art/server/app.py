@@ -45,13 +45,20 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from art.chat_template import prompt_ids, template_messages, tools_active
 from art.engine.base import SamplingParams, ServedModel
-from art.errors import ArtError, ArtValueError, ContextLengthError, ModelNotFoundError
+from art.errors import ArtError, ArtValueError, ModelNotFoundError
 from art.observability import tracing
 from art.responses_format import ResponseEvents, ResponsesFormatError, chat_request, response_object
 from art.responses_format import sse as responses_sse  # the Anthropic one is messages_format.sse
 from art import messages_format
 from art.server import completions_format
-from art.server.errors import AsciiJSONResponse, as_anthropic, error_object, error_response, install_error_handlers
+from art.server.errors import (
+    AsciiJSONResponse,
+    as_anthropic,
+    error_object,
+    error_response,
+    install_error_handlers,
+    stream_error_event,
+)
 from art.messages_format import MessagesFormatError
 from art.server.openai_format import (ChunkWriter, TokenText, request_attributes, response_attributes,
                                       response_choice, response_head, token_usage)
@@ -263,9 +270,7 @@ async def _stream(served: ServedModel, body: ChatCompletionRequest, prompt: list
                 yield chunk
         except Exception as exc:  # the 200 has left: the stream ends with the error instead
             tracing.record_failure(span, exc)
-            error = error_object(exc, "chat completion stream")
-            error.pop("status")
-            yield f"data: {json.dumps({'error': error})}\n\n"
+            yield stream_error_event(exc, "chat completion stream")
         finally:
             await events.aclose()
             if span is not None:
@@ -336,17 +341,6 @@ def _prompt_ids(tokenizer, body: ChatCompletionRequest) -> list[int]:
 
 
 def _max_tokens(body: ChatCompletionRequest, prompt_len: int, max_model_len: int, default: int) -> int:
-    asked = body.requested_max_tokens
-    room = max_model_len - prompt_len
-    if asked is None and room >= 1:
-        return min(default, room)
-    if asked is None or asked > room:
-        raise ContextLengthError(
-            f"This model's maximum context length is {max_model_len} tokens. However, you "
-            f"requested {prompt_len + (asked or 1)} tokens ({prompt_len} in the messages, "
-            f"{asked or 1} in the completion). Please reduce the length of the messages or "
-            "completion.",
-            "messages",
-        )
-    return asked
+    return completions_format.completion_tokens(body.requested_max_tokens, prompt_len, max_model_len, default,
+                                                where="messages", prompt_name="messages")
 

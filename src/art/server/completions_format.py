@@ -34,7 +34,7 @@ from fastapi.responses import StreamingResponse
 from art.engine.base import Completion, SampledTokens, SamplingParams, ServedModel
 from art.errors import ArtValueError, ContextLengthError
 from art.observability import tracing
-from art.server.errors import error_object
+from art.server.errors import stream_error_event
 from art.server.openai_format import IncrementalText, TokenText, matched_stop, response_attributes, response_head
 from art.server.schemas import CompletionRequest
 
@@ -65,17 +65,19 @@ def prompt_token_ids(tokenizer, prompt: str | list[int], add_special_tokens: boo
     return ids
 
 
-def completion_tokens(asked: int | None, prompt_len: int, max_model_len: int, default: int, where: str) -> int:
+def completion_tokens(asked: int | None, prompt_len: int, max_model_len: int, default: int, where: str,
+                      prompt_name: str = "prompt") -> int:
     """`max_tokens` for one prompt: what was asked if it fits the context (None: as much as the
-    context and the server's default allow)."""
+    context and the server's default allow). The error is OpenAI's, the prompt called `prompt_name`
+    (chat says "messages")."""
     room = max_model_len - prompt_len
     if asked is None and room >= 1:
         return min(default, room)
     if asked is None or asked > room:
         raise ContextLengthError(
             f"This model's maximum context length is {max_model_len} tokens. However, you requested "
-            f"{prompt_len + (asked or 1)} tokens ({prompt_len} in the prompt, {asked or 1} in the completion). "
-            "Please reduce the length of the prompt or completion.", where)
+            f"{prompt_len + (asked or 1)} tokens ({prompt_len} in the {prompt_name}, {asked or 1} in the completion). "
+            f"Please reduce the length of the {prompt_name} or completion.", where)
     return asked
 
 
@@ -253,9 +255,7 @@ async def _stream(served: ServedModel, batch: Batch, span) -> StreamingResponse:
                 yield line
         except Exception as exc:  # the 200 has left: the stream ends with the error instead
             tracing.record_failure(span, exc)
-            error = error_object(exc, "completion stream")
-            error.pop("status")
-            yield f"data: {json.dumps({'error': error})}\n\n"
+            yield stream_error_event(exc, "completion stream")
         finally:
             for source in streams:
                 await source.aclose()

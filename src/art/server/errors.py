@@ -70,6 +70,14 @@ def error_object(exc: BaseException, what: str = "request") -> dict[str, Any]:
     return body
 
 
+def stream_error_event(exc: BaseException, what: str) -> str:
+    """The SSE line that ends a stream whose sampling failed after its 200 left: the error
+    object without its HTTP status, as vLLM ends a failed stream."""
+    error = error_object(exc, what)
+    error.pop("status")
+    return f"data: {json.dumps({'error': error})}\n\n"
+
+
 ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                    404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
                    503: "overloaded_error", 529: "overloaded_error"}
