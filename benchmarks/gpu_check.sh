@@ -20,13 +20,27 @@
 # Prepare on the development machine (package registries reachable) before each GPU run:
 #   bash benchmarks/gpu_check.sh --prepare   # .whl/ (../shared/gpu/wheels.sh), .gpu_assets/ (+ commit)
 # then through the device tool (machine start 2-4 min + this <= 4 min; twice fits 15 min of device
-# time, see benchmarks/README.md "gpu_check.sh"), and give_back right after unless rerunning at once:
+# time, see Budget below), and give_back right after unless rerunning at once:
 #   run(command="bash benchmarks/gpu_check.sh", carry=[".whl", ".gpu_assets"], timeout_s=270)
 # A rerun with less device time left: GPU_CHECK_BUDGET_S=180 bash benchmarks/gpu_check.sh (the
 # stages at the end get what is left).
 # Outputs ($OUT, else /tmp/gpu_check; at most 8 files come back): gpu_check.jsonl and one log per stage.
 # Smoke test on a CPU, every stage at toy sizes in under 2 minutes:
 #   GPU_CHECK_SMOKE=1 PYTHON=.venv/bin/python bash benchmarks/gpu_check.sh
+# (engine_gpu's tiny model, the tiny Llama for the rl stage; TRL only where trl and datasets import).
+#
+# Budget: 15 minutes of device time for all tries, machine starts included. One try is a start
+# (2-4 min) + this call (<= 4 min, ~3.5 expected) + give_back at once (idle time counts): 5.5-8 min,
+# so two tries fit unless both starts take 4 minutes. For a rerun set GPU_CHECK_BUDGET_S to what is
+# left less 4 min for the start and 1 of margin. timeout_s=270 is the 240 s budget plus 30 s for a
+# stuck stage's kill grace and the summary; what $OUT holds comes back even if the call is stopped.
+# Each stage's status line says ok, timeout, exit N or skipped; a stage cut short also shows the
+# last lines of its log (vs_trl's per-step times, pytest's per-test results).
+# What travels (64 MiB at most): the checkout (~1.6 MB), .whl (7.9 MB), .gpu_assets (3.4 MB:
+# SmolLM2's config and tokenizer, and `git describe --always --dirty` in .gpu_assets/commit, as the
+# device machine's copy has no .git). pyarrow (52.5 MiB), pandas, xxhash, fsspec and aiohttp, which
+# TRL's `datasets` imports, come from the machine's image, not carried; the setup line reports them.
+# Stage estimates and the CPU smoke timings: benchmarks/results/2026-12-02-gpu_check.md.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 

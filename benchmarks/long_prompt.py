@@ -20,6 +20,14 @@ runs in this process, so the figure covers the server, the engine and the client
 time = time.perf_counter around the request (ours: the whole HTTP call; hf: the forward).
 Prints a table, then one JSON line. Engine settings are the defaults (prefill_tokens,
 prefix_cache_tokens, max_model_len): this measures what a user gets.
+
+The prompt is "Note i: <who> <did> <what> <where>." lines with co-prime strides (no two notes
+repeat) plus a question: the fewest notes that reach the target length after the chat template;
+both systems' prompt token counts are checked against it. --quick: one 300-token prompt (~30 s).
+JSON keys: runs (per length: prompt_tokens; ours, ours_no_prefix_cache and hf_forward, each with
+peak_extra_bytes, seconds, rss_before_bytes, prompt_tokens; memory_ratio,
+memory_ratio_no_prefix_cache and time_ratio, all ours / hf), settings and the environment.
+Dated runs: benchmarks/results/*-long_prompt.md.
 """
 
 from __future__ import annotations

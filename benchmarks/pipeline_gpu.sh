@@ -15,6 +15,8 @@
 # the engine's CUDA graphs off (--eager), in the time left.
 # `bash benchmarks/pipeline_gpu.sh check` (.whl and .gpu_assets carried): the CUDA tests alone, once
 # under PyTorch's SDPA kernel choice and once without cuDNN's (ART_ENGINE_SDPA), ~2 minutes.
+#   run(command="bash benchmarks/pipeline_gpu.sh check", carry=[".whl", ".gpu_assets"], timeout_s=170)
+# Run `check` first on the next machine. The first H200 run: benchmarks/results/2026-12-04-pipeline_gpu.md.
 # Outputs in $OUT (else /tmp/pipeline_gpu): tests.txt, sanity.txt; bench.txt and bench.json (its JSON line).
 # PIPELINE_GPU_ARGS: the benchmark's flags (default "--steps 10 --workers 8 --max-steps-off-policy 1").
 set -uo pipefail

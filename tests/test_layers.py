@@ -1,6 +1,6 @@
 """The package's import graph stays layered: no cycle, no import that points up.
 
-The layers are the data flow of DESIGN.md, bottom to top. A module may import its own layer
+The layers are the data flow of docs/design.md, bottom to top. A module may import its own layer
 and the ones below; `engine` and `training` are siblings that never import each other (the
 service joins them). Imports inside functions and under `TYPE_CHECKING` count: a lazy import
 up a layer is still a dependency a reader must follow. The graph is read from the source with

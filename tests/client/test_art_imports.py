@@ -1,9 +1,9 @@
 """The import paths ART's own examples, dev scripts and docs use resolve here, to the real thing.
 
 IMPORTS lists each `from art.X import Y` found in ART's `examples/`, `dev/` and docs that names
-something this library has (cloud backends and other services it has not are listed in the
-README's "ART compatibility" section instead). Each must import, and each name must be our own
-class, function or constant. The tests after it check that the helpers behave as ART's do, on
+something this library has (cloud backends and other services it has not are listed in
+docs/art-compatibility.md instead). Each must import, and each name must be our own class,
+function or constant. The tests after it check that the helpers behave as ART's do, on
 a run logged to disk by `Model.log`.
 """
 

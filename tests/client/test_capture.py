@@ -279,17 +279,6 @@ async def test_the_example_agent_is_captured_whole(model):
     assert_trains_whole(trajectory)
 
 
-async def test_the_readme_snippet_runs_as_written(model):
-    readme = (EXAMPLE.parents[1] / "README.md").read_text()
-    section = readme[readme.index("## Capturing an existing agent's calls"):]
-    code = section[section.index("```python\n") + len("```python\n"):section.index("```\n", section.index("```python"))]
-    namespace: dict = {}
-    exec(compile(code, "README.md", "exec"), namespace)
-    trajectory = await namespace["rollout"](model, "Say yes.")
-    assert [type(i).__name__ for i in trajectory.messages_and_choices] == ["dict", "Choice"]
-    assert trajectory.reward == float("yes" in trajectory.messages_and_choices[1].message.content.lower())
-
-
 # -- servers that are not ours: ART's unit test shapes, a scripted loopback server ---------------
 
 

@@ -173,7 +173,7 @@ def test_traces_reach_phoenix(tiny_model_path, tmp_path, phoenix):
 class LangfuseStandIn:
     """A loopback stand-in for Langfuse's ingestion (its server needs Postgres and ClickHouse and
     cannot run here): it records the OTLP spans and the score batches that arrive, with their
-    basic-auth header. The check against a real Langfuse is manual (README)."""
+    basic-auth header. The check against a real Langfuse is manual (docs/observability.md)."""
 
     def __init__(self) -> None:
         self.spans: list[tuple[str, dict]] = []

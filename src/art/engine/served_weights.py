@@ -5,7 +5,7 @@ so the base weights exist once. Per projection it may keep a prepared copy, buil
 - under `merge`, W + B A s of the live adapter, for batches that only use it (the LoRA then
   costs nothing), rebuilt after each weight update;
 - on the CPU, weights packed for oneDNN's matmul (1.4-2.3x `F.linear` at decode batch sizes on
-  an AVX2 CPU, `benchmarks/README.md`);
+  an AVX2 CPU, `benchmarks/results/2026-12-01-cpu_decode_step.md`);
 - in the serving dtype when the stored one differs (fp32 master weights under full fine-tuning
   on CUDA are served in bf16).
 Without any of these the module's own weight is used, with no copy. Rows that use another

@@ -41,7 +41,7 @@ CAUSAL_BEHIND = 0.5
 """A prefill block is causal (no mask) while what lies behind it is at most this many times its
 length: measured on the CPU's flash kernel, the causal kernel with zero queries for what is
 behind takes 0.5x the masked one at 1% behind, 1.1x at as much behind as the block, 1.7-2x at
-2-3x (benchmarks/README.md, long_prompt)."""
+2-3x (benchmarks/results/2026-12-02-long_prompt.md)."""
 WIDTH_MULTIPLE = 16
 """Widths (and so masks' last dimension) are multiples of this, as SDPA's fused kernels want."""
 

@@ -1,6 +1,6 @@
 """The weight-sync probe: after each update, the engine's logprobs against the trainer's.
 
-Invariant 2 of the design ("served weights are trained weights"). A fixed short prompt is
+Invariant 2 of docs/design.md ("served weights are trained weights"). A fixed short prompt is
 sampled greedily for a few tokens through the engine's ordinary request path (name resolution,
 adapter selection, prefix cache, live-step bookkeeping: what an HTTP request goes through),
 then the trainer scores exactly those ids with its own forward pass. On CPU both share one

@@ -1,6 +1,6 @@
 """A weight update as one transaction: a step is all or nothing, on disk and in what is served.
 
-Invariants 2 and 4 of the design hang on this module. `run_update` (train and SFT) reads top to
+Invariants 2 and 4 of docs/design.md hang on this module. `run_update` (train and SFT) reads top to
 bottom: expected step → the engine serves beside the step (or pauses) → step → checkpoint →
 `weights_updated` (publish) → probe → publish to replicas; a failure before the checkpoint
 restores the saved step, a failed probe rolls the new step back. `load_fork` is the same

@@ -25,7 +25,7 @@ NO_SIGNAL_HINT = (
     "few good examples first."
 )
 """What to do when no group has signal: the usual cold start, where the base model never
-produces what the reward asks for (see the README's Quick start)."""
+produces what the reward asks for (docs/troubleshooting.md)."""
 NAMED_AT_MOST = 5
 """Trajectories named in a warning; the rest are counted."""
 
