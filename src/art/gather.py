@@ -14,10 +14,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterat
 from dataclasses import dataclass
 from typing import Any
 
-from tqdm.auto import tqdm
-
 from .errors import ArtValueError, TooManyExceptionsError, TrajectoryError
 from .observability import tracing
+from .observability.progress import progress_bar
 from .training.advantages import rewards_differ
 from .trajectories import _REPORTER, Trajectory, TrajectoryGroup, _cancel, _run_all, _wait_all, is_choice
 
@@ -68,7 +67,7 @@ class _Progress:
         self._recorded: dict[int, tuple[object, float, dict[str, float]]] = {}
         """id -> (trajectory, its reward and metrics as counted): what `rescore` takes back out."""
         self.notes: dict[str, int] = {}
-        self.pbar = tqdm(total=0, desc=desc, disable=desc is None, unit="traj")
+        self.pbar = progress_bar(total=0, desc=desc, disable=desc is None, unit="traj")
 
     def limit(self) -> float:
         """How many exceptions are tolerated: a count, or a fraction of all trajectories."""
@@ -171,8 +170,8 @@ class _Progress:
         self.total, self.exceptions, self.first_exception = total, 0, None
         self.reward_sum, self.rewards, self.finished, self.tokens = 0.0, 0, 0, 0
         self.metric_sums, self.metric_counts, self.notes = {}, {}, {}
-        self.pbar = tqdm(total=total, desc=self.pbar.desc if not self.pbar.disable else None,
-                         disable=self.pbar.disable, unit="traj")
+        self.pbar = progress_bar(total=total, desc=self.pbar.desc if not self.pbar.disable else None,
+                                 disable=self.pbar.disable, unit="traj")
 
     def reward_mean(self) -> float | None:
         """Over every finished rollout, with the reward `after_each` gave it where it did."""

@@ -728,3 +728,76 @@ def test_the_token_view_opens_at_the_first_trained_token(dashboard, page_browser
     finally:
         browser.set_window_size(1400, 1700)
         keep(shots)
+
+
+# -- a linked trajectory (issue 45) -----------------------------------------------------------
+
+
+def one_trajectory_link(base: str, step: int, index: int) -> str:
+    return f"{base}/dashboard#run=dash/tiny&split=train&step={step}&trajectory={index}"
+
+
+@pytest.mark.integration
+def test_a_linked_trajectory_shows_its_messages_and_tokens_without_scrolling_the_document(
+        dashboard, page_browser, tmp_path):
+    """`&trajectory=0` opens step 0 with trajectory 0 marked, its messages and its tokens. The
+    token view is scrolled to inside <main>, never by scrolling the document (a scrolled document
+    is what Chromium's headless --screenshot draws blank)."""
+    from selenium.webdriver.common.by import By
+
+    browser, shots = page_browser, []
+    shoot, wait_for = browser_helpers(browser, tmp_path, shots)
+    step = get(f"{dashboard}/dashboard/api/runs/dash/tiny/steps/train/0").json()
+    expected = step["groups"][0]["trajectories"][0]
+    assert expected["index"] == 0
+    try:
+        open_page(browser, one_trajectory_link(dashboard, 0, 0))
+        wait_for(lambda: "train step 0 · trajectory #0" in browser.find_element(By.ID, "tokens-title").text,
+                 "the linked trajectory's tokens are open")
+        (shown,) = browser.find_elements(By.CSS_SELECTOR, '.trajectory.selected[data-index="0"]')
+        messages = shown.find_elements(By.CSS_SELECTOR, ".msg")
+        assert len(messages) == len(expected["messages"]) >= 2
+        for node, message in zip(messages, expected["messages"]):
+            assert node.get_attribute("class").split()[1] == f"role-{message['role']}"
+            assert node.find_element(By.TAG_NAME, "pre").get_attribute("textContent") == message["content"]
+        assert browser.find_elements(By.CSS_SELECTOR, '#token-text .tok[data-trained="1"]')
+        shoot("linked-trajectory-0")
+        # The token view was brought into view by scrolling <main>; the document stayed at the top.
+        assert browser.execute_script("return document.scrollingElement.scrollTop") == 0
+        assert browser.execute_script("return document.querySelector('main').scrollTop") > 0
+        assert browser.execute_script(
+            "const r = document.getElementById('tokens').getBoundingClientRect(); return r.top < innerHeight")
+    finally:
+        keep(shots)
+
+
+def headless_screenshot(url: str, path: Path, size: str = "1400,1700") -> list[str]:
+    """The command line that takes a screenshot of the dashboard in headless Chromium, as root
+    (--no-sandbox); --virtual-time-budget lets the page's fetches answer before the shot."""
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    return [browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+            "--virtual-time-budget=10000", f"--window-size={size}", f"--screenshot={path}", url]
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("index", [0, 5])
+def test_a_headless_screenshot_of_a_linked_trajectory_is_not_blank(dashboard, tmp_path, index):
+    """Issue 45: the one-trajectory link drew blank, three times in three, in `chromium --headless
+    --screenshot` (the page had scrolled the document to the token view)."""
+    import subprocess
+
+    image = pytest.importorskip("PIL.Image", reason="Pillow (with matplotlib, the test extra) reads the shot")
+    if not (shutil.which("chromium") or shutil.which("chromium-browser")):
+        pytest.skip("chromium is not installed (scripts/setup.sh --tests installs it)")
+    shot = tmp_path / f"trajectory-{index}.png"
+    done = subprocess.run(headless_screenshot(one_trajectory_link(dashboard, 1, index), shot),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and shot.exists(), done.stderr[-2000:]
+    keep([shot])
+    with image.open(shot) as png:
+        pixels = png.convert("RGB")
+        colours = pixels.getcolors(maxcolors=1 << 16)
+        assert colours is None or len(colours) > 50, f"a blank screenshot: {colours[:5]}"
+        # The header is drawn at the top (a blank shot is the page's background everywhere).
+        top = pixels.crop((0, 0, 400, 40)).getcolors(maxcolors=1 << 16)
+        assert top is None or len(top) > 5

@@ -302,6 +302,42 @@ async def test_groups_without_signal_are_replaced_before_they_finish(tiny_model_
     assert finished <= state.total_scenarios_consumed <= finished + 8  # + those cut off by the end
 
 
+@pytest.mark.parametrize("bound", [4, None])
+async def test_a_run_of_max_steps_samples_no_group_that_no_step_left_could_train(tiny_model_path, tmp_path, bound):
+    """Issue 45: a 2-step run sampled 11 groups that never trained. With `max_steps` no step past
+    the last takes a group, so workers start at most what the steps left can use (at the gate's
+    prior share, the worker count at most beyond it), start none once the last step is formed,
+    and what still runs then is cancelled, not left to run beside the last update."""
+    started, finished, cancelled = [], [], []
+
+    async def rollout(model, scenario, config):
+        started.append(scenario)
+        try:
+            await asyncio.sleep(0.05)  # fast beside a training step of the tiny model (about 1 s)
+        except asyncio.CancelledError:
+            cancelled.append(scenario)
+            raise
+        finished.append(scenario)
+        return fixed_group(scenario)
+
+    workers, per_step, steps = 4, 2, 2
+    backend, model = await registered(tmp_path, tiny_model_path, f"last-step-{bound}")
+    trainer = art.PipelineTrainer(model, backend, rollout, range(100), None, max_steps_off_policy=bound,
+                                  num_rollout_workers=workers, min_batch_size=per_step, max_batch_size=per_step,
+                                  max_steps=steps, learning_rate=1e-2)
+    await trainer.train(handle_signals=False)
+    assert await model.get_step() == steps
+    await backend.close()
+
+    state = trainer.state
+    assert state.accepted_trainable_groups == steps * per_step
+    assert len(started) <= steps * per_step + workers, (len(started), started)  # today's code: 14 and 10
+    assert state.total_scenarios_consumed == len(started)
+    assert set(started) == set(finished) | set(cancelled) and not set(finished) & set(cancelled)
+    unused = [s for s in finished if not state.is_used(s)]  # finished, yet no step took it
+    assert len(unused) <= workers, unused
+
+
 async def test_evaluation_beside_training_and_checkpoint_retention(tiny_model_path, tmp_path):
     evaluated = []
 

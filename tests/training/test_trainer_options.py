@@ -163,3 +163,55 @@ def test_golden_training_curve(tiny_model_path):
     for (loss, logprob), (golden_loss, golden_logprob) in zip(curve, GOLDEN_CURVE, strict=True):
         assert loss == pytest.approx(golden_loss, abs=1e-5)
         assert logprob == pytest.approx(golden_logprob, abs=1e-5)
+
+
+def multi_turn_groups(groups: int = 2, samples: int = 3) -> tuple[list[art.TrajectoryGroup], int]:
+    """Groups of two-turn trajectories (a completion, a tool result, a second completion): each
+    one sequence of prompt + completion + tool + completion; (the groups, their tokens)."""
+    import random
+
+    from tests.support.fakes import make_choice
+
+    rng, out, tokens = random.Random(7), [], 0
+    for _ in range(groups):
+        prompt = [rng.randrange(5, 900) for _ in range(6)]
+        trajectories = []
+        for i in range(samples):
+            first = [rng.randrange(5, 900) for _ in range(2 + i)]
+            tool = [rng.randrange(5, 900) for _ in range(3)]
+            second = [rng.randrange(5, 900) for _ in range(2)]
+            turns = [make_choice(prompt, first, [-6.5] * len(first)),
+                     make_choice(prompt + first + tool, second, [-6.5] * len(second))]
+            trajectories.append(art.Trajectory(messages_and_choices=[
+                {"role": "user", "content": "x"}, turns[0], {"role": "tool", "tool_call_id": "c", "content": "y"},
+                turns[1]], reward=float(i % 2)))
+            tokens += len(prompt + first + tool + second)
+        out.append(art.TrajectoryGroup(trajectories))
+    return out, tokens
+
+
+def test_a_cpu_step_first_says_what_it_trains_on_and_about_how_long(tiny_model_path, capsys):
+    """Issue 45: before each step on the CPU, one line: the tokens and sequences it trains on
+    and an estimate at the rate the step before measured (the first has none)."""
+    import re
+
+    trainer = Trainer(lora_model(tiny_model_path), SimpleNamespace(pad_token_id=0))
+    groups, tokens = multi_turn_groups()
+    first = trainer.step(groups, TrainOptions(learning_rate=1e-2), desc="train step 0")
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[art] train step")]
+    assert lines == [f"[art] train step 0: training on {tokens:,} tokens in 6 sequences (first step: no estimate yet)"]
+    assert first["tokens_in_batch"] == tokens and first["sequences"] == 6.0
+    rate = trainer.last_tokens_per_s
+    assert rate and rate > 0
+
+    trainer.step(groups[:1], TrainOptions(learning_rate=1e-2, epochs=2), desc="train step 1")
+    (line,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[art] train step")]
+    half = tokens // 2  # the first group's
+    found = re.fullmatch(rf"\[art\] train step 1: training on {half:,} tokens in 3 sequences x 2 epochs "
+                         r"\(~([\d.]+) s at the last step's ([\d,]+) tok/s\)", line)
+    assert found, line
+    assert float(found.group(2).replace(",", "")) == pytest.approx(rate, abs=0.5)
+    assert float(found.group(1)) == pytest.approx(2 * half / rate, rel=0.06, abs=0.01)
+
+    trainer.step(groups, TrainOptions(learning_rate=1e-2), desc="rank 1", quiet=True)  # a peer rank says nothing
+    assert "[art]" not in capsys.readouterr().out

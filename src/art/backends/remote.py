@@ -32,6 +32,7 @@ from tqdm.auto import tqdm
 from art.backends.adapter import ServiceBackend
 from art.errors import ArtValueError, BackendError, BackendUnavailableError, from_wire
 from art.observability import tracing
+from art.observability.progress import progress_bar
 from art.service import ModelKey, ModelSpec, Progress, TrainResult
 from art.storage.layout import validate_name
 from art.training.options import TrainOptions
@@ -112,7 +113,7 @@ class RemoteService:
         if expected_step is None:
             expected_step = doubt[1] if doubt is not None and doubt[0] == digest else self._steps.get(key)
         body["expected_step"] = expected_step
-        bar = tqdm(total=None, desc=f"{action} {key[1]}", unit="step", leave=False)
+        bar = progress_bar(total=None, desc=f"{action} {key[1]}", unit="step", leave=False)
         try:
             async with self._client.stream("POST", _path(key, action), **_json_body(body)) as response:
                 if response.status_code >= 400:
@@ -286,8 +287,9 @@ def _on_event(event: dict[str, Any], bar: tqdm, action: str = "train") -> TrainR
     elif kind == "gradient_step":
         bar.set_description(_bar_label(action, event["step"]))
         bar.total = event.get("total")
+        bar.set_postfix({k: f"{v:.4g}" for k, v in (event.get("metrics") or {}).items() if isinstance(v, float)},
+                        refresh=False)
         bar.update(1)
-        bar.set_postfix({k: f"{v:.4g}" for k, v in (event.get("metrics") or {}).items() if isinstance(v, float)})
     elif kind == "heartbeat":
         bar.refresh()
     elif kind == "result":

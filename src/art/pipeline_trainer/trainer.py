@@ -14,7 +14,10 @@ event loop:
   trains (`art.service.update`). A worker starts a scenario only while the group it would
   sample could still train in time: the policy is at most `max_steps_off_policy` steps behind
   the step being formed, and fewer groups are out (running or waiting) than the steps that may
-  still take it can train, so few groups are sampled only to be dropped. Fewer than
+  still take it can train, so few groups are sampled only to be dropped. With `max_steps` no step
+  past the last takes a group: once the groups out fill the steps left none start, and when the
+  last step's batch is taken the rollouts still running are cancelled (their scenarios are not
+  used up, so a later call or a resumed run samples them). Fewer than
   `queue_maxsize` finished groups wait for a batch. Groups whose rewards are all equal carry no
   signal; they are set aside as they finish and counted, so they take no place in the queue,
   and a running group counts only as the share of groups that have had signal (3 in 4 before
@@ -59,6 +62,7 @@ from tqdm.auto import tqdm
 from art.errors import ArtValueError, TooManyExceptionsError
 from art.gather import completion_tokens, has_signal
 from art.metrics_taxonomy import route
+from art.observability.progress import progress_bar
 from art.pipeline_trainer.checkpoint_retention import (
     CHECKPOINT_CREATED_AT_METRIC,
     CHECKPOINT_EVAL_COMPLETED_METRIC,
@@ -321,6 +325,8 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         self._done, self._failure = False, None
         self._changes = _Changes()
         self._policy = self._next_step = start
+        self._last_step = None if self.max_steps is None else start + self.max_steps - 1
+        """The last step this call trains (`max_steps`); None: until the scenarios run out."""
         self._ready: list[_Finished] = []
         self._running: dict[int, int] = {}  # scenario index -> policy step when its rollout started
         self._exhausted = False
@@ -335,13 +341,13 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         self._eval_queue: asyncio.Queue[int] = asyncio.Queue()
         self._evaluating: set[int] = set()
         total = self.max_steps if self.max_steps is not None else None
-        self._bar = tqdm(total=total, desc="pipeline", unit="step", dynamic_ncols=True)
+        self._bar = progress_bar(total=total, desc="pipeline", unit="step", dynamic_ncols=True)
         if self.eval_fn is not None and self.eval_at_start and start not in self.state.completed_eval_steps:
             self._schedule_eval(start)
         main = asyncio.current_task()
         restore = self._install_signals(main) if handle_signals else (lambda: None)
-        workers = [asyncio.create_task(self._worker(), name=f"rollout-worker-{i}")
-                   for i in range(self.num_rollout_workers)]
+        workers = self._workers = [asyncio.create_task(self._worker(), name=f"rollout-worker-{i}")
+                                   for i in range(self.num_rollout_workers)]
         evaluator = asyncio.create_task(self._evaluate_queued(), name="pipeline-eval")
         status = asyncio.create_task(self._status_lines(), name="pipeline-status")
         finished = False
@@ -411,8 +417,9 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         train) fill fewer places than the steps that may take it have, and fewer than
         `queue_maxsize` finished groups wait.
 
-        A group sampled by policy p may train at steps up to p + max_steps_off_policy, each of at
-        most `max_batch_size` groups, from the step being formed on. Starting more would only
+        A group sampled by policy p may train at steps up to p + max_steps_off_policy (and never
+        past the last step of `max_steps`), each of at most `max_batch_size` groups, from the step
+        being formed on. Starting more would only
         sample groups bound to be dropped, and on a shared device would take the trainer's time to
         do it. A running group counts as the share of groups that have had signal so far
         (`_signal_share`): one that ends without signal is set aside, and had nothing started in
@@ -420,16 +427,25 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         stale_groups="wait": exactly one batch at a time, the synchronous loop."""
         if len(self._ready) >= self.queue_maxsize:
             return False
-        bound = self._age_bound
-        if bound is None:
+        last = self._last_step_for(self._policy)
+        if last is None:
             return True
-        return self._places_filled(bound) < self._places_until(self._policy + bound) - 1e-9
+        return self._places_filled() < self._places_until(last) - 1e-9
+
+    def _last_step_for(self, version: int) -> int | None:
+        """The last step a group sampled by policy `version` may train at: `max_steps_off_policy`
+        (else the mean limit rounded up) steps on, and never past the run's last step (`max_steps`:
+        a group that no step left can take is not sampled). None: no bound."""
+        bound, last = self._age_bound, self._last_step
+        if bound is None:
+            return last
+        return version + bound if last is None else min(version + bound, last)
 
     def _places_until(self, last_step: int) -> int:
         """The places in the steps from the one being formed up to `last_step`."""
         return max(0, last_step - self._next_step + 1) * self.max_batch_size
 
-    def _places_filled(self, bound: int) -> float:
+    def _places_filled(self) -> float:
         """How many places the groups out will fill, oldest first, each in a step it is young
         enough for. A group too old for every place left fills none: it will be dropped, and
         counting it (a spare sampled a step ago, say) would leave the next step short. With
@@ -442,7 +458,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         out = sorted([(item.version, 1.0) for item in self._ready] + [(v, share) for v in self._running.values()])
         filled = 0.0
         for version, weight in out:  # deadlines rise with the version: earliest deadline first
-            filled = min(filled + weight, self._places_until(version + bound))
+            filled = min(filled + weight, self._places_until(self._last_step_for(version)))
         return filled
 
     def _signal_share(self) -> float:
@@ -534,9 +550,21 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             batch = await self._next_batch(step)
             if batch is None:
                 break
+            if step + 1 == stop_at:
+                await self._cancel_leftover_rollouts()
             step = await self._train(step, batch)
         if self._failure is not None:
             raise self._failure
+
+    async def _cancel_leftover_rollouts(self) -> None:
+        """The last step's batch is taken: a rollout still running could train at no step of this
+        call, so it is cancelled now rather than share the device with the last update (its
+        scenario is not used up: a later call, or a resumed run, samples it again)."""
+        running = len(self._running)
+        await _cancel(self._workers)
+        if running:
+            log.info("last step: %d rollout(s) still running cancelled, as no step left could train them "
+                     "(their scenarios are not used up)", running)
 
     async def _next_batch(self, step: int) -> list[_Finished] | None:
         """The groups step `step` trains on (None: nothing more will come)."""
@@ -631,8 +659,8 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             self._schedule_eval(result.step)
         self.model.merge_state({STATE_KEY: self.state.saved()})
         await self._retain_checkpoints(result.step)
+        self._bar.set_postfix(self._postfix(batch, metrics), refresh=False)
         self._bar.update(result.step - step)
-        self._bar.set_postfix(self._postfix(batch, metrics), refresh=True)
         self._idle_since = time.monotonic()
         return result.step
 

@@ -15,6 +15,7 @@ import contextlib
 import logging
 import math
 import threading
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Callable
@@ -25,7 +26,7 @@ from tqdm.auto import tqdm
 from art.errors import ArtValueError, StepCancelledError
 from art.metrics_taxonomy import TRAIN_GRADIENT_STEPS_KEY
 from art.observability import tracing
-
+from art.observability.progress import progress_bar
 from art.training import fsdp
 from art.training.batch import (
     NO_SIGNAL_HINT, assistant_dicts, describe, plan_micro_batches, prepare_batch, split_mini_batches,
@@ -76,6 +77,9 @@ class Trainer:
         self.last_trainer_logprobs: list[dict] = []
         """The last step's `trainer_logprob_rows`, for the run's storage."""
         self.collective = collective or Collective()
+        self.last_tokens_per_s: float | None = None
+        """What the last step computed: its sequences' tokens (times epochs) per second of its
+        passes; the next step's announced estimate (`announce_step`)."""
 
     # -- the update -----------------------------------------------------------------------
     def step(self, groups, options: TrainOptions, *, desc: str = "train",
@@ -128,6 +132,10 @@ class Trainer:
         sums: Counter = Counter()
         norms: list[float] = []
         total_steps = len(parts) * options.epochs
+        tokens = sum(len(s.token_ids) for s in sequences)
+        if not quiet and self.device.type == "cpu" and self.collective.rank == 0:
+            tqdm.write(self.announce_step(desc, tokens, len(sequences), options.epochs))
+        began = time.monotonic()
         with self.training(options.gradient_checkpointing, total_steps * sum(map(len, plans)), desc, quiet) as bar:
             before = [self._pre_update_logprobs(p) for p in plans] if options.precalculate_logprobs else None
             for epoch in range(options.epochs):
@@ -138,6 +146,9 @@ class Trainer:
                     norms.append(done["grad_norm"])
                     if on_optimizer_step is not None:
                         on_optimizer_step(len(norms), total_steps, {"loss": done["loss"], "grad_norm": norms[-1]})
+        elapsed = time.monotonic() - began
+        if elapsed > 0:
+            self.last_tokens_per_s = tokens * options.epochs / elapsed
         total_trained = sum(s.num_trained for s in sequences) * options.epochs  # token terms seen
         computed = self.collective.sum_values(Counter(
             tokens_computed=sum(m.tokens_computed for micro in plans for m in micro if m is not None)))["tokens_computed"]
@@ -166,6 +177,16 @@ class Trainer:
             metrics["tis_weight_mean"] = sums["tis_weight"] / total_trained
             metrics["tis_truncated_fraction"] = sums["tis_truncated"] / total_trained
         return metrics
+
+    def announce_step(self, desc: str, tokens: int, sequences: int, epochs: int = 1) -> str:
+        """The line said before a step on the CPU, where a step takes long enough to wonder:
+        what it trains on and, at the rate the last step measured, about how long it takes."""
+        passes = f" x {epochs} epochs" if epochs > 1 else ""
+        head = f"[art] {desc}: training on {tokens:,} tokens in {sequences} sequence{'s' if sequences != 1 else ''}{passes}"
+        rate = self.last_tokens_per_s
+        if not rate:
+            return f"{head} (first step: no estimate yet)"
+        return f"{head} (~{_seconds(tokens * epochs / rate)} at the last step's {rate:,.0f} tok/s)"
 
     def _optimizer_step(self, part: list[Sequence], micro: list[MicroBatch | None], options: TrainOptions,
                         before: list[torch.Tensor] | None, bar, should_stop=None, record: bool = False) -> Counter:
@@ -224,7 +245,7 @@ class Trainer:
         """The model in training mode under the lock, with a progress bar over `micro_batches`
         (yielded); on the way out, gradients dropped, eval mode back, the bar closed. GRPO and
         SFT steps (`art.training.sft`) run inside it."""
-        bar = tqdm(total=micro_batches, desc=desc, unit="batch", leave=False, disable=quiet)
+        bar = progress_bar(total=micro_batches, desc=desc, unit="batch", leave=False, disable=quiet)
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         with self.lock:
@@ -385,3 +406,13 @@ def trainer_logprob_rows(sequences: list[Sequence]) -> list[dict]:
     comes from and its trainer logprobs."""
     return [{"group": s.group, "trajectory": s.member, "sequence": s.ordinal, "logprobs": s.trainer_logprobs}
             for s in sequences if s.trainer_logprobs is not None]
+
+
+def _seconds(seconds: float) -> str:
+    """A duration as a person reads it: "9 s", "2.5 s", "3 min 10 s"."""
+    if seconds < 10:
+        return f"{seconds:.1f} s" if seconds >= 1 else f"{seconds:.2f} s"
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    minutes, rest = divmod(round(seconds), 60)
+    return f"{minutes} min {rest} s"

@@ -12,9 +12,8 @@ from collections.abc import Generator, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from tqdm.auto import tqdm
-
 from ..errors import ArtValueError
+from ..observability.progress import progress_bar
 
 T = TypeVar("T")
 
@@ -62,7 +61,7 @@ def iterate_dataset(
         return
     pbar = None
     if use_tqdm:
-        pbar = tqdm(initial=initial_step, total=total_steps, desc="Iterating dataset", unit="batch")
+        pbar = progress_bar(initial=initial_step, total=total_steps, desc="Iterating dataset", unit="batch")
     try:
         for epoch in range(initial_step // steps_per_epoch, num_epochs):
             indices = list(range(size))

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Iterator, Literal, NamedTuple
 from tqdm.auto import tqdm
 
 from art.errors import ArtValueError
+from art.observability.progress import progress_bar
 from art.trajectories import Trajectory
 from art.types import TrainSFTConfig
 
@@ -146,7 +147,8 @@ def create_sft_dataset_iterator(trajectories: list[Trajectory], chunk_size: int 
     total = per_epoch * epochs
     rates = create_lr_schedule(total, peak_lr, schedule_type, int(total * warmup_ratio))
     chunk_items = chunk_size * batch_size
-    bar = tqdm(total=total, initial=min(initial_step, total), desc="sft", unit="batch", disable=not show_progress)
+    bar = progress_bar(total=total, initial=min(initial_step, total), desc="sft", unit="batch",
+                       disable=not show_progress)
     try:
         for epoch in range(epochs):
             order = list(trajectories)
