@@ -498,6 +498,8 @@ def load_pipeline_example():
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # 180-215 s, a fifth of the suite: `-m extended` runs it; in the default run the pipeline's
+# mechanics are tested on the tiny model and on vLLM, and learning on the default model by the main job's test
 async def test_the_pipeline_trains_the_tool_agent_on_the_default_model(tmp_path, caplog):
     """examples/pipeline_tool_agent.py, 2 steps at bound 1, then evaluated on 32 fixed problems
     (about 3 minutes). The forced call's arguments are learnt first (the sync loop: valid calls

@@ -157,7 +157,7 @@ def test_the_examples_reward_and_tool():
 
 @pytest.mark.integration
 @pytest.mark.slow
-@pytest.mark.extended  # 142 s in CI; tests/e2e/test_pipeline.py trains the same agent on the default model
+@pytest.mark.extended  # 142 s in CI; with the pipeline test (also extended), benchmarks/pipeline_vs_sync.py covers it
 async def test_the_tool_agent_learns_on_the_default_model(tmp_path):
     """Fixed seed, 3 measured steps and 2 updates (about 3 minutes). The forced call's
     arguments are learnt first: valid calls 0.56 -> 0.84 -> 0.97 and mean reward 0.11 -> 0.22
