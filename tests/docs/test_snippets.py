@@ -116,11 +116,9 @@ def test_a_block_with_no_marker_is_caught(tmp_path, monkeypatch):
 # -- the Quick start, run as a user runs it --------------------------------------------------
 
 
-@pytest.mark.integration  # a served model
-def test_the_quick_start_runs_as_written(tiny_model_path, tmp_path, monkeypatch):
-    """README.md's and getting-started.md's Quick start (one text), one step on the tiny model."""
-    source = code("quick-start")
-    assert source.count(QUICK_START_STEPS[0]) == 1
+def as_the_block_runs(monkeypatch, tiny_model_path, tmp_path) -> list:
+    """A block that names `art.DEFAULT_MODEL` and makes its own `art.LocalBackend()` runs in
+    `tmp_path` on the tiny model; the list collects its backends, for the test to close."""
     backends: list = []
 
     class Recorded(art.LocalBackend):
@@ -131,6 +129,15 @@ def test_the_quick_start_runs_as_written(tiny_model_path, tmp_path, monkeypatch)
     monkeypatch.setattr(art, "DEFAULT_MODEL", str(tiny_model_path))
     monkeypatch.setattr(art, "LocalBackend", Recorded)
     monkeypatch.chdir(tmp_path)
+    return backends
+
+
+@pytest.mark.integration  # a served model
+def test_the_quick_start_runs_as_written(tiny_model_path, tmp_path, monkeypatch):
+    """README.md's and getting-started.md's Quick start (one text), one step on the tiny model."""
+    source = code("quick-start")
+    assert source.count(QUICK_START_STEPS[0]) == 1
+    backends = as_the_block_runs(monkeypatch, tiny_model_path, tmp_path)
     try:
         exec(compile(source.replace(*QUICK_START_STEPS), "quick-start", "exec"), {"__name__": "__main__"})
     finally:
@@ -291,16 +298,7 @@ async def test_sft_from_a_file_and_from_trajectories(tiny_model_path, tmp_path, 
                           {"role": "assistant", "content": str(2 * i)}]} for i in range(8)]
     (tmp_path / "data.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
     trajectories = [art.Trajectory(messages_and_choices=row["messages"]) for row in rows[:4]]
-    backends: list = []
-
-    class Recorded(art.LocalBackend):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            backends.append(self)
-
-    monkeypatch.setattr(art, "DEFAULT_MODEL", str(tiny_model_path))
-    monkeypatch.setattr(art, "LocalBackend", Recorded)
-    monkeypatch.chdir(tmp_path)
+    backends = as_the_block_runs(monkeypatch, tiny_model_path, tmp_path)
     try:
         namespace = await run(code("sft"), {"trajectories": trajectories}, "sft")
         assert await namespace["model"].get_step() == 2  # one checkpoint per call
