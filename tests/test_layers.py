@@ -37,6 +37,7 @@ LAYERS: list[tuple[str, ...]] = [
         "art.messages_format",
         "art.exchange_turns",
         "art.exchange_tokens",
+        "art.history_sources",
         "art.histories",
         "art.tokenize",
     ),

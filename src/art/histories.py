@@ -28,8 +28,6 @@ import copy
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
-from fnmatch import fnmatchcase
 from typing import Any, ClassVar, Optional, Protocol, Union
 
 from .exchange_turns import anthropic_chat_messages, anthropic_chat_tools
@@ -50,71 +48,27 @@ from .exchanges import (
     ResponsesExchange,
     TrajectoryExchanges,
 )
+from .history_sources import (
+    AnthropicMessageSource,
+    Branch,
+    Call,
+    ChatCompletionsMessageSource,
+    CompletionsSource,
+    CompletionsStringSourceSpan,
+    CompletionsTokenSourceSpan,
+    ResponsesItemSource,
+    finished,
+    grow,
+    json_key,
+    lineage_sources,
+    model_selected,
+    only,
+    select,
+)
 from .responses_format import ResponsesFormatError, chat_messages, chat_tools
 
 TOKENIZE_HOOK: list[Callable[..., Any]] = []
 """`art.tokenize.tokenize_history`, registered when that module loads (it imports this one)."""
-
-
-# -- sources ---------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ChatCompletionsMessageSource:
-    """Where a chat message came from: item `request_index` of the exchange's request, or its
-    choice `choice_index` (a Messages or Responses exchange converted to chat: `output_index`)."""
-
-    exchange: Union[ChatCompletionsExchange, MessagesExchange, ResponsesExchange]
-    request_index: Optional[int] = None
-    choice_index: Optional[int] = None
-    output_index: Optional[int] = None
-    generation_index: Optional[int] = None
-
-
-@dataclass(frozen=True)
-class AnthropicMessageSource:
-    """Message `request_index` of the request, or (None) the exchange's response."""
-
-    exchange: MessagesExchange
-    request_index: Optional[int] = None
-
-
-@dataclass(frozen=True)
-class ResponsesItemSource:
-    """Input item `request_index` of the request, or output item `output_index` of the response
-    (`generation_index`: which of its token generations sampled it)."""
-
-    exchange: ResponsesExchange
-    request_index: Optional[int] = None
-    output_index: Optional[int] = None
-    generation_index: Optional[int] = None
-
-
-@dataclass(frozen=True)
-class CompletionsSource:
-    """Prompt `prompt_index` of a Completions request, or (with `choice_index`) what that choice sampled."""
-
-    exchange: CompletionsExchange
-    prompt_index: int
-    choice_index: Optional[int] = None
-
-
-@dataclass(frozen=True)
-class CompletionsTokenSourceSpan:
-    """Token positions [start, end) of a token history and their source (None: user-written)."""
-
-    start: int
-    end: int
-    source: Optional[CompletionsSource]
-
-
-@dataclass(frozen=True)
-class CompletionsStringSourceSpan:
-    """Character positions [start, end) of a string history and their source (None: user-written)."""
-
-    start: int
-    end: int
-    source: Optional[CompletionsSource]
 
 
 # -- histories -------------------------------------------------------------------------------
@@ -224,113 +178,6 @@ class TrajectoryLike(Protocol):
     def legacy_histories(self) -> list[Any]: ...
 
 
-# -- model selection -------------------------------------------------------------------------
-
-
-def _matches(model: Optional[str], wanted: str) -> bool:
-    return model is not None and (model == wanted or fnmatchcase(model, wanted))
-
-
-def select(exchanges: Sequence[Any], model: Optional[str], protocol: str) -> list[tuple[str, list[Any]]]:
-    """(model, its exchanges in start order) for each model `model=` selects: its exact name when
-    some exchange has it, else an `fnmatch` pattern (`"policy@*"`); every model when None."""
-    exact = model is not None and any(e.model == model for e in exchanges)
-    chosen = [e for e in exchanges
-              if model is None or (e.model == model if exact else _matches(e.model, model))]
-    if not chosen:
-        raise ValueError(f"Trajectory contains no {protocol} exchanges"
-                         + (f" for model {model!r}" if model is not None else ""))
-    if any(e.model is None for e in chosen):
-        raise ValueError(f"Every {protocol} exchange must identify its model")
-    by_model: dict[str, list[Any]] = {}
-    for exchange in sorted(chosen, key=lambda e: (e.start_time, e.end_time)):
-        by_model.setdefault(exchange.model, []).append(exchange)
-    return list(by_model.items())
-
-
-def only(histories: Sequence[Any], what: str, model: Optional[str]) -> Any:
-    if model is None and len({getattr(h, "model", None) for h in histories if hasattr(h, "protocol")}) > 1:
-        raise ValueError(f"{what} requires exactly one model; pass model= to select one")
-    if len(histories) != 1:
-        raise ValueError(f"{what} requires exactly one history; found {len(histories)}")
-    return histories[0]
-
-
-# -- branches --------------------------------------------------------------------------------
-
-
-@dataclass
-class _Branch:
-    items: list[Any]
-    keys: list[str]  # one per item: what must agree for a later request to continue it
-    lineage: list[str]  # one per item: the same, without hidden reasoning (which sources it)
-    sources: list[Any]
-    context: str  # the request's tools, system prompt, template, as JSON
-    order: tuple[int, ...]
-    first_time: datetime
-    context_source: Any = None
-
-
-def json_key(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, default=str)
-
-
-def _lineage_sources(branches: list[_Branch], lineage: list[str], defaults: list[Any]) -> list[Any]:
-    """Sources for a request's items: those of the longest branch (any context) whose items the
-    request repeats (reasoning aside), the request's own for the rest."""
-    parents = [b for b in branches if len(b.items) < len(lineage) and lineage[: len(b.items)] == b.lineage]
-    if not parents:
-        return list(defaults)
-    parent = min(parents, key=lambda b: (-len(b.items), b.order))
-    return [*parent.sources, *defaults[len(parent.items):]]
-
-
-@dataclass
-class _Call:
-    """One request's prompt and the outputs it sampled, in one API's items."""
-
-    prompt: list[Any]
-    keys: list[str]
-    lineage: list[str]
-    sources: list[Any]
-    outputs: list[tuple[int, list[Any], list[str], list[str], list[Any]]]  # (index, items, keys, lineage, sources)
-    context: str
-    sequence: int
-    start_time: datetime
-    context_source: Any = None
-
-
-def _grow(branches: list[_Branch], call: _Call, continues: Callable[[_Branch], bool] | None = None) -> None:
-    """Extend the longest branch the call's prompt begins with (or share the sources of one it
-    regenerates, or start anew): one new branch per output."""
-    n = len(call.prompt)
-    fits = [b for b in branches if b.context == call.context and len(b.keys) <= n
-            and call.keys[: len(b.keys)] == b.keys and (continues is None or continues(b))]
-    parent, removed = None, False
-    if fits:
-        parent = min(fits, key=lambda b: (-len(b.items), b.order))
-        branches.remove(parent)
-        removed = True
-        sources = [*parent.sources, *call.sources[len(parent.items):]]
-    else:
-        redone = [b for b in branches if b.context == call.context and len(b.keys) >= n
-                  and b.keys[:n] == call.keys and (continues is None or continues(b))]
-        parent = min(redone, key=lambda b: b.order) if redone else None
-        sources = list(parent.sources[:n]) if parent else list(call.sources)
-    order = parent.order if parent else (call.sequence,)
-    first = parent.first_time if parent else call.start_time
-    for index, items, keys, lineage, out_sources in call.outputs:
-        branches.append(_Branch([*copy.deepcopy(call.prompt), *copy.deepcopy(items)], [*call.keys, *keys],
-                                [*call.lineage, *lineage], [*sources, *out_sources], call.context,
-                                (*order, index), first, call.context_source))
-    if not call.outputs and removed and parent is not None:
-        branches.append(parent)
-
-
-def _finished(branches: list[_Branch]) -> list[_Branch]:
-    return sorted(branches, key=lambda b: (b.first_time, b.order))
-
-
 # -- Chat Completions ------------------------------------------------------------------------
 
 
@@ -385,7 +232,7 @@ def _prompt_ids_of(exchange: Any) -> Optional[list[int]]:
         return None
 
 
-def _continues(branch: _Branch, exchange: Any) -> bool:
+def _continues(branch: Branch, exchange: Any) -> bool:
     """Whether the call's exact prompt ids carry on the branch's sampled ids: they extend the last
     sampled turn's ids (prompt + sampled), and contain the sampled ids of every earlier turn that
     had reasoning (ART's rule: a template that drops reasoning re-renders the turn). True when
@@ -423,7 +270,7 @@ def chat_completions_histories(trajectory: TrajectoryLike, *, model: str | None)
         return [legacy_as_chat(history, model=model) for history in trajectory.legacy_histories()]
     out: list[ChatCompletionsHistory] = []
     for name, exchanges in select(trajectory.exchanges.chat_completions, model, "Chat Completions"):
-        branches: list[_Branch] = []
+        branches: list[Branch] = []
         for sequence, exchange in enumerate(exchanges):
             raw = exchange.request.get("messages") or []
             if not isinstance(raw, list) or not all(isinstance(m, Mapping) for m in raw):
@@ -436,10 +283,10 @@ def chat_completions_histories(trajectory: TrajectoryLike, *, model: str | None)
                 message = normalize_chat_message(choice.message.model_dump(mode="json", exclude_none=True))
                 outputs.append((choice.index, [message], [chat_key(message)], [chat_key(message, visible_only=True)],
                                 [ChatCompletionsMessageSource(exchange, choice_index=choice.index)]))
-            call = _Call(prompt, [chat_key(m) for m in prompt], lineage, _lineage_sources(branches, lineage, defaults),
+            call = Call(prompt, [chat_key(m) for m in prompt], lineage, lineage_sources(branches, lineage, defaults),
                          outputs, _chat_context(exchange.request), sequence, exchange.start_time)
-            _grow(branches, call, lambda b, exchange=exchange: _continues(b, exchange))
-        for branch in _finished(branches):
+            grow(branches, call, lambda b, exchange=exchange: _continues(b, exchange))
+        for branch in finished(branches):
             tools, template, kwargs = json.loads(branch.context)
             out.append(ChatCompletionsHistory(name, branch.items, branch.sources, tools, template, kwargs))
     return out
@@ -497,7 +344,7 @@ def anthropic_response_message(exchange: MessagesExchange) -> dict[str, Any]:
 def anthropic_messages_histories(trajectory: TrajectoryLike, *, model: str | None) -> list[AnthropicMessagesHistory]:
     out: list[AnthropicMessagesHistory] = []
     for name, exchanges in select(trajectory.exchanges.messages, model, "Anthropic Messages"):
-        branches: list[_Branch] = []
+        branches: list[Branch] = []
         for sequence, exchange in enumerate(exchanges):
             request = exchange.request
             prompt = _anthropic_prompt(request.get("messages", []))
@@ -506,14 +353,14 @@ def anthropic_messages_histories(trajectory: TrajectoryLike, *, model: str | Non
             answer = anthropic_response_message(exchange)
             context = json_key([request.get("system"), request.get("tools"), request.get("chat_template"),
                              request.get("chat_template_kwargs")])
-            call = _Call(prompt, [anthropic_key(m) for m in prompt], lineage,
-                         _lineage_sources(branches, lineage, defaults),
+            call = Call(prompt, [anthropic_key(m) for m in prompt], lineage,
+                         lineage_sources(branches, lineage, defaults),
                          [(0, [answer], [anthropic_key(answer)], [anthropic_key(answer, visible_only=True)],
                            [AnthropicMessageSource(exchange)])],
                          context, sequence, exchange.start_time,
                          exchange if request.get("system") is not None else None)
-            _grow(branches, call, lambda b, exchange=exchange: _continues(b, exchange))
-        for branch in _finished(branches):
+            grow(branches, call, lambda b, exchange=exchange: _continues(b, exchange))
+        for branch in finished(branches):
             system, tools, template, kwargs = json.loads(branch.context)
             out.append(AnthropicMessagesHistory(name, branch.items, branch.sources, system, branch.context_source,
                                                 tools, template, kwargs))
@@ -579,7 +426,7 @@ def responses_output_items(exchange: ResponsesExchange) -> list[dict[str, Any]]:
 def responses_histories(trajectory: TrajectoryLike, *, model: str | None) -> list[ResponsesHistory]:
     out: list[ResponsesHistory] = []
     for name, exchanges in select(trajectory.exchanges.responses, model, "Responses"):
-        branches: list[_Branch] = []
+        branches: list[Branch] = []
         # what a later call's `previous_response_id` or `conversation` brings back:
         # (items, sources, conversation, previous id outside the trajectory)
         earlier: dict[str, tuple[list[Any], list[Any], Any, Optional[str]]] = {}
@@ -598,7 +445,7 @@ def responses_histories(trajectory: TrajectoryLike, *, model: str | None) -> lis
                 inherited = prior[2]
                 outside = outside or prior[3]
             keys = [json_key(item) for item in prompt]
-            sources = _lineage_sources(branches, keys, sources)
+            sources = lineage_sources(branches, keys, sources)
             instructions = request.get("instructions")
             if instructions is not None and not isinstance(instructions, str):
                 raise ValueError("Responses instructions must be text")
@@ -617,14 +464,14 @@ def responses_histories(trajectory: TrajectoryLike, *, model: str | None) -> lis
             out_keys = [json_key(item) for item in output]
             context = json_key([instructions, request.get("tools"), conversation, outside, request.get("chat_template"),
                              request.get("chat_template_kwargs")])
-            _grow(branches, _Call(prompt, keys, keys, sources, [(0, output, out_keys, out_keys, out_sources)], context,
+            grow(branches, Call(prompt, keys, keys, sources, [(0, output, out_keys, out_keys, out_sources)], context,
                                   sequence, exchange.start_time, exchange if instructions is not None else None),
                   lambda b, exchange=exchange: _continues(b, exchange))
             record = ([*prompt, *output], [*sources, *out_sources], copy.deepcopy(conversation), outside)
             earlier[exchange.response.id] = record
             if conversation is not None:
                 conversations[json_key(conversation)] = record
-        for branch in _finished(branches):
+        for branch in finished(branches):
             instructions, tools, conversation, outside, template, kwargs = json.loads(branch.context)
             out.append(ResponsesHistory(name, branch.items, branch.sources, instructions, branch.context_source, tools,
                                         conversation, outside, template, kwargs))
@@ -785,15 +632,15 @@ def _spans(sources: Sequence[Optional[CompletionsSource]]) -> list[tuple[int, in
     return runs
 
 
-def _sampled_spans(branch: _Branch) -> list[tuple[int, int]]:
+def _sampled_spans(branch: Branch) -> list[tuple[int, int]]:
     return [(start, end) for start, end, source in _spans(branch.sources) if source and source.choice_index is not None]
 
 
 def _completions_branches(trajectory: TrajectoryLike, model: str | None, *,
-                          text: bool) -> list[tuple[str, list[_Branch]]]:
+                          text: bool) -> list[tuple[str, list[Branch]]]:
     out = []
     for name, exchanges in select(trajectory.exchanges.completions, model, "Completions"):
-        branches: list[_Branch] = []
+        branches: list[Branch] = []
         complete = True
         for sequence, exchange in enumerate(exchanges):
             if exchange.request.get("suffix") is not None:
@@ -824,7 +671,7 @@ def _completions_branches(trajectory: TrajectoryLike, model: str | None, *,
                     out_keys = [str(t) for t in output]
                     source = CompletionsSource(exchange, prompt_index)
                     chosen = CompletionsSource(exchange, prompt_index, choice.index)
-                    _grow(branches, _Call(prompt, keys, keys, [source] * len(prompt),
+                    grow(branches, Call(prompt, keys, keys, [source] * len(prompt),
                                           [(choice.index, output, out_keys, out_keys, [chosen] * len(output))],
                                           "", sequence, exchange.start_time))
         if not complete:
@@ -874,7 +721,7 @@ def trajectory_histories(trajectory: TrajectoryLike, *, model: str | None) -> li
     exact = model is not None and any(e.model == model for e in every.in_order())
 
     def chosen(exchanges: Iterable[Any]) -> bool:
-        return any(model is None or (e.model == model if exact else _matches(e.model, model)) for e in exchanges)
+        return any(model_selected(e.model, model, exact) for e in exchanges)
 
     found: list[Any] = []
     if chosen(every.chat_completions):

@@ -19,8 +19,8 @@ from art.pipeline_trainer.checkpoint_retention import (
     plan_checkpoint_retention,
 )
 from art.pipeline_trainer.config import PipelineRuntimeConfig
-from art.pipeline_trainer.trainer import PipelineTrainer, make_group_rollout_fn
-from art.pipeline_trainer.types import EvalFn, RolloutFn, ScenarioT, SingleRolloutFn
+from art.pipeline_trainer.trainer import PipelineTrainer
+from art.pipeline_trainer.types import EvalFn, RolloutFn, ScenarioT, SingleRolloutFn, make_group_rollout_fn
 
 __all__ = [
     "CHECKPOINT_CREATED_AT_METRIC",

@@ -11,8 +11,11 @@ archived step stays in the run folder. A strategy written for ART runs here as i
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from datetime import datetime
+import math
+from collections.abc import Callable, Iterable, Mapping
+from datetime import datetime, timezone
+from typing import Any
+
 from pydantic import BaseModel, Field
 
 from art.errors import ArtValueError
@@ -119,3 +122,32 @@ def keep_recent_and_periodic(*, recent: int = 5, archive_interval: int = 25, arc
                                        archive_steps=set(periodic[len(periodic) - archives:]) if archives else set())
 
     return strategy
+
+
+def checkpoint_infos(history: Iterable[Mapping[str, Any]], steps: list[int],
+                     completed_eval_steps: Iterable[int] = ()) -> list[CheckpointInfo]:
+    """What a strategy knows of each step, from the run's history rows: every numeric metric
+    averaged over the step's rows (ART's), when its checkpoint was written and whether an
+    evaluation of it finished (`completed_eval_steps`, `checkpoint/*`, else a `val/` or `test/`
+    metric)."""
+    evaluated = set(completed_eval_steps)
+    sums: dict[int, dict[str, list[float]]] = {}
+    for row in history:
+        at = row.get("step")
+        if type(at) is int and at in steps:
+            for key, value in row.items():
+                if (key not in ("step", "recorded_at") and isinstance(value, (int, float))
+                        and not isinstance(value, bool) and math.isfinite(value)):
+                    sums.setdefault(at, {}).setdefault(key, []).append(float(value))
+    out = []
+    for at in sorted(steps):
+        metrics = {k: sum(v) / len(v) for k, v in sums.get(at, {}).items()}
+        created = metrics.get(CHECKPOINT_CREATED_AT_METRIC)
+        out.append(CheckpointInfo(
+            step=at, path=f"checkpoints/{at:04d}",
+            created_at=datetime.fromtimestamp(created, timezone.utc) if created is not None
+            else datetime.now(timezone.utc),
+            is_eval_step=(at in evaluated or metrics.get(CHECKPOINT_EVAL_COMPLETED_METRIC, 0.0) > 0.0
+                          or any(k.startswith(("val/", "test/")) for k in metrics)),
+            metrics=metrics))
+    return out

@@ -54,7 +54,6 @@ import time
 import warnings
 from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from typing import Any, Generic, Literal
 
 from tqdm.auto import tqdm
@@ -67,13 +66,14 @@ from art.pipeline_trainer.checkpoint_retention import (
     CHECKPOINT_CREATED_AT_METRIC,
     CHECKPOINT_EVAL_COMPLETED_METRIC,
     CHECKPOINT_SAVED_METRIC,
-    CheckpointInfo,
     CheckpointRetentionStrategy,
+    checkpoint_infos,
     plan_checkpoint_retention,
 )
 from art.pipeline_trainer.config import PipelineRuntimeConfig, check_art_keywords
+from art.pipeline_trainer.staleness import lag_weights, mean_steps_off_policy
 from art.pipeline_trainer.state import STATE_KEY, PipelineState
-from art.pipeline_trainer.types import ConfigT, EvalFn, RolloutFn, ScenarioT, SingleRolloutFn
+from art.pipeline_trainer.types import ConfigT, EvalFn, RolloutFn, ScenarioT
 from art.trajectories import Trajectory, TrajectoryGroup, policy_versions
 
 log = logging.getLogger(__name__)
@@ -93,19 +93,6 @@ MODEL COLLAPSE DETECTED - training stopped
 - make sure the reward can vary within a group (graded rewards, more varied scenarios);
 - raise discard_queue_multiplier (now {multiplier} x min_batch_size) to let it run on.
 """
-
-
-def make_group_rollout_fn(single_rollout_fn: SingleRolloutFn[ScenarioT, ConfigT], n: int = 4
-                          ) -> RolloutFn[ScenarioT, ConfigT]:
-    """A `rollout_fn` that runs `single_rollout_fn(model, scenario, config)` n times at once as
-    one group; a rollout that raises is kept in the group's `exceptions`."""
-
-    async def group_rollout(model, scenario: ScenarioT, config: ConfigT) -> TrajectoryGroup:
-        if n <= 0:
-            return TrajectoryGroup([])
-        return await TrajectoryGroup(single_rollout_fn(model, scenario, config) for _ in range(n))
-
-    return group_rollout
 
 
 class _Changes:
@@ -667,7 +654,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
     def _step_metrics(self, step: int, batch: list[_Finished], interval: _Interval, idle_s: float,
                       train_s: float) -> dict[str, float]:
         lags = [step - item.version for item in batch]
-        weights = [pair for item in batch for pair in _ages(step, item.group, item.version)]
+        weights = [pair for item in batch for pair in lag_weights(step, item.group, item.version)]
         wall = time.monotonic() - interval.started
         trajectories = sum(len(item.group.trajectories) for item in batch)
         return {
@@ -778,7 +765,8 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             return
         keep = set(steps) - set(eligible)
         if self.save_checkpoint:  # ART's contract: the strategy's plan names the steps to keep
-            plan = plan_checkpoint_retention(current_step=step, checkpoints=await self._checkpoint_infos(steps),
+            infos = checkpoint_infos(await self.backend.get_history(self.model), steps, self.state.completed_eval_steps)
+            plan = plan_checkpoint_retention(current_step=step, checkpoints=infos,
                                              protected_steps=protected, strategy=strategy)
             if plan is None:
                 return
@@ -790,47 +778,6 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         """A history row of its own for a checkpoint fact (ART's `checkpoint/*` rows): history
         only, not W&B, and not routed under a split."""
         await self.backend.log(self.model, split="train", step=step, metrics=metrics, groups=[])
-
-    async def _checkpoint_infos(self, steps: list[int]) -> list[CheckpointInfo]:
-        """What a strategy knows of each step, from its history rows: every numeric metric
-        averaged over the rows (ART's), when its checkpoint was written and whether an
-        evaluation of it finished (`checkpoint/*`, else a `val/` or `test/` metric)."""
-        sums: dict[int, dict[str, list[float]]] = {}
-        for row in await self.backend.get_history(self.model):
-            at = row.get("step")
-            if type(at) is int and at in steps:
-                for key, value in row.items():
-                    if (key not in ("step", "recorded_at") and isinstance(value, (int, float))
-                            and not isinstance(value, bool) and math.isfinite(value)):
-                        sums.setdefault(at, {}).setdefault(key, []).append(float(value))
-        out = []
-        for at in sorted(steps):
-            metrics = {k: sum(v) / len(v) for k, v in sums.get(at, {}).items()}
-            created = metrics.get(CHECKPOINT_CREATED_AT_METRIC)
-            out.append(CheckpointInfo(
-                step=at, path=f"checkpoints/{at:04d}",
-                created_at=datetime.fromtimestamp(created, timezone.utc) if created is not None
-                else datetime.now(timezone.utc),
-                is_eval_step=(at in self.state.completed_eval_steps
-                              or metrics.get(CHECKPOINT_EVAL_COMPLETED_METRIC, 0.0) > 0.0
-                              or any(k.startswith(("val/", "test/")) for k in metrics)),
-                metrics=metrics))
-        return out
-
-
-def mean_steps_off_policy(group: TrajectoryGroup, step: int, default_version: int) -> float:
-    """How many steps behind `step` the policy that sampled `group` is, on average over its
-    completion tokens (what `limit_mean_steps_off_policy` bounds): each trajectory lags from
-    its `initial_policy_version` (else `default_version`), weighted by its completion tokens
-    (at least 1). A group without trajectories lags `step - default_version`."""
-    pairs = _ages(step, group, default_version)
-    return sum(a * w for a, w in pairs) / sum(w for _, w in pairs) if pairs else float(step - default_version)
-
-
-def _ages(step: int, group: TrajectoryGroup, default_version: int) -> list[tuple[int, int]]:
-    """(lag behind `step`, completion tokens) of each trajectory of a group."""
-    return [(step - (t.initial_policy_version if t.initial_policy_version is not None else default_version),
-             max(1, completion_tokens(t))) for t in group.trajectories]
 
 
 def _as_groups(items, split: str) -> list[TrajectoryGroup]:
