@@ -1,15 +1,21 @@
 #!/usr/bin/env bash
-# The GPU check: what the H200 test machine runs for this project, in one call of at most 4 minutes
-# (GPU_CHECK_BUDGET_S, 240), in stages. Each stage has its own `timeout` and a failing or timed-out
+# The GPU check: what the H200 test machine runs for this project, in one call of at most 6 minutes
+# (GPU_CHECK_BUDGET_S, 360), in stages. Each stage has its own `timeout` and a failing or timed-out
 # stage does not stop the next. Every JSON line a stage prints is appended to $OUT/gpu_check.jsonl
 # the moment it is printed, with "stage", "commit" and "seconds" (since the stage started) added, so
 # a stage that is killed keeps what it measured; each stage ends with a "status" line.
 #   setup   pip install of .whl (none in smoke mode); GPU, versions, which packages import   ~10 s
+#   graphs  benchmarks/graph_diagnosis.py: the graph test the first H200 run failed, under each SDPA
+#           kernel, with eager-vs-eager and kernel-vs-math controls and the sizes: one verdict
+#           line (test, refused, capture, kernel or ok)                                 <= 40 s
 #   sanity  benchmarks/gpu_sanity.py: graphs replay = eager (warnings as errors around capture),
 #           kernels per decode step and the SDPA kernel that ran (profiler), merged and unmerged
 #           LoRA; one RL step through the public API with the weight-sync probe       <= 60 s
 #   engine  benchmarks/engine_gpu.py: ours vs HF generate, SmolLM2 shape, grpo and wide,
 #           ours_lora (unmerged) and ours_lora_merged, a JSON line per shape             <= 110 s
+#   trainer benchmarks/trainer_gpu.py: trainer tokens/s and peak memory, LoRA r16, packed rows of
+#           16k and 2k tokens, SmolLM2-135M, Qwen3-0.6B, Qwen2.5-1.5B and Qwen3-4B shapes (random
+#           weights), a JSON line with `trainer_tok_s` per (model, layout)                <= 100 s
 #   rl      benchmarks/vs_trl.py --device cuda: our RL step vs TRL's GRPOTrainer on a random-weight
 #           SmolLM2 (random_weights.py), the letter_e reward (step times)         the time left
 #   tests   pytest -m gpu tests/engine/test_cuda.py training/test_mixed_precision.py server/test_concurrency.py <= 60 s
@@ -19,9 +25,9 @@
 #
 # Prepare on the development machine (package registries reachable) before each GPU run:
 #   bash benchmarks/gpu_check.sh --prepare   # .whl/ (../shared/gpu/wheels.sh), .gpu_assets/ (+ commit)
-# then through the device tool (machine start 2-4 min + this <= 4 min; twice fits 15 min of device
-# time, see Budget below), and give_back right after unless rerunning at once:
-#   run(command="bash benchmarks/gpu_check.sh", carry=[".whl", ".gpu_assets"], timeout_s=270)
+# then through the device tool (machine start 2-4 min + this <= 6 min; see Budget below), and
+# give_back right after unless rerunning at once:
+#   run(command="bash benchmarks/gpu_check.sh", carry=[".whl", ".gpu_assets"], timeout_s=390)
 # A rerun with less device time left: GPU_CHECK_BUDGET_S=180 bash benchmarks/gpu_check.sh (the
 # stages at the end get what is left).
 # Outputs ($OUT, else /tmp/gpu_check; at most 8 files come back): gpu_check.jsonl and one log per stage.
@@ -29,11 +35,11 @@
 #   GPU_CHECK_SMOKE=1 PYTHON=.venv/bin/python bash benchmarks/gpu_check.sh
 # (engine_gpu's tiny model, the tiny Llama for the rl stage; TRL only where trl and datasets import).
 #
-# Budget: 15 minutes of device time for all tries, machine starts included. One try is a start
-# (2-4 min) + this call (<= 4 min, ~3.5 expected) + give_back at once (idle time counts): 5.5-8 min,
-# so two tries fit unless both starts take 4 minutes. For a rerun set GPU_CHECK_BUDGET_S to what is
-# left less 4 min for the start and 1 of margin. timeout_s=270 is the 240 s budget plus 30 s for a
-# stuck stage's kill grace and the summary; what $OUT holds comes back even if the call is stopped.
+# Budget: 15 minutes of device time for all tries, machine starts included. The first try is a start
+# (2-4 min) + this call (<= 6 min): 8-10 min. A second try on the still-warm machine (it goes
+# back after 30 s idle) needs no start: rerun at once with GPU_CHECK_BUDGET_S set to what is left
+# less 1 min of margin, or give_back. timeout_s=390 is the 360 s budget plus 30 s for a stuck
+# stage's kill grace and the summary; what $OUT holds comes back even if the call is stopped.
 # Each stage's status line says ok, timeout, exit N or skipped; a stage cut short also shows the
 # last lines of its log (vs_trl's per-step times, pytest's per-test results).
 # What travels (64 MiB at most): the checkout (~1.6 MB), .whl (7.9 MB), .gpu_assets (3.4 MB:
@@ -78,7 +84,7 @@ if [ "$smoke" = 1 ]; then  # this checkout: its own commit first
 else
   commit=$(cat .gpu_assets/commit 2>/dev/null || git describe --always --dirty 2>/dev/null || echo unknown)
 fi
-base_budget=$([ "$smoke" = 1 ] && echo 110 || echo 240)
+base_budget=$([ "$smoke" = 1 ] && echo 115 || echo 360)
 budget=${GPU_CHECK_BUDGET_S:-$base_budget}
 start=$(date +%s)
 deadline=$(( start + budget ))
@@ -175,10 +181,10 @@ print(json.dumps({"gpu": gpu, "cuda_available": torch.cuda.is_available(), "pyth
 '
 
 # Stage limits in seconds: the most each may take, and what it leaves for the stages after it.
-if [ "$smoke" = 1 ]; then  #        setup   sanity  engine  rl      tests
-  caps=(30 45 30 45 30);  reserves=(80 60 30 12 2)
+if [ "$smoke" = 1 ]; then  #        setup  graphs sanity engine trainer rl  tests
+  caps=(30 30 45 30 20 45 30);      reserves=(95 80 60 45 30 12 2)
 else
-  caps=(45 60 110 120 60); reserves=(180 150 45 25 3)
+  caps=(45 40 60 90 100 80 60);     reserves=(315 275 220 150 80 50 3)
 fi
 
 # -- setup --------------------------------------------------------------------------------
@@ -192,16 +198,24 @@ fi
 export SETUP
 stage setup "${caps[0]}" "${reserves[0]}" bash -c "$install || echo 'pip install failed'; exec $py -c \"\$SETUP\""
 
-# -- 1. does it run at all ------------------------------------------------------------------
-tiny=(); [ "$smoke" = 1 ] && tiny=(--tiny)
-stage sanity "${caps[1]}" "${reserves[1]}" $py benchmarks/gpu_sanity.py "${tiny[@]}"
+# -- 1. the graph test the first run failed, under each attention kernel -------------------------
+stage graphs "${caps[1]}" "${reserves[1]}" $py benchmarks/graph_diagnosis.py
 
-# -- 2. our engine vs HF generate -------------------------------------------------------------
+# -- 2. does it run at all ------------------------------------------------------------------
+tiny=(); [ "$smoke" = 1 ] && tiny=(--tiny)
+stage sanity "${caps[2]}" "${reserves[2]}" $py benchmarks/gpu_sanity.py "${tiny[@]}"
+
+# -- 3. our engine vs HF generate -------------------------------------------------------------
 # GPU_CHECK_ENGINE_ARGS: more flags, e.g. "--models smollm2,qwen1.5b --all-variants" (a longer run)
 # shellcheck disable=SC2086
-stage engine "${caps[2]}" "${reserves[2]}" $py benchmarks/engine_gpu.py "${tiny[@]}" ${GPU_CHECK_ENGINE_ARGS:-}
+stage engine "${caps[3]}" "${reserves[3]}" $py benchmarks/engine_gpu.py "${tiny[@]}" ${GPU_CHECK_ENGINE_ARGS:-}
 
-# -- 3. one RL step vs TRL ----------------------------------------------------------------------
+# -- 4. the trainer's tokens/s, LoRA r16, 16k packing -------------------------------------------
+# GPU_CHECK_TRAINER_ARGS: e.g. "--models qwen3-4b --rows 4" (one size, longer steps)
+# shellcheck disable=SC2086
+stage trainer "${caps[4]}" "${reserves[4]}" $py benchmarks/trainer_gpu.py "${tiny[@]}" ${GPU_CHECK_TRAINER_ARGS:-}
+
+# -- 5. one RL step vs TRL ----------------------------------------------------------------------
 if [ "$smoke" = 1 ]; then  # the sanity stage's tiny Llama; TRL runs if this environment has it
   model=/tmp/gpu-check-tiny-model
   make_model="$py benchmarks/gpu_sanity.py --write-tiny $model"
@@ -211,14 +225,14 @@ else
   make_model="$py benchmarks/random_weights.py .gpu_assets/smollm2 $model --device cuda"
   rl_args="--device cuda --steps 3 --max-default-steps 2"
 fi
-stage rl "${caps[3]}" "${reserves[3]}" bash -c \
+stage rl "${caps[5]}" "${reserves[5]}" bash -c \
   "$make_model && exec $py benchmarks/vs_trl.py --model $model --reward letter_e $rl_args"
 
-# -- 4. the gpu-marked tests (skipped on a CPU) ----------------------------------------------------
-stage tests "${caps[4]}" "${reserves[4]}" $py -m pytest -v -rfE -m gpu -p no:cacheprovider \
+# -- 6. the gpu-marked tests (skipped on a CPU) ----------------------------------------------------
+stage tests "${caps[6]}" "${reserves[6]}" $py -m pytest -v -rfE -m gpu -p no:cacheprovider \
   tests/engine/test_cuda.py tests/training/test_mixed_precision.py tests/server/test_concurrency.py
 
-# -- 5. vLLM as the engine, where vLLM is installed ---------------------------------------------------
+# -- 7. vLLM as the engine, where vLLM is installed ---------------------------------------------------
 # Its CUDA wheel cannot travel to the GPU test machine (no registry there, 64 MiB carried), so this
 # runs only on a machine that has it (ART_VLLM_PYTHON, or vllm in this Python), in what is left.
 if [ -n "${ART_VLLM_PYTHON:-}" ] || $py -c "import vllm" 2>/dev/null; then
@@ -260,6 +274,13 @@ def take(line: dict) -> None:
                             "prefill_attention": prefill["attention_kernels"] or prefill["sdpa_ops"]}
         else:
             summary[key] = {k: line.get(k) for k in ("weight_sync_max_abs_diff", "peak_gpu_memory_gb", "wall_s")}
+    elif stage == "graphs" and part == "graph_verdict":
+        summary["graph_test"] = {"verdict": line["verdict"], "per_kernel": line["per_kernel"]}
+    elif stage == "graphs" and part == "graph_test" and isinstance(line.get("graph_vs_eager"), dict):
+        summary.setdefault("graph_test_max_diff", {})[line["sdpa"]] = line["graph_vs_eager"]["max"]
+    elif stage == "trainer" and part == "trainer":
+        summary.setdefault("trainer_tok_s", {})[f"{line['model']} {line['layout']}"] = (
+            line.get("trainer_tok_s") or line.get("error", "")[:80], line.get("peak_gpu_memory_gib"))
     elif stage == "engine" and "shape" in line:
         ours = {k: v for k, v in line.items() if k.startswith("ours_") and isinstance(v, dict)}
         summary[f"engine_{line['model']}_{line['shape']}"] = {

@@ -99,7 +99,7 @@ class EngineArgs(TypedDict, total=False):
     """CUDA: share of GPU memory the engine may fill (weights + KV cache); the rest is the
     trainer's. Default 0.5."""
     enforce_eager: bool
-    """CUDA: no CUDA graphs. Default False."""
+    """CUDA: no CUDA graphs. Unset: eager until a GPU run proves the graphs; False turns them on."""
     kv_cache_bytes: int
     """CPU: memory for running samples' KV cache; requests beyond it wait. Default 4 GiB."""
     prefix_cache_tokens: int

@@ -19,6 +19,13 @@ How a capture is kept honest:
   takes the lock: `empty_cache()` here.
 - After recording, the output is poisoned with NaN and the graph replayed: it must give the
   eager step's logits, or it is not used. A warning that the graph is empty fails it too.
+- Then two decode steps on other inputs (other tokens, at positions p and p + 1 per row, not
+  the recorded ones) run eagerly, the keys and values they wrote are overwritten (`POISON`), and the
+  graph replays the same two steps: each must give the eager step's logits. So a value fixed at
+  capture (a position, a token, an address read on the host) or a key/value write the next step
+  does not read fails the check, as in `tests/engine/test_cuda.py`'s graph-versus-eager test,
+  which the first H200 run failed (max difference 0.69). The cache entries the check
+  overwrites are saved and restored, so live rows keep theirs.
 - A shape that fails decodes eagerly, is counted (`failures`, in /health) and is tried again
   after `RETRY_AFTER_STEPS` replays; the other shapes keep their graphs.
 
@@ -33,6 +40,7 @@ from __future__ import annotations
 import logging
 import threading
 import warnings
+from collections.abc import Callable
 
 import torch
 
@@ -49,6 +57,11 @@ RETRY_AFTER_STEPS = 1000
 REPLAY_TOLERANCE = 1e-2
 """Replay vs eager logits (rtol and atol): the same kernels on the same inputs agree far closer;
 a graph that recorded nothing gives NaN (the poisoned output)."""
+
+
+POISON = 100.0
+"""What the check writes over the keys and values a replay must write itself: read instead,
+it moves the logits far past the tolerance."""
 
 
 class GraphCaptureError(RuntimeError):
@@ -148,15 +161,52 @@ class DecodeGraphs:
                 raise GraphCaptureError(f"the recorded graph is empty: {empty[0]}")
             out.fill_(float("nan"))
             graph.replay()
-            if not torch.allclose(out, eager, rtol=REPLAY_TOLERANCE, atol=REPLAY_TOLERANCE):
-                diff = float((out - eager).abs().max())
-                raise GraphCaptureError(f"its replay does not compute the step (max |replay - eager| = {diff:.3g}; "
-                                        "nan means it wrote nothing)")
+            _same_logits(out, eager, "the recorded step")
+            check_other_steps(graph.replay, self.decoder, self.cache, ids, positions, out, width, route)
         return graph
 
     def stats(self) -> dict[str, float]:
         return {"engine/cuda_graphs": float(len(self.graphs)), "engine/graph_replays": float(self.replays),
                 "engine/graph_failures": float(self.failures)}
+
+
+def check_other_steps(replay: Callable[[], None], decoder: Decoder, cache: KVCache, ids: torch.Tensor,
+                      positions: torch.Tensor, out: torch.Tensor, width: int, route: Route) -> None:
+    """Raise GraphCaptureError unless `replay()`, a recorded decode step reading `ids` and
+    `positions` [rows, 1] and writing `out` [rows, vocab], computes two steps on other inputs as
+    eager steps do (the module docstring). The inputs and the cache entries it uses are put back."""
+    rows = ids.shape[0]
+    recorded = ids.clone(), positions.clone()
+    row = torch.arange(rows, device=ids.device)
+    first = (row * 7 + 3) % (width - 1)  # p + 1 < width
+    steps = [((row * 31 + 17 + 5 * step) % decoder.config.vocab_size, first + step) for step in (0, 1)]
+    slots, written = torch.cat([row, row]), torch.cat([first, first + 1])
+    keys, values = cache.k, cache.v  # [layers, slots, heads, stride, dim]
+    saved = keys[:, slots, :, written].clone(), values[:, slots, :, written].clone()
+    try:
+        eager = [decoder.forward(step_ids[:, None], step_positions[:, None], cache, width, route)
+                 for step_ids, step_positions in steps]
+        # The replays must write what their next step reads. (Finite: a masked NaN still spoils
+        # attention, as 0 x NaN.)
+        keys[:, slots, :, written] = POISON
+        values[:, slots, :, written] = POISON
+        for index, (step_ids, step_positions) in enumerate(steps):
+            ids.copy_(step_ids[:, None])
+            positions.copy_(step_positions[:, None])
+            out.fill_(float("nan"))
+            replay()
+            _same_logits(out, eager[index], f"step {index + 1} of 2 on other tokens and positions")
+    finally:
+        keys[:, slots, :, written], values[:, slots, :, written] = saved
+        ids.copy_(recorded[0])
+        positions.copy_(recorded[1])
+
+
+def _same_logits(replayed: torch.Tensor, eager: torch.Tensor, what: str) -> None:
+    if not torch.allclose(replayed, eager, rtol=REPLAY_TOLERANCE, atol=REPLAY_TOLERANCE):
+        diff = float((replayed - eager).abs().max())
+        raise GraphCaptureError(f"its replay does not compute {what} (max |replay - eager| = {diff:.3g}; "
+                                "nan means it wrote nothing)")
 
 
 def _stop_recording_into(device: torch.device, pool) -> None:

@@ -67,6 +67,10 @@ class ServedWeights:
         self._stale: set[tuple[int, str]] = set()
         self._live: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         """id(module) -> copies of its live LoRA (A [r, in], B [out, r]) as last published."""
+        self._live_dtype = None if self.merge else dtype
+        """The copies' dtype: the serving dtype when decode steps multiply by them (a bf16 step
+        then needs no cast around its LoRA matmuls); the trainer's (float32) when they only
+        build the merged weights, which are then rounded once."""
         self._live_stale = True
         self._retired: dict[str, dict[int, tuple[torch.Tensor, torch.Tensor]]] = {}
         """A retired name ("default@3") -> the live copies of that publication, while rows use them."""
@@ -89,24 +93,29 @@ class ServedWeights:
         merged = route.merged and lora and LIVE in module.lora_A
         y = self._matmul(x, self._weight(module, "merged" if merged else "base"), base.bias)
         if lora and not route.merged:
-            # As peft does: the (float32) LoRA term is added before rounding to the output dtype.
-            if route.adapter is not None and (factors := self._factors(module, route.adapter)) is not None:
-                y = (y + _lora(x, *factors)).to(y.dtype)
+            if route.adapter is not None and (factors := self._factors(module, route.adapter, y.dtype)) is not None:
+                y = _add_lora(y, x, *factors)
             for name, rows in route.groups:
-                if (factors := self._factors(module, name)) is not None:
-                    y = y.index_copy(0, rows, (y[rows] + _lora(x[rows], *factors)).to(y.dtype))
+                if (factors := self._factors(module, name, y.dtype)) is not None:
+                    a, b, scaling = factors
+                    y = y.index_add(0, rows, F.linear(F.linear(x[rows].to(a.dtype), a), b), alpha=scaling)
         return y
 
-    def _factors(self, module, name: str) -> tuple[torch.Tensor, torch.Tensor, float] | None:
-        """(A, B, scaling) of adapter `name` in `module`: the published copies for the live
-        adapter and retired publications, peft's own tensors for checkpoints; None when the
-        module has no such adapter."""
+    def _factors(self, module, name: str, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, float] | None:
+        """(A, B, scaling) of adapter `name` in `module`, in `dtype`: the published copies for the
+        live adapter and retired publications (already in `dtype` unless they only feed the
+        merged weights), peft's own tensors for checkpoints (cast where they differ: eager
+        batches only); None when the module has no such adapter."""
         if name == LIVE or name in self._retired:
             copies = (self._live if name == LIVE else self._retired[name]).get(id(module))
-            return None if copies is None else (*copies, module.scaling[LIVE])
-        if name in module.lora_A:
-            return module.lora_A[name].weight, module.lora_B[name].weight, module.scaling[name]
-        return None
+            if copies is None:
+                return None
+            (a, b), scaling = copies, module.scaling[LIVE]
+        elif name in module.lora_A:
+            a, b, scaling = module.lora_A[name].weight, module.lora_B[name].weight, module.scaling[name]
+        else:
+            return None
+        return a.to(dtype), b.to(dtype), scaling
 
     def copy_bytes(self, modules) -> int:
         """Bytes of the copies `linear` will prepare for these modules (a CUDA engine's memory
@@ -119,8 +128,8 @@ class ServedWeights:
             total += size if self.merge and lora and LIVE in module.lora_A else 0  # the merged variant
             total += size if self.pack or weight.dtype != self.dtype else 0  # the base variant
             if lora and LIVE in module.lora_A:  # the published copy of the live LoRA factors
-                total += sum(p.numel() * p.element_size() for p in (module.lora_A[LIVE].weight,
-                                                                     module.lora_B[LIVE].weight))
+                total += sum(p.numel() * (self._live_dtype or p.dtype).itemsize
+                             for p in (module.lora_A[LIVE].weight, module.lora_B[LIVE].weight))
         return total
 
     def weights_changed(self, *, all_weights: bool, retire: str | None = None) -> None:
@@ -154,7 +163,8 @@ class ServedWeights:
         self._retired.pop(name, None)
 
     def _copy_live(self) -> None:
-        """Copy the live LoRA factors the trainer wrote (in place, so CUDA graphs keep reading them)."""
+        """Copy the live LoRA factors the trainer wrote (in `_live_dtype`), in place, so CUDA
+        graphs keep reading them."""
         if self.peft:
             for module in self.model.modules():
                 if hasattr(module, "lora_A") and LIVE in module.lora_A:
@@ -164,7 +174,8 @@ class ServedWeights:
                         copies[0].copy_(a)
                         copies[1].copy_(b)
                     else:
-                        self._live[id(module)] = (a.clone(), b.clone())
+                        dtype = self._live_dtype or a.dtype
+                        self._live[id(module)] = (a.to(dtype, copy=True), b.to(dtype, copy=True))
         self._live_stale = False
 
     def _weight(self, module, variant: str) -> torch.Tensor:
@@ -201,9 +212,14 @@ class ServedWeights:
         return out.view(*x.shape[:-1], out.shape[-1])
 
 
-def _lora(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scaling: float) -> torch.Tensor:
-    # a [r, in], b [out, r]
-    return F.linear(F.linear(x.to(a.dtype), a), b) * scaling
+def _add_lora(y: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scaling: float) -> torch.Tensor:
+    """y += s * (x A^T) B^T as two matmuls, the second accumulating into y in place (`addmm_`,
+    a GEMM with beta=1: out of place it would copy y first): no scale, add or cast kernels of
+    their own (a CUDA decode step runs this in every adapted projection of every layer). a [r, in]
+    and b [out, r] in y's dtype; y is the fresh output of the base matmul."""
+    hidden = F.linear(x.to(a.dtype), a)  # [..., r]
+    y.view(-1, y.shape[-1]).addmm_(hidden.view(-1, hidden.shape[-1]), b.t(), alpha=scaling)
+    return y
 
 
 _PACK_BATCH_HINT = 32
