@@ -23,6 +23,8 @@ if ! $tests; then
     exit 0
 fi
 pip install -q -e ".[backend,examples,test,tracing,integrations]"
+# The style and type checks (scripts/check.sh), pinned: a new release's new rules must not fail CI.
+pip install -q ruff==0.17.6 mypy==2.4.1
 # The docs site (mkdocs.yml): tests/docs/test_site.py builds it with `mkdocs build --strict`, and its API page
 # is built from our docstrings by mkdocstrings.
 pip install -q mkdocs==1.6.1 mkdocs-material==9.8.1 mkdocstrings==1.0.8 mkdocstrings-python==2.0.11

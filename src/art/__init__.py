@@ -5,6 +5,7 @@ parts (install the `[backend]` extra) only when a trainable model is registered.
 """
 
 from art import dev, utils
+from art._retry import retry
 from art.backends.local import LocalBackend
 from art.backends.remote import RemoteBackend
 from art.base_models import DEFAULT_MODEL
@@ -28,10 +29,6 @@ from art.errors import (
     TooManyExceptionsError,
     TrajectoryError,
 )
-from art.gather import gather_trajectories, gather_trajectory_groups, trajectory_group_batches
-from art.model import Model, TrainableModel
-from art.pipeline_trainer import PipelineRuntimeConfig, PipelineTrainer, make_group_rollout_fn
-from art._retry import retry
 from art.exchanges import (
     ChatCompletionsExchange,
     ChatCompletionsRequest,
@@ -43,9 +40,10 @@ from art.exchanges import (
     ResponsesRequest,
     TrajectoryExchanges,
 )
+from art.gather import gather_trajectories, gather_trajectory_groups, trajectory_group_batches
 from art.histories import (
-    AnthropicMessageSource,
     AnthropicMessagesHistory,
+    AnthropicMessageSource,
     ChatCompletionsHistory,
     ChatCompletionsMessageSource,
     CompletionsSource,
@@ -56,6 +54,8 @@ from art.histories import (
     ResponsesHistory,
     ResponsesItemSource,
 )
+from art.model import Model, TrainableModel
+from art.pipeline_trainer import PipelineRuntimeConfig, PipelineTrainer, make_group_rollout_fn
 from art.tokenize import (
     TokenFlag,
     TokenizedHistory,

@@ -29,9 +29,7 @@ def _check(max_attempts: Any, delay: Any, backoff_factor: Any, exceptions: Any, 
     if not number(delay) or delay < 0:
         problems.append(("delay", f"delay must be a finite number of seconds >= 0, got {delay!r}"))
     if not number(backoff_factor) or backoff_factor <= 0:
-        problems.append(
-            ("backoff_factor", f"backoff_factor must be a finite number > 0, got {backoff_factor!r}")
-        )
+        problems.append(("backoff_factor", f"backoff_factor must be a finite number > 0, got {backoff_factor!r}"))
     if (
         not isinstance(exceptions, tuple)
         or not exceptions

@@ -89,8 +89,11 @@ def agree_on_eos(tokenizer, model) -> None:
     eos = eos[0] if isinstance(eos, (list, tuple)) and eos else eos
     if not isinstance(eos, int) or tokenizer.eos_token_id == eos:
         return
-    log.warning("the GGUF's tokenizer ends turns with %r, its model with %r: using the model's",
-                tokenizer.eos_token, tokenizer.convert_ids_to_tokens(eos))
+    log.warning(
+        "the GGUF's tokenizer ends turns with %r, its model with %r: using the model's",
+        tokenizer.eos_token,
+        tokenizer.convert_ids_to_tokens(eos),
+    )
     tokenizer.eos_token = tokenizer.convert_ids_to_tokens(eos)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -110,10 +113,15 @@ def byte_level_decoder(tokenizer) -> None:
     state = json.loads(backend.to_str())
     pre, decoder = state.get("pre_tokenizer") or {}, state.get("decoder") or {}
     chain = decoder.get("decoders") or []
-    if pre.get("type") == "ByteLevel" and decoder.get("type") == "Sequence" and \
-            any(d.get("type") == "ByteLevel" for d in chain):
-        log.warning("replacing the GGUF tokenizer's decoder chain (%s) with ByteLevel",
-                    ", ".join(d.get("type", "?") for d in chain))
+    if (
+        pre.get("type") == "ByteLevel"
+        and decoder.get("type") == "Sequence"
+        and any(d.get("type") == "ByteLevel" for d in chain)
+    ):
+        log.warning(
+            "replacing the GGUF tokenizer's decoder chain (%s) with ByteLevel",
+            ", ".join(d.get("type", "?") for d in chain),
+        )
         backend.decoder = decoders.ByteLevel()
 
 
@@ -150,8 +158,9 @@ def load_policy(base_model: str, lora: dict | None, *, dtype, device, trainable:
         with warnings.catch_warnings():
             # peft (0.21) asks the model `is_gradient_checkpointing`, an alias transformers 5
             # deprecates with a FutureWarning on every load; nothing of ours reads it.
-            warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated",
-                                    category=FutureWarning)
+            warnings.filterwarnings(
+                "ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning
+            )
             model = get_peft_model(model, LoraConfig(task_type="CAUSAL_LM", **lora))
     if whole_and_trained:
         model.requires_grad_(True)
@@ -167,4 +176,3 @@ def reference_loader(base_model: str, lora: dict | None, *, dtype, device):
     if lora is not None:
         return None
     return lambda: load(base_model, dtype=dtype, device=device)[0]
-

@@ -59,13 +59,27 @@ from .trajectories import (
     message_text,
 )
 
-__all__ = ["AutoTrajectoryContext", "auto_trajectory", "capture_auto_trajectory", "current_trajectory",
-           "current_trajectory_group", "message_key", "message_text", "no_capture", "trajectory", "trajectory_group"]
+__all__ = [
+    "AutoTrajectoryContext",
+    "auto_trajectory",
+    "capture_auto_trajectory",
+    "current_trajectory",
+    "current_trajectory_group",
+    "message_key",
+    "message_text",
+    "no_capture",
+    "trajectory",
+    "trajectory_group",
+]
 
 log = logging.getLogger(__name__)
 
-_WHAT = {"chat_completions": "a chat completion", "completions": "a completion", "responses": "a response",
-         "messages": "a message"}
+_WHAT = {
+    "chat_completions": "a chat completion",
+    "completions": "a completion",
+    "responses": "a response",
+    "messages": "a message",
+}
 
 
 class AutoTrajectoryContext:
@@ -84,9 +98,11 @@ class AutoTrajectoryContext:
 def _current(require: bool, how: str) -> Trajectory | None:
     found = current_scope()
     if found is None and require:
-        raise CaptureError(f"No trajectory is active in this context: call {how} inside `with art.Trajectory():`, "
-                           "`art.trajectory(...)` or `art.capture_auto_trajectory(...)` (and not under "
-                           "`art.no_capture()`)")
+        raise CaptureError(
+            f"No trajectory is active in this context: call {how} inside `with art.Trajectory():`, "
+            "`art.trajectory(...)` or `art.capture_auto_trajectory(...)` (and not under "
+            "`art.no_capture()`)"
+        )
     return found
 
 
@@ -106,8 +122,10 @@ def current_trajectory_group(*, require: bool = False) -> TrajectoryGroup | None
     """The group of the innermost `with art.TrajectoryGroup():` here, or None (`require=True`: CaptureError)."""
     found = current_group_scope()
     if found is None and require:
-        raise CaptureError("No trajectory group is active in this context: call art.current_trajectory_group() "
-                           "inside `with art.TrajectoryGroup():`")
+        raise CaptureError(
+            "No trajectory group is active in this context: call art.current_trajectory_group() "
+            "inside `with art.TrajectoryGroup():`"
+        )
     return found
 
 
@@ -132,9 +150,11 @@ def _check_coroutine(value: Any, name: str) -> None:
     # A Task or Future started already, in the context of whoever created it: a capture opened
     # now would never see its calls. ART refuses them the same way.
     if isinstance(value, asyncio.Future) or not isinstance(value, Coroutine):
-        raise TypeError(f"{name}() takes a raw coroutine, the agent's coroutine itself, as in {name}(agent(...)); "
-                        f"got {type(value).__name__}. A Task or Future runs in the context it was created "
-                        "in, so a capture opened now would record none of its calls.")
+        raise TypeError(
+            f"{name}() takes a raw coroutine, the agent's coroutine itself, as in {name}(agent(...)); "
+            f"got {type(value).__name__}. A Task or Future runs in the context it was created "
+            "in, so a capture opened now would record none of its calls."
+        )
 
 
 async def trajectory(coroutine: Coroutine[Any, Any, object]) -> Trajectory:
@@ -187,8 +207,10 @@ async def trajectory_group(
                     results.append(item)
                     continue
                 if not inspect.isawaitable(item):
-                    raise TypeError(f"trajectory_group() takes trajectories, exceptions and awaitables of "
-                                    f"trajectories; item {len(results)} is a {type(item).__name__}")
+                    raise TypeError(
+                        f"trajectory_group() takes trajectories, exceptions and awaitables of "
+                        f"trajectories; item {len(results)} is a {type(item).__name__}"
+                    )
                 task = started.get(id(item))
                 if task is None:
                     task = started[id(item)] = asyncio.ensure_future(item)
@@ -208,8 +230,9 @@ async def trajectory_group(
                 task.cancel()
             await asyncio.gather(*unfinished, return_exceptions=True)
             raise
-    return TrajectoryGroup([r for r in results if r is not None], exceptions=given,
-                           metadata=metadata, metrics=metrics, logs=logs or ())
+    return TrajectoryGroup(
+        [r for r in results if r is not None], exceptions=given, metadata=metadata, metrics=metrics, logs=logs or ()
+    )
 
 
 def _raise_interrupt(item: Any) -> None:
@@ -220,7 +243,7 @@ def _raise_interrupt(item: Any) -> None:
 def _outcome(task: asyncio.Future[Any], return_exceptions: bool) -> Trajectory | BaseException:
     try:
         result = task.result()
-    except Exception as error:  # noqa: BLE001 - a failed rollout; cancellation and interrupts propagate
+    except Exception as error:  # a failed rollout; cancellation and interrupts propagate
         if not return_exceptions:
             raise
         return error
@@ -249,20 +272,33 @@ class _Recorder:
         for pending in list(self.open):
             pending.finish()
 
-    def record(self, endpoint: Endpoint, request: dict[str, Any], content_type: str,
-               body: bytes | Callable[[], bytes], started: datetime) -> None:
+    def record(
+        self,
+        endpoint: Endpoint,
+        request: dict[str, Any],
+        content_type: str,
+        body: bytes | Callable[[], bytes],
+        started: datetime,
+    ) -> None:
         """Add the call to `exchanges` and its turn to the history it extends. Never raises: the
         agent's call has succeeded whatever happens here."""
         what = _WHAT[endpoint]
         try:
-            _, exchange = build_exchange(endpoint, request, body() if callable(body) else body, start_time=started,
-                                         end_time=datetime.now(), content_type=content_type)
+            _, exchange = build_exchange(
+                endpoint,
+                request,
+                body() if callable(body) else body,
+                start_time=started,
+                end_time=datetime.now(),
+                content_type=content_type,
+            )
         except IncompleteExchange as exc:
             self.note(f"{exc}; not recorded")
             return
-        except Exception as exc:  # noqa: BLE001 - a capture problem must not fail the agent's call
-            self.note(f"{what}'s answer could not be read ({type(exc).__name__}: {str(exc).splitlines()[0]}); "
-                      "not recorded")
+        except Exception as exc:  # a capture problem must not fail the agent's call
+            self.note(
+                f"{what}'s answer could not be read ({type(exc).__name__}: {str(exc).splitlines()[0]}); not recorded"
+            )
             return
         try:
             turn = chat_turn(exchange)
@@ -327,8 +363,15 @@ def _read_request(method: str, path: str, content: Any) -> tuple[Endpoint, dict[
 class _Pending:
     """A streamed answer being read: its bytes are kept until it ends or closes."""
 
-    def __init__(self, recorder: _Recorder, endpoint: Endpoint, request: dict, content_type: str,
-                 started: datetime, decode: Callable[[bytes], bytes] = lambda raw: raw) -> None:
+    def __init__(
+        self,
+        recorder: _Recorder,
+        endpoint: Endpoint,
+        request: dict,
+        content_type: str,
+        started: datetime,
+        decode: Callable[[bytes], bytes] = lambda raw: raw,
+    ) -> None:
         self.recorder, self.endpoint, self.request = recorder, endpoint, request
         self.content_type, self.started, self.decode = content_type, started, decode
         self.parts: list[bytes] = []
@@ -340,8 +383,9 @@ class _Pending:
             return
         self.done = True
         self.recorder.open.discard(self)
-        self.recorder.record(self.endpoint, self.request, self.content_type,
-                             lambda: self.decode(b"".join(self.parts)), self.started)
+        self.recorder.record(
+            self.endpoint, self.request, self.content_type, lambda: self.decode(b"".join(self.parts)), self.started
+        )
 
 
 def _failed(recorder: _Recorder, endpoint: Endpoint, status: int) -> bool:
@@ -414,8 +458,9 @@ def _tees(lib: Any) -> tuple[type, type]:
     return SyncTee, AsyncTee
 
 
-def _httpx_observe(recorder: _Recorder, lib: Any, call: tuple[Endpoint, dict], response: Any, sync: bool,
-                   started: datetime) -> None:
+def _httpx_observe(
+    recorder: _Recorder, lib: Any, call: tuple[Endpoint, dict], response: Any, sync: bool, started: datetime
+) -> None:
     endpoint, request = call
     if _failed(recorder, endpoint, response.status_code):
         return
@@ -440,6 +485,7 @@ def _httpx_call(request: Any) -> tuple[Endpoint, dict] | None:
 
 def _httpx_hooked(lib: Any, original: Callable, sync: bool) -> Callable:
     if sync:
+
         @functools.wraps(original)
         def send(self, request, *args, **kwargs):
             recorder = _active()
@@ -450,6 +496,7 @@ def _httpx_hooked(lib: Any, original: Callable, sync: bool) -> Callable:
                 _httpx_observe(recorder, lib, call, response, sync=True, started=started)
             return response
     else:
+
         @functools.wraps(original)
         async def send(self, request, *args, **kwargs):
             recorder = _active()
@@ -459,6 +506,7 @@ def _httpx_hooked(lib: Any, original: Callable, sync: bool) -> Callable:
             if call is not None:
                 _httpx_observe(recorder, lib, call, response, sync=False, started=started)
             return response
+
     send.__art_capture__ = True  # type: ignore[attr-defined]
     return send
 
@@ -512,8 +560,11 @@ def _install_requests(lib: Any) -> None:
     @functools.wraps(original)
     def send(self, request, **kwargs):
         recorder = _active()
-        call = _read_request(request.method or "", urlsplit(request.url).path, request.body) \
-            if recorder is not None else None
+        call = (
+            _read_request(request.method or "", urlsplit(request.url).path, request.body)
+            if recorder is not None
+            else None
+        )
         started = datetime.now()
         response = original(self, request, **kwargs)
         if call is not None and not _failed(recorder, call[0], response.status_code):
@@ -612,8 +663,12 @@ def _install_aiohttp(lib: Any) -> None:
 
 
 _INSTALL_LOCK = threading.Lock()
-_INSTALLERS = {"httpx": _install_httpx, "httpx2": _install_httpx, "requests": _install_requests,
-               "aiohttp": _install_aiohttp}
+_INSTALLERS = {
+    "httpx": _install_httpx,
+    "httpx2": _install_httpx,
+    "requests": _install_requests,
+    "aiohttp": _install_aiohttp,
+}
 
 
 def _install() -> None:

@@ -70,7 +70,9 @@ class ChatMessage(BaseModel):
         for part in value:
             kind = part.get("type") if isinstance(part, dict) else None
             if kind != "text" or not isinstance(part.get("text"), str):
-                raise ValueError(f"only text content parts ({{'type': 'text', 'text': ...}}) are supported, got {echo(kind)}")
+                raise ValueError(
+                    f"only text content parts ({{'type': 'text', 'text': ...}}) are supported, got {echo(kind)}"
+                )
         return value
 
     @field_validator("tool_calls")
@@ -166,11 +168,14 @@ def template_info(tokenizer) -> TemplateInfo:
 
 def _tool_role(tokenizer) -> str:
     """Render a `tool` message once: if the template raises or drops it, results go as `user`."""
-    probe = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"},
-             {"role": "tool", "content": _PROBE}]
+    probe = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "ok"},
+        {"role": "tool", "content": _PROBE},
+    ]
     try:
         text = tokenizer.apply_chat_template(probe, tokenize=False)
-    except Exception:  # noqa: BLE001 - any template error means the role is unknown
+    except Exception:  # any template error means the role is unknown
         return "user"
     return "tool" if isinstance(text, str) and _PROBE in text else "user"
 
@@ -264,15 +269,23 @@ def _history_as_text(messages: list[dict[str, Any]], tool_role: str) -> list[dic
 # -- token ids -----------------------------------------------------------------------------
 
 
-def prompt_ids(tokenizer, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, *,
-               add_generation_prompt: bool, where: str, template_kwargs: dict[str, Any] | None = None) -> list[int]:
+def prompt_ids(
+    tokenizer,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
+    *,
+    add_generation_prompt: bool,
+    where: str,
+    template_kwargs: dict[str, Any] | None = None,
+) -> list[int]:
     """The token ids of `apply_chat_template(messages, tools)` (`template_messages`' output) as
     a plain list. `template_kwargs` are the template's own variables (vLLM's and ART's
     `chat_template_kwargs`, e.g. `enable_thinking`). `where` names the messages in the
     ArtValueError a template's failure becomes."""
     try:
-        ids = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=add_generation_prompt,
-                                            tokenize=True, **(template_kwargs or {}))
+        ids = tokenizer.apply_chat_template(
+            messages, tools=tools, add_generation_prompt=add_generation_prompt, tokenize=True, **(template_kwargs or {})
+        )
     except (jinja2.TemplateError, TypeError, ValueError, KeyError, AttributeError, IndexError) as exc:
         # Templates are user-facing programs: whatever they raise on these messages is the
         # messages' problem (or a model without a chat template), never the server's.

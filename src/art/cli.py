@@ -19,66 +19,114 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="art", description="Agent Reinforcement Trainer.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     serve = commands.add_parser(
-        "serve", help="serve and train models over HTTP (for art.RemoteBackend)",
+        "serve",
+        help="serve and train models over HTTP (for art.RemoteBackend)",
         description="Run a backend that art.RemoteBackend (art.Backend) clients register, train and "
-                    "sample models on: the OpenAI routes under /v1 and the management routes under /art.",
+        "sample models on: the OpenAI routes under /v1 and the management routes under /art.",
     )
-    serve.add_argument("--host", default="127.0.0.1",
-                       help="address to bind (default 127.0.0.1; 0.0.0.0 for every interface, needs a key)")
+    serve.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to bind (default 127.0.0.1; 0.0.0.0 for every interface, needs a key)",
+    )
     serve.add_argument("--port", type=int, default=7999, help="port (default 7999; 0 picks a free one)")
     serve.add_argument("--path", default=".art", help="storage root for runs (default ./.art)")
-    serve.add_argument("--api-key", default=None,
-                       help=f"bearer key clients must send (default: ${API_KEY_ENV}); prefer the environment "
-                            "variable, since command lines are visible to other users")
-    serve.add_argument("--max-body-mb", type=float, default=256.0,
-                       help="largest request body accepted, in MiB (default 256); larger ones get a 413")
-    serve.add_argument("--max-chat-body-mb", type=float, default=8.0,
-                       help="largest chat request (/v1) accepted, in MiB (default 8); larger ones get a 413")
-    serve.add_argument("--models-dir", action="append", default=[], metavar="DIR",
-                       help="a server folder base_model paths may point into (repeatable; the Hugging Face cache "
-                            "and art's cache are always allowed)")
-    serve.add_argument("--allow-any-model-path", action="store_true",
-                       help="let clients load a base_model from any path on this machine (a key holder could "
-                            "probe which files exist)")
-    serve.add_argument("--watchdog-s", type=float, default=60.0,
-                       help="report an engine loop stuck when it has pending requests and makes no progress for "
-                            "this many seconds (default 60; 0 turns it off): a WARNING with its stack, and "
-                            "/health says degraded")
-    serve.add_argument("--watchdog-train-s", type=float, default=1800.0,
-                       help="report a training step running longer than this many seconds (default 1800; 0 off)")
-    serve.add_argument("--engine", choices=("auto", "ours", "vllm"), default="auto",
-                       help="which engine serves models whose _internal_config names none: vLLM (a process of its "
-                            "own; ART_VLLM_PYTHON names its Python), ours, or auto (vLLM on CUDA when installed, "
-                            "else ours; default)")
-    serve.add_argument("--ray", action="store_true",
-                       help="run models' engine replicas and trainer ranks beyond the first as Ray actors "
-                            "(a local Ray instance unless --ray-address)")
-    serve.add_argument("--ray-address", default=None, metavar="ADDR",
-                       help="the Ray cluster to join (e.g. auto, or HEAD_IP:6379 after `ray start --head`); "
-                            "implies --ray")
+    serve.add_argument(
+        "--api-key",
+        default=None,
+        help=f"bearer key clients must send (default: ${API_KEY_ENV}); prefer the environment "
+        "variable, since command lines are visible to other users",
+    )
+    serve.add_argument(
+        "--max-body-mb",
+        type=float,
+        default=256.0,
+        help="largest request body accepted, in MiB (default 256); larger ones get a 413",
+    )
+    serve.add_argument(
+        "--max-chat-body-mb",
+        type=float,
+        default=8.0,
+        help="largest chat request (/v1) accepted, in MiB (default 8); larger ones get a 413",
+    )
+    serve.add_argument(
+        "--models-dir",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="a server folder base_model paths may point into (repeatable; the Hugging Face cache "
+        "and art's cache are always allowed)",
+    )
+    serve.add_argument(
+        "--allow-any-model-path",
+        action="store_true",
+        help="let clients load a base_model from any path on this machine (a key holder could probe which files exist)",
+    )
+    serve.add_argument(
+        "--watchdog-s",
+        type=float,
+        default=60.0,
+        help="report an engine loop stuck when it has pending requests and makes no progress for "
+        "this many seconds (default 60; 0 turns it off): a WARNING with its stack, and "
+        "/health says degraded",
+    )
+    serve.add_argument(
+        "--watchdog-train-s",
+        type=float,
+        default=1800.0,
+        help="report a training step running longer than this many seconds (default 1800; 0 off)",
+    )
+    serve.add_argument(
+        "--engine",
+        choices=("auto", "ours", "vllm"),
+        default="auto",
+        help="which engine serves models whose _internal_config names none: vLLM (a process of its "
+        "own; ART_VLLM_PYTHON names its Python), ours, or auto (vLLM on CUDA when installed, "
+        "else ours; default)",
+    )
+    serve.add_argument(
+        "--ray",
+        action="store_true",
+        help="run models' engine replicas and trainer ranks beyond the first as Ray actors "
+        "(a local Ray instance unless --ray-address)",
+    )
+    serve.add_argument(
+        "--ray-address",
+        default=None,
+        metavar="ADDR",
+        help="the Ray cluster to join (e.g. auto, or HEAD_IP:6379 after `ray start --head`); implies --ray",
+    )
     dashboard = commands.add_parser(
-        "dashboard", help="a local web page to watch runs: curves, samples, trained tokens",
+        "dashboard",
+        help="a local web page to watch runs: curves, samples, trained tokens",
         description="Serve a page over the runs stored under --path: reward and metric curves, each step's "
-                    "samples and their trained tokens, updated live. Reads the run folders only; no model is loaded.",
+        "samples and their trained tokens, updated live. Reads the run folders only; no model is loaded.",
     )
     dashboard.add_argument("--path", default=".art", help="storage root of the runs (default ./.art)")
-    dashboard.add_argument("--host", default="127.0.0.1",
-                           help="address to bind (default 127.0.0.1; the page has no key, so only loopback)")
+    dashboard.add_argument(
+        "--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; the page has no key, so only loopback)"
+    )
     dashboard.add_argument("--port", type=int, default=7990, help="port (default 7990; 0 picks a free one)")
     return parser
 
 
 def _dashboard(args: argparse.Namespace) -> int:
     if not is_loopback(args.host):
-        print(f"art dashboard: refusing to listen on {args.host}: the page has no key and shows every run's "
-              "samples. Bind to 127.0.0.1 and reach it through an SSH tunnel, or use `art serve` with an API key "
-              "(it serves the same page at /dashboard).", file=sys.stderr)
+        print(
+            f"art dashboard: refusing to listen on {args.host}: the page has no key and shows every run's "
+            "samples. Bind to 127.0.0.1 and reach it through an SSH tunnel, or use `art serve` with an API key "
+            "(it serves the same page at /dashboard).",
+            file=sys.stderr,
+        )
         return 2
     try:
         from art.dashboard.app import serve_dashboard
     except ImportError as exc:
-        print(f"art dashboard: missing {exc.name or exc}: install the backend extra, "
-              "pip install 'agent-rl-trainer[backend]'", file=sys.stderr)
+        print(
+            f"art dashboard: missing {exc.name or exc}: install the backend extra, "
+            "pip install 'agent-rl-trainer[backend]'",
+            file=sys.stderr,
+        )
         return 1
     if not os.path.isdir(args.path):
         print(f"art dashboard: {args.path} does not exist yet; runs appear once training writes there", flush=True)
@@ -114,13 +162,15 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         import uvicorn
 
-        from art.service.local import LocalService
-        from art.server.security import default_model_roots, redact_access_log
         from art.serve import ArtServer, create_serve_app
+        from art.server.security import default_model_roots, redact_access_log
         from art.server.thread import KEEP_ALIVE_S, bind, url_for
+        from art.service.local import LocalService
     except ImportError as exc:
-        print(f"art serve: missing {exc.name or exc}: install the backend extra, "
-              "pip install 'agent-rl-trainer[backend]'", file=sys.stderr)
+        print(
+            f"art serve: missing {exc.name or exc}: install the backend extra, pip install 'agent-rl-trainer[backend]'",
+            file=sys.stderr,
+        )
         return 1
     # The library's own INFO lines (a model ready, a step finished after its client left).
     logging.basicConfig(format="%(levelname)s:     %(name)s: %(message)s")
@@ -138,17 +188,26 @@ def _serve(args: argparse.Namespace) -> int:
 
         ensure_ray(args.ray_address)  # a local instance, or the cluster at --ray-address
         placement = "ray"
-    app = create_serve_app(LocalService(args.path, placement=placement, engine=args.engine), api_key=api_key,
-                           max_body_bytes=int(args.max_body_mb * 2**20),
-                           max_chat_body_bytes=int(args.max_chat_body_mb * 2**20), watchdog_s=args.watchdog_s,
-                           watchdog_train_s=args.watchdog_train_s, model_roots=roots)
-    server = ArtServer(uvicorn.Config(app, log_level="info", timeout_graceful_shutdown=10,
-                                      timeout_keep_alive=KEEP_ALIVE_S))
+    app = create_serve_app(
+        LocalService(args.path, placement=placement, engine=args.engine),
+        api_key=api_key,
+        max_body_bytes=int(args.max_body_mb * 2**20),
+        max_chat_body_bytes=int(args.max_chat_body_mb * 2**20),
+        watchdog_s=args.watchdog_s,
+        watchdog_train_s=args.watchdog_train_s,
+        model_roots=roots,
+    )
+    server = ArtServer(
+        uvicorn.Config(app, log_level="info", timeout_graceful_shutdown=10, timeout_keep_alive=KEEP_ALIVE_S)
+    )
     url = url_for(args.host, port)
-    print(f"art serve: listening on {url} (storage {args.path}, auth {'on' if api_key else 'off'}, "
-          f"replicas and ranks in {placement}, engine {args.engine}); "
-          f"OpenAI routes at {url}/v1, management at {url}/art, schema at {url}/openapi.json, "
-          f"dashboard at {url}/dashboard", flush=True)
+    print(
+        f"art serve: listening on {url} (storage {args.path}, auth {'on' if api_key else 'off'}, "
+        f"replicas and ranks in {placement}, engine {args.engine}); "
+        f"OpenAI routes at {url}/v1, management at {url}/art, schema at {url}/openapi.json, "
+        f"dashboard at {url}/dashboard",
+        flush=True,
+    )
     try:  # until SIGINT/SIGTERM: training steps are abandoned, open requests finish, the lifespan stops the engines
         server.run(sockets=[sock])
     finally:

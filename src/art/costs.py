@@ -61,8 +61,10 @@ def get_model_pricing(model_name: str | None, *, strict: bool = False) -> ModelP
     """The model's prices, or None when the table has none (`strict=True` raises instead)."""
     pricing = MODEL_PRICING.get(model_name) if model_name is not None else None
     if pricing is None and strict:
-        raise ValueError(f"no pricing for model {model_name!r}: pass a ModelPricing of your own to "
-                         f"build_cost_calculator, or add it to art.costs.MODEL_PRICING (known: {', '.join(MODEL_PRICING)})")
+        raise ValueError(
+            f"no pricing for model {model_name!r}: pass a ModelPricing of your own to "
+            f"build_cost_calculator, or add it to art.costs.MODEL_PRICING (known: {', '.join(MODEL_PRICING)})"
+        )
     return pricing
 
 
@@ -70,24 +72,29 @@ def tokens_to_cost(num_tokens: float, price_per_million: float) -> float:
     return float(num_tokens) * price_per_million / 1_000_000
 
 
-def compute_sample_costs(*, prompt_tokens: int | None, completion_tokens: int | None, pricing: ModelPricing,
-                         cost_context: str = "train") -> dict[str, float]:
+def compute_sample_costs(
+    *, prompt_tokens: int | None, completion_tokens: int | None, pricing: ModelPricing, cost_context: str = "train"
+) -> dict[str, float]:
     """The cost of one request's prompt and completion tokens, under `costs/<cost_context>/`."""
     if not cost_context or not cost_context.strip("/"):
         raise ValueError("cost_context must be a non-empty name such as 'train' or 'eval'")
     prefix = f"costs/{cost_context.strip('/')}"
-    return {f"{prefix}/tinker_prefill": tokens_to_cost(prompt_tokens or 0, pricing.prefill),
-            f"{prefix}/tinker_sample": tokens_to_cost(completion_tokens or 0, pricing.sample)}
+    return {
+        f"{prefix}/tinker_prefill": tokens_to_cost(prompt_tokens or 0, pricing.prefill),
+        f"{prefix}/tinker_sample": tokens_to_cost(completion_tokens or 0, pricing.sample),
+    }
 
 
 def build_cost_calculator(pricing: ModelPricing) -> CostCalculator:
     """A calculator for `Model.set_cost_calculator`: `(prompt_tokens, completion_tokens,
     cost_context="train")` -> the request's costs by key."""
 
-    def calculate(prompt_tokens: int | None, completion_tokens: int | None,
-                  cost_context: str = "train") -> dict[str, float]:
-        return compute_sample_costs(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
-                                    pricing=pricing, cost_context=cost_context)
+    def calculate(
+        prompt_tokens: int | None, completion_tokens: int | None, cost_context: str = "train"
+    ) -> dict[str, float]:
+        return compute_sample_costs(
+            prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, pricing=pricing, cost_context=cost_context
+        )
 
     return calculate
 
@@ -97,6 +104,7 @@ def compute_train_cost(train_tokens: float, pricing: ModelPricing) -> float:
 
 
 # -- what an API call cost: a judge's, a tool model's (ART's art.api_costs) -------------------------
+
 
 @dataclass(frozen=True)
 class TokenPricing:
@@ -117,8 +125,9 @@ class TokenPricing:
 
 MODEL_TOKEN_PRICING: dict[str, TokenPricing] = {
     "openai/gpt-4.1": TokenPricing(2.0, 8.0, cached_prompt_per_million=0.5),
-    "anthropic/claude-sonnet-4-6": TokenPricing(3.0, 15.0, cache_creation_per_million=3.75,
-                                                cache_read_per_million=0.30),
+    "anthropic/claude-sonnet-4-6": TokenPricing(
+        3.0, 15.0, cache_creation_per_million=3.75, cache_read_per_million=0.30
+    ),
 }
 """API models priced out of the box, by `provider/model` (ART's table); `register_model_pricing`
 or this dict adds more."""
@@ -147,6 +156,7 @@ def token_pricing(model_name: str, registered: Mapping[str, TokenPricing] | None
 def _litellm_pricing(model_name: str) -> TokenPricing | None:
     try:
         from litellm import get_model_info  # optional: not a dependency of ours
+
         info = get_model_info(model_name)
     except Exception:  # not installed, or the model is unknown to it
         return None
@@ -159,14 +169,24 @@ def _litellm_pricing(model_name: str) -> TokenPricing | None:
     if prompt is None or completion is None:
         return None
     read = per_million("cache_read_input_token_cost")
-    return TokenPricing(prompt, completion, cached_prompt_per_million=read,
-                        cache_creation_per_million=per_million("cache_creation_input_token_cost"),
-                        cache_read_per_million=read)
+    return TokenPricing(
+        prompt,
+        completion,
+        cached_prompt_per_million=read,
+        cache_creation_per_million=per_million("cache_creation_input_token_cost"),
+        cache_read_per_million=read,
+    )
 
 
-def api_call_cost(response: Any, *, provider: str, model_name: str, overrides: Mapping[str, float | None] | None = None,
-                  cost_extractors: Mapping[str, CostExtractor] | None = None,
-                  model_pricing: Mapping[str, TokenPricing] | None = None) -> float:
+def api_call_cost(
+    response: Any,
+    *,
+    provider: str,
+    model_name: str,
+    overrides: Mapping[str, float | None] | None = None,
+    cost_extractors: Mapping[str, CostExtractor] | None = None,
+    model_pricing: Mapping[str, TokenPricing] | None = None,
+) -> float:
     """What one API response cost, in dollars, found in this order (ART's):
 
     1. the cost the provider reported: `usage.cost` (OpenRouter; a number or `{"total_cost": x}`),
@@ -189,23 +209,34 @@ def api_call_cost(response: Any, *, provider: str, model_name: str, overrides: M
         return float(custom)
     pricing = _pricing_with(model_name, overrides or {}, model_pricing or {})
     usage = _read(response, "usage")
-    cost = (_openai_cost(usage, pricing) if provider == OPENAI
-            else _anthropic_cost(usage, pricing) if provider == ANTHROPIC else None)
+    cost = (
+        _openai_cost(usage, pricing)
+        if provider == OPENAI
+        else _anthropic_cost(usage, pricing)
+        if provider == ANTHROPIC
+        else None
+    )
     if cost is not None:
         return cost
     if provider in (OPENAI, ANTHROPIC):
-        raise ValueError(f"Response usage does not match provider {provider!r}: the response has no token "
-                         "counts of that shape; pass the provider that answered, or register_cost_extractor")
-    raise ValueError(f"No cost extractor registered for provider {provider!r}: its responses report no "
-                     "usage.cost, so MetricsBuilder.register_cost_extractor(provider, fn) must price them")
+        raise ValueError(
+            f"Response usage does not match provider {provider!r}: the response has no token "
+            "counts of that shape; pass the provider that answered, or register_cost_extractor"
+        )
+    raise ValueError(
+        f"No cost extractor registered for provider {provider!r}: its responses report no "
+        "usage.cost, so MetricsBuilder.register_cost_extractor(provider, fn) must price them"
+    )
 
 
 def reported_cost(response: Any) -> float | None:
     """The dollars a provider put in the response itself, or None."""
     usage = _read(response, "usage")
-    for value in (_read(usage, "cost"), _read(_read(usage, "model_extra"), "cost"),
-                  _read(_read(_read(response, "_hidden_params"), "additional_headers"),
-                        "llm_provider-x-litellm-response-cost")):
+    for value in (
+        _read(usage, "cost"),
+        _read(_read(usage, "model_extra"), "cost"),
+        _read(_read(_read(response, "_hidden_params"), "additional_headers"), "llm_provider-x-litellm-response-cost"),
+    ):
         cost = _number(value)
         if cost is None:
             cost = _number(_read(value, "total_cost"))
@@ -214,8 +245,9 @@ def reported_cost(response: Any) -> float | None:
     return None
 
 
-def _pricing_with(model_name: str, overrides: Mapping[str, float | None],
-                  registered: Mapping[str, TokenPricing]) -> TokenPricing:
+def _pricing_with(
+    model_name: str, overrides: Mapping[str, float | None], registered: Mapping[str, TokenPricing]
+) -> TokenPricing:
     given = {field: float(value) for field, value in overrides.items() if value is not None}
     unknown = set(given) - set(TokenPricing.__dataclass_fields__)
     if unknown:
@@ -224,25 +256,32 @@ def _pricing_with(model_name: str, overrides: Mapping[str, float | None],
     if base is None:
         if {"prompt_per_million", "completion_per_million"} <= given.keys():  # fully priced by the caller
             return TokenPricing(**given)
-        raise ValueError(f"No pricing configured for model {model_name!r}: register it with "
-                         "MetricsBuilder.register_model_pricing(), add it to art.costs.MODEL_TOKEN_PRICING, "
-                         "or pass prompt_price_per_million and completion_price_per_million")
+        raise ValueError(
+            f"No pricing configured for model {model_name!r}: register it with "
+            "MetricsBuilder.register_model_pricing(), add it to art.costs.MODEL_TOKEN_PRICING, "
+            "or pass prompt_price_per_million and completion_price_per_million"
+        )
     return replace(base, **given)
 
 
 def _openai_cost(usage: Any, pricing: TokenPricing) -> float | None:
     prompt = _count(usage, "prompt_tokens", "input_tokens")
     completion = _count(usage, "completion_tokens", "output_tokens")
-    cached = (_number(_read(_read(usage, "prompt_tokens_details"), "cached_tokens"))
-              or _number(_read(_read(usage, "input_tokens_details"), "cached_tokens")) or 0.0)
+    cached = (
+        _number(_read(_read(usage, "prompt_tokens_details"), "cached_tokens"))
+        or _number(_read(_read(usage, "input_tokens_details"), "cached_tokens"))
+        or 0.0
+    )
     if prompt is None and completion is None and not cached:
         return None
     prompt = prompt or 0.0
     cached = min(cached, prompt)  # cached tokens are part of the prompt count
     cached_price = pricing.cached_prompt_per_million
-    return (tokens_to_cost(prompt - cached, pricing.prompt_per_million)
-            + tokens_to_cost(cached, pricing.prompt_per_million if cached_price is None else cached_price)
-            + tokens_to_cost(completion or 0.0, pricing.completion_per_million))
+    return (
+        tokens_to_cost(prompt - cached, pricing.prompt_per_million)
+        + tokens_to_cost(cached, pricing.prompt_per_million if cached_price is None else cached_price)
+        + tokens_to_cost(completion or 0.0, pricing.completion_per_million)
+    )
 
 
 def _anthropic_cost(usage: Any, pricing: TokenPricing) -> float | None:
@@ -256,9 +295,12 @@ def _anthropic_cost(usage: Any, pricing: TokenPricing) -> float | None:
     def price(value: float | None) -> float:
         return prompt if value is None else value
 
-    return (tokens_to_cost(fresh or 0.0, prompt) + tokens_to_cost(written, price(pricing.cache_creation_per_million))
-            + tokens_to_cost(read, price(pricing.cache_read_per_million))
-            + tokens_to_cost(output or 0.0, pricing.completion_per_million))
+    return (
+        tokens_to_cost(fresh or 0.0, prompt)
+        + tokens_to_cost(written, price(pricing.cache_creation_per_million))
+        + tokens_to_cost(read, price(pricing.cache_read_per_million))
+        + tokens_to_cost(output or 0.0, pricing.completion_per_million)
+    )
 
 
 def _count(usage: Any, *names: str) -> float | None:

@@ -7,8 +7,8 @@ the same way, and neither may import the other, so the rule lives here, below bo
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 import torch
 
@@ -29,8 +29,11 @@ def device_for(device: str, index: int, gpus: int, field: str) -> str:
         return device
     if index >= gpus:
         unit = _ONE_PER_GPU[field]
-        raise ArtValueError(f"{field}={index + 1} needs a GPU per {unit}; this machine has {gpus} "
-                            f"(placement 'ray' spreads {unit}s over a cluster)", field=field)
+        raise ArtValueError(
+            f"{field}={index + 1} needs a GPU per {unit}; this machine has {gpus} "
+            f"(placement 'ray' spreads {unit}s over a cluster)",
+            field=field,
+        )
     return f"cuda:{((parsed.index or 0) + index) % gpus}"
 
 

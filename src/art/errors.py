@@ -70,14 +70,18 @@ class StepConflictError(BackendError):
     @classmethod
     def between(cls, model: str, expected: int, current: int) -> StepConflictError:
         if current > expected:
-            message = (f"{model} is already at step {current}, but this update was sent to train from step "
-                       f"{expected}: an earlier train call (most likely this same one, whose connection broke) "
-                       "has completed on the server. It is not applied twice; continue from "
-                       "`await model.get_step()` with new trajectories.")
+            message = (
+                f"{model} is already at step {current}, but this update was sent to train from step "
+                f"{expected}: an earlier train call (most likely this same one, whose connection broke) "
+                "has completed on the server. It is not applied twice; continue from "
+                "`await model.get_step()` with new trajectories."
+            )
         else:
-            message = (f"{model} is at step {current} on the server, but this update was sent to train from "
-                       f"step {expected} (a rolled-back step, deleted checkpoints, or another --path?); "
-                       "check `await model.get_step()`.")
+            message = (
+                f"{model} is at step {current} on the server, but this update was sent to train from "
+                f"step {expected} (a rolled-back step, deleted checkpoints, or another --path?); "
+                "check `await model.get_step()`."
+            )
         return cls(message, expected_step=expected, current_step=current)
 
 
@@ -164,8 +168,13 @@ def from_wire(status: int, body: dict[str, Any]) -> ArtError:
     code = body.get("code")
     cls = _most_specific(cls for cls, row in WIRE.items() if row.status == status and row.code in (None, code))
     if cls is None:
-        cls = (BackendUnavailableError if status == 503 else
-               ArtValueError if 400 <= status < 500 and status != 404 else BackendError)
+        cls = (
+            BackendUnavailableError
+            if status == 503
+            else ArtValueError
+            if 400 <= status < 500 and status != 404
+            else BackendError
+        )
     if issubclass(cls, ArtValueError):
         return cls(message, field=body.get("param"))
     if issubclass(cls, StepConflictError):

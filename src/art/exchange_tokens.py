@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 from .exchanges import ChatCompletionsExchange, CompletionsExchange, MessagesExchange, ResponsesExchange
 
@@ -23,13 +23,13 @@ from .exchanges import ChatCompletionsExchange, CompletionsExchange, MessagesExc
 class Sampled:
     """What one sampling step saw and produced, as the server reported it (None: not reported)."""
 
-    prompt_ids: Optional[list[int]]
-    token_ids: Optional[list[int]]
-    logprobs: Optional[list[float]]  # one per token id, or None
-    prompt_logprobs: Optional[list[float]] = None  # an echoed prompt's, one per prompt id
+    prompt_ids: list[int] | None
+    token_ids: list[int] | None
+    logprobs: list[float] | None  # one per token id, or None
+    prompt_logprobs: list[float] | None = None  # an echoed prompt's, one per prompt id
 
 
-def token_ids(value: Any, where: str) -> Optional[list[int]]:
+def token_ids(value: Any, where: str) -> list[int] | None:
     """A list of exact token ids (ints or vLLM's "token_id:N" strings); ValueError when malformed."""
     if value is None:
         return None
@@ -49,12 +49,13 @@ def extra_fields(model: Any) -> dict[str, Any]:
     return dict(getattr(model, "model_extra", None) or {})
 
 
-def chat_logprobs(logprobs: Any) -> Optional[list[float]]:
+def chat_logprobs(logprobs: Any) -> list[float] | None:
     content = getattr(logprobs, "content", None) if not isinstance(logprobs, Mapping) else logprobs.get("content")
     if not content:
         return None
-    values = [entry.get("logprob") if isinstance(entry, Mapping) else getattr(entry, "logprob", None)
-              for entry in content]
+    values = [
+        entry.get("logprob") if isinstance(entry, Mapping) else getattr(entry, "logprob", None) for entry in content
+    ]
     return [float(v) for v in values] if all(isinstance(v, (int, float)) for v in values) else None
 
 
@@ -64,8 +65,11 @@ def chat_sampled(exchange: ChatCompletionsExchange, choice_index: int) -> Sample
         raise ValueError(f"Chat Completions source choice {choice_index} is out of bounds")
     extra, top = extra_fields(choice), extra_fields(exchange.response)
     prompt = extra.get("prompt_token_ids", top.get("prompt_token_ids"))
-    return Sampled(token_ids(prompt, "prompt_token_ids"), token_ids(extra.get("token_ids"), "token_ids"),
-                   chat_logprobs(choice.logprobs))
+    return Sampled(
+        token_ids(prompt, "prompt_token_ids"),
+        token_ids(extra.get("token_ids"), "token_ids"),
+        chat_logprobs(choice.logprobs),
+    )
 
 
 def messages_sampled(exchange: MessagesExchange) -> Sampled:
@@ -75,8 +79,11 @@ def messages_sampled(exchange: MessagesExchange) -> Sampled:
         values = chat_logprobs(values)
     elif isinstance(values, list):
         values = [float(v) for v in values] if all(isinstance(v, (int, float)) for v in values) else None
-    return Sampled(token_ids(extra.get("prompt_token_ids"), "prompt_token_ids"),
-                   token_ids(extra.get("token_ids"), "token_ids"), values)
+    return Sampled(
+        token_ids(extra.get("prompt_token_ids"), "prompt_token_ids"),
+        token_ids(extra.get("token_ids"), "token_ids"),
+        values,
+    )
 
 
 def responses_generations(exchange: ResponsesExchange) -> list[tuple[Sampled, list[int]]]:
@@ -92,13 +99,16 @@ def responses_generations(exchange: ResponsesExchange) -> list[tuple[Sampled, li
             tokens = generation.get("output_tokens")
             ids = logprobs = None
             if isinstance(tokens, list):
-                ids = token_ids([t.get("token_id") if isinstance(t, Mapping) else t for t in tokens],
-                                f"token_generations[{i}].output_tokens")
+                ids = token_ids(
+                    [t.get("token_id") if isinstance(t, Mapping) else t for t in tokens],
+                    f"token_generations[{i}].output_tokens",
+                )
                 values = [t.get("logprob") if isinstance(t, Mapping) else None for t in tokens]
                 logprobs = [float(v) for v in values] if all(isinstance(v, (int, float)) for v in values) else None
             indices = [i for i in generation.get("output_indices") or [] if isinstance(i, int)]
-            out.append((Sampled(token_ids(generation.get("prompt_token_ids"), "prompt_token_ids"), ids, logprobs),
-                        indices))
+            out.append(
+                (Sampled(token_ids(generation.get("prompt_token_ids"), "prompt_token_ids"), ids, logprobs), indices)
+            )
         claimed = [i for _, indices in out for i in indices]
         if len(claimed) != len(set(claimed)):
             raise ValueError("Responses token generations must claim nonoverlapping output items")
@@ -107,9 +117,16 @@ def responses_generations(exchange: ResponsesExchange) -> list[tuple[Sampled, li
         return out
     if extra.get("token_ids") is None and extra.get("prompt_token_ids") is None:
         return []
-    return [(Sampled(token_ids(extra.get("prompt_token_ids"), "prompt_token_ids"),
-                     token_ids(extra.get("token_ids"), "token_ids"), chat_logprobs(extra.get("logprobs"))),
-             list(range(outputs)))]
+    return [
+        (
+            Sampled(
+                token_ids(extra.get("prompt_token_ids"), "prompt_token_ids"),
+                token_ids(extra.get("token_ids"), "token_ids"),
+                chat_logprobs(extra.get("logprobs")),
+            ),
+            list(range(outputs)),
+        )
+    ]
 
 
 def completion_sampled(exchange: CompletionsExchange, choice_index: int) -> Sampled:
@@ -124,14 +141,12 @@ def completion_sampled(exchange: CompletionsExchange, choice_index: int) -> Samp
     echoed = None
     echo = exchange.request.get("echo") is True
     if echo and ids is not None and prompt is not None and len(values) == len(prompt) + len(ids):
-        echoed, values = values[: len(prompt)], values[len(prompt):]  # an echoed prompt's logprobs come first
+        echoed, values = values[: len(prompt)], values[len(prompt) :]  # an echoed prompt's logprobs come first
         echoed = [float(v) if isinstance(v, (int, float)) else math.nan for v in echoed]
     values = [float(v) for v in values] if values and all(isinstance(v, (int, float)) for v in values) else None
     if ids is not None and values is not None and len(values) != len(ids):
         values = None
     return Sampled(prompt, ids, values, echoed)
-
-
 
 
 def is_sampled(source: Any) -> bool:
@@ -141,11 +156,14 @@ def is_sampled(source: Any) -> bool:
     if getattr(source, "choice_index", None) is not None or getattr(source, "output_index", None) is not None:
         return True
     # an Anthropic message source (no output_index field) of the response, not of the request
-    return isinstance(source.exchange, MessagesExchange) and not hasattr(source, "output_index") \
+    return (
+        isinstance(source.exchange, MessagesExchange)
+        and not hasattr(source, "output_index")
         and source.request_index is None
+    )
 
 
-def sampled_of(source: Any) -> tuple[Any, Optional[Sampled]]:
+def sampled_of(source: Any) -> tuple[Any, Sampled | None]:
     """(identity of the sampling step, its exact evidence or None) for a sampled chat source."""
     exchange = source.exchange
     if isinstance(exchange, ChatCompletionsExchange):

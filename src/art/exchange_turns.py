@@ -91,11 +91,17 @@ def _completion(exchange: CompletionsExchange) -> ChatTurn:
     ids = first.get("token_ids")
     values = logprobs.get("token_logprobs") or []
     tokens = logprobs.get("tokens") or [f"token_id:{i}" for i in ids or []]
-    content = [{"token": str(token), "logprob": float(value), "bytes": None, "top_logprobs": []}
-               for token, value in zip(tokens, values) if value is not None] or None
-    choice = {"index": 0, "finish_reason": first.get("finish_reason") or "stop",
-              "message": {"role": "assistant", "content": first.get("text") or ""},
-              "logprobs": {"content": content} if content else None}
+    content = [
+        {"token": str(token), "logprob": float(value), "bytes": None, "top_logprobs": []}
+        for token, value in zip(tokens, values)
+        if value is not None
+    ] or None
+    choice = {
+        "index": 0,
+        "finish_reason": first.get("finish_reason") or "stop",
+        "message": {"role": "assistant", "content": first.get("text") or ""},
+        "logprobs": {"content": content} if content else None,
+    }
     for key in ("token_ids", "prompt_token_ids", "step"):
         if first.get(key) is not None:
             choice[key] = first[key]
@@ -104,8 +110,14 @@ def _completion(exchange: CompletionsExchange) -> ChatTurn:
     return ChatTurn([{"role": "user", "content": text}], None, Choice.model_validate(choice), notes)
 
 
-_STOP_REASONS = {"end_turn": "stop", "stop_sequence": "stop", "max_tokens": "length", "tool_use": "tool_calls",
-                 "pause_turn": "stop", "refusal": "content_filter"}
+_STOP_REASONS = {
+    "end_turn": "stop",
+    "stop_sequence": "stop",
+    "max_tokens": "length",
+    "tool_use": "tool_calls",
+    "pause_turn": "stop",
+    "refusal": "content_filter",
+}
 
 
 def anthropic_chat_messages(request: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -126,8 +138,13 @@ def anthropic_chat_messages(request: Mapping[str, Any]) -> list[dict[str, Any]]:
         calls = [_tool_call(b) for b in blocks if isinstance(b, Mapping) and b.get("type") == "tool_use"]
         results = [b for b in blocks if isinstance(b, Mapping) and b.get("type") == "tool_result"]
         for result in results:
-            out.append({"role": "tool", "tool_call_id": result.get("tool_use_id"),
-                        "content": _block_text(result.get("content"))})
+            out.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": result.get("tool_use_id"),
+                    "content": _block_text(result.get("content")),
+                }
+            )
         if text or calls or not results:
             chat: dict[str, Any] = {"role": role, "content": text}
             if calls:
@@ -140,9 +157,18 @@ def anthropic_chat_tools(tools: Any) -> list[dict[str, Any]] | None:
     """Anthropic tool definitions (`name`, `description`, `input_schema`) as chat function tools."""
     if not tools:
         return None
-    return [{"type": "function", "function": {"name": t.get("name"), "description": t.get("description", ""),
-                                              "parameters": t.get("input_schema") or {"type": "object"}}}
-            for t in tools if isinstance(t, Mapping) and "name" in t]
+    return [
+        {
+            "type": "function",
+            "function": {
+                "name": t.get("name"),
+                "description": t.get("description", ""),
+                "parameters": t.get("input_schema") or {"type": "object"},
+            },
+        }
+        for t in tools
+        if isinstance(t, Mapping) and "name" in t
+    ]
 
 
 def _block_text(content: Any) -> str:
@@ -154,8 +180,11 @@ def _block_text(content: Any) -> str:
 
 
 def _tool_call(block: Mapping[str, Any]) -> dict[str, Any]:
-    return {"id": block.get("id"), "type": "function",
-            "function": {"name": block.get("name"), "arguments": json.dumps(block.get("input") or {})}}
+    return {
+        "id": block.get("id"),
+        "type": "function",
+        "function": {"name": block.get("name"), "arguments": json.dumps(block.get("input") or {})},
+    }
 
 
 def _message(exchange: MessagesExchange) -> ChatTurn:
@@ -169,13 +198,20 @@ def _message(exchange: MessagesExchange) -> ChatTurn:
     thinking = "".join(b.get("thinking") or "" for b in blocks if b.get("type") == "thinking")
     if thinking:
         assistant["reasoning_content"] = thinking
-    choice: dict[str, Any] = {"index": 0, "message": assistant,
-                              "finish_reason": _STOP_REASONS.get(message.get("stop_reason") or "", "stop"),
-                              "logprobs": None}
+    choice: dict[str, Any] = {
+        "index": 0,
+        "message": assistant,
+        "finish_reason": _STOP_REASONS.get(message.get("stop_reason") or "", "stop"),
+        "logprobs": None,
+    }
     ids, values = message.get("token_ids"), message.get("logprobs")
     if isinstance(values, list) and all(isinstance(v, (int, float)) for v in values):
-        choice["logprobs"] = {"content": [{"token": f"token_id:{i}", "logprob": float(v), "bytes": None,
-                                           "top_logprobs": []} for i, v in zip(ids or [], values)]}
+        choice["logprobs"] = {
+            "content": [
+                {"token": f"token_id:{i}", "logprob": float(v), "bytes": None, "top_logprobs": []}
+                for i, v in zip(ids or [], values)
+            ]
+        }
     for key in ("token_ids", "prompt_token_ids", "step"):
         if message.get(key) is not None:
             choice[key] = message[key]

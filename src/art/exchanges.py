@@ -14,7 +14,7 @@ import copy
 import json
 from collections.abc import Mapping
 from datetime import datetime
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 import pydantic
 from anthropic.types import Message as AnthropicMessage
@@ -47,14 +47,14 @@ class CompletionsRequest(TypedDict, total=False, extra_items=Any):
     """The JSON body of a Completions request (`POST /v1/completions`)."""
 
     model: str
-    prompt: Union[str, list[str], list[int], list[list[int]]]
+    prompt: str | list[str] | list[int] | list[list[int]]
     stream: bool
     max_tokens: int
     temperature: float
     top_p: float
     logprobs: int
     echo: bool
-    stop: Union[str, list[str]]
+    stop: str | list[str]
     seed: int
     suffix: str
 
@@ -63,7 +63,7 @@ class ResponsesRequest(TypedDict, total=False, extra_items=Any):
     """The JSON body of a Responses request (`POST /v1/responses`)."""
 
     model: str
-    input: Union[str, list[dict[str, Any]]]
+    input: str | list[dict[str, Any]]
     instructions: str
     previous_response_id: str
     conversation: Any
@@ -83,7 +83,7 @@ class MessagesRequest(TypedDict, total=False, extra_items=Any):
     messages: list[dict[str, Any]]
     max_tokens: int
     stream: bool
-    system: Union[str, list[dict[str, Any]]]
+    system: str | list[dict[str, Any]]
     tools: list[dict[str, Any]]
     thinking: dict[str, Any]
     temperature: float
@@ -136,7 +136,7 @@ class MessagesExchange(_Exchange):
     response: AnthropicMessage
 
 
-Exchange = Union[ChatCompletionsExchange, CompletionsExchange, ResponsesExchange, MessagesExchange]
+Exchange = ChatCompletionsExchange | CompletionsExchange | ResponsesExchange | MessagesExchange
 
 
 class TrajectoryExchanges(pydantic.BaseModel):
@@ -163,8 +163,10 @@ class TrajectoryExchanges(pydantic.BaseModel):
 
 
 ENDPOINT_OF: dict[type, Endpoint] = {
-    ChatCompletionsExchange: "chat_completions", CompletionsExchange: "completions",
-    ResponsesExchange: "responses", MessagesExchange: "messages",
+    ChatCompletionsExchange: "chat_completions",
+    CompletionsExchange: "completions",
+    ResponsesExchange: "responses",
+    MessagesExchange: "messages",
 }
 
 
@@ -193,8 +195,15 @@ def endpoint_of(path: str, body: Mapping[str, Any]) -> Endpoint | None:
 # -- rebuilding answers ----------------------------------------------------------------------
 
 
-def build_exchange(endpoint: Endpoint, request: Mapping[str, Any], body: bytes, *, start_time: datetime,
-                   end_time: datetime, content_type: str = "") -> tuple[Endpoint, Exchange]:
+def build_exchange(
+    endpoint: Endpoint,
+    request: Mapping[str, Any],
+    body: bytes,
+    *,
+    start_time: datetime,
+    end_time: datetime,
+    content_type: str = "",
+) -> tuple[Endpoint, Exchange]:
     """`(endpoint, exchange)` from a call's request and the raw bytes of its answer, whole or
     streamed (`stream: true`, or a `text/event-stream` answer). Raises IncompleteExchange when
     the answer is an error or a stream that did not finish, ValueError when it is not the API's."""
@@ -271,8 +280,13 @@ def stream_chat_completion(body: bytes, request: Mapping[str, Any]) -> dict[str,
         raise IncompleteExchange("a streamed chat completion ended before its choice finished")
     for choice in choices:
         choice["finish_reason"] = choice["finish_reason"] or "stop"
-    answer = {"id": _first(chunks, "id", ""), "object": "chat.completion", "created": _first(chunks, "created", 0),
-              "model": _first(chunks, "model", request.get("model") or ""), "choices": choices}
+    answer = {
+        "id": _first(chunks, "id", ""),
+        "object": "chat.completion",
+        "created": _first(chunks, "created", 0),
+        "model": _first(chunks, "model", request.get("model") or ""),
+        "choices": choices,
+    }
     for key in ("system_fingerprint", "service_tier"):
         if _first(chunks, key) is not None:
             answer[key] = _first(chunks, key)
@@ -297,9 +311,15 @@ def assemble_chat_stream(chunks: list[dict[str, Any]]) -> list[dict[str, Any]]:
         prompt = chunk.get("prompt_token_ids", prompt)
         step = chunk.get("step", step)
         for part in chunk.get("choices") or []:
-            choice = out.setdefault(part.get("index", 0), {
-                "index": part.get("index", 0), "finish_reason": None, "logprobs": None,
-                "message": {"role": "assistant", "content": None}})
+            choice = out.setdefault(
+                part.get("index", 0),
+                {
+                    "index": part.get("index", 0),
+                    "finish_reason": None,
+                    "logprobs": None,
+                    "message": {"role": "assistant", "content": None},
+                },
+            )
             delta, message = part.get("delta") or {}, choice["message"]
             for field in ("content", "refusal", "reasoning_content"):
                 if isinstance(delta.get(field), str):
@@ -352,8 +372,10 @@ def stream_completion(body: bytes, request: Mapping[str, Any]) -> dict[str, Any]
         prompt = chunk.get("prompt_token_ids", prompt)
         step = chunk.get("step", step)
         for part in chunk.get("choices") or []:
-            choice = out.setdefault(part.get("index", 0), {"index": part.get("index", 0), "text": "",
-                                                            "finish_reason": None, "logprobs": None})
+            choice = out.setdefault(
+                part.get("index", 0),
+                {"index": part.get("index", 0), "text": "", "finish_reason": None, "logprobs": None},
+            )
             choice["text"] += part.get("text") or ""
             if part.get("token_ids") is not None:
                 choice["token_ids"] = choice.get("token_ids", []) + list(part["token_ids"])
@@ -361,8 +383,12 @@ def stream_completion(body: bytes, request: Mapping[str, Any]) -> dict[str, Any]
                 choice["prompt_token_ids"] = list(part["prompt_token_ids"])
             logprobs = part.get("logprobs")
             if isinstance(logprobs, Mapping):
-                merged = choice["logprobs"] or {"tokens": [], "token_logprobs": [], "top_logprobs": [],
-                                                "text_offset": []}
+                merged = choice["logprobs"] or {
+                    "tokens": [],
+                    "token_logprobs": [],
+                    "top_logprobs": [],
+                    "text_offset": [],
+                }
                 for key in merged:
                     merged[key] = (merged[key] or []) + list(logprobs.get(key) or [])
                 choice["logprobs"] = merged
@@ -379,8 +405,13 @@ def stream_completion(body: bytes, request: Mapping[str, Any]) -> dict[str, Any]
             choice.setdefault("prompt_token_ids", list(prompt))
         if isinstance(step, int):
             choice.setdefault("step", step)
-    answer = {"id": _first(chunks, "id", ""), "object": "text_completion", "created": _first(chunks, "created", 0),
-              "model": _first(chunks, "model", request.get("model") or ""), "choices": [out[i] for i in sorted(out)]}
+    answer = {
+        "id": _first(chunks, "id", ""),
+        "object": "text_completion",
+        "created": _first(chunks, "created", 0),
+        "model": _first(chunks, "model", request.get("model") or ""),
+        "choices": [out[i] for i in sorted(out)],
+    }
     usage = [c["usage"] for c in chunks if c.get("usage") is not None]
     if usage:
         answer["usage"] = usage[-1]
@@ -394,7 +425,9 @@ def stream_response(body: bytes) -> dict[str, Any]:
     """A Responses stream -> the Response its last event (`response.completed`, `.incomplete`
     or `.failed`) carries."""
     events, _ = sse_events(body)
-    ends = [e["response"] for e in events if str(e.get("type")) in _RESPONSE_ENDS and isinstance(e.get("response"), dict)]
+    ends = [
+        e["response"] for e in events if str(e.get("type")) in _RESPONSE_ENDS and isinstance(e.get("response"), dict)
+    ]
     if not ends:
         raise IncompleteExchange("a streamed response ended before it completed")
     return ends[-1]

@@ -48,7 +48,11 @@ class _Progress:
     """Counts what finishes under one gather call and draws it on a tqdm bar."""
 
     def __init__(
-        self, desc: str | None, max_exceptions: int | float, max_metrics: int | None, show_tokens: bool,
+        self,
+        desc: str | None,
+        max_exceptions: int | float,
+        max_metrics: int | None,
+        show_tokens: bool,
         limit_name: str = "max_exceptions",
     ) -> None:
         _check_max_exceptions(max_exceptions, limit_name)
@@ -103,8 +107,11 @@ class _Progress:
 
     def _add(self, trajectory: Trajectory) -> None:
         # The bar must never fail a gather: skip metric values that are not finite numbers.
-        metrics = {key: float(value) for key, value in trajectory.metrics.items()
-                   if isinstance(value, (int, float)) and math.isfinite(value)}
+        metrics = {
+            key: float(value)
+            for key, value in trajectory.metrics.items()
+            if isinstance(value, (int, float)) and math.isfinite(value)
+        }
         self._recorded[id(trajectory)] = (trajectory, trajectory.reward, metrics)
         self.reward_sum += trajectory.reward
         self.rewards += 1
@@ -170,8 +177,9 @@ class _Progress:
         self.total, self.exceptions, self.first_exception = total, 0, None
         self.reward_sum, self.rewards, self.finished, self.tokens = 0.0, 0, 0, 0
         self.metric_sums, self.metric_counts, self.notes = {}, {}, {}
-        self.pbar = progress_bar(total=total, desc=self.pbar.desc if not self.pbar.disable else None,
-                                 disable=self.pbar.disable, unit="traj")
+        self.pbar = progress_bar(
+            total=total, desc=self.pbar.desc if not self.pbar.disable else None, disable=self.pbar.disable, unit="traj"
+        )
 
     def reward_mean(self) -> float | None:
         """Over every finished rollout, with the reward `after_each` gave it where it did."""
@@ -288,15 +296,18 @@ async def gather_trajectory_groups(
         target, cap = _check_dynamic_sampling(min_groups_with_signal, max_groups)
     progress = _Progress(pbar_desc, max_exceptions, max_metrics, pbar_total_completion_tokens)
     if min_groups_with_signal is not None:
-        with tracing.span("art.gather", {"openinference.span.kind": "CHAIN",
-                                         "art.min_groups_with_signal": target}) as current:
+        with tracing.span(
+            "art.gather", {"openinference.span.kind": "CHAIN", "art.min_groups_with_signal": target}
+        ) as current:
             try:
-                gathered = await _gather_with_signal(iter(groups), progress, after_each, target, cap,
-                                                     finite=isinstance(groups, (list, tuple)))
+                gathered = await _gather_with_signal(
+                    iter(groups), progress, after_each, target, cap, finite=isinstance(groups, (list, tuple))
+                )
             finally:
                 progress.close()
-            tracing.set_attributes(current, {"art.groups": gathered.stats.groups_drawn,
-                                             "art.groups_kept": len(gathered)})
+            tracing.set_attributes(
+                current, {"art.groups": gathered.stats.groups_drawn, "art.groups_kept": len(gathered)}
+            )
         return gathered
     items = list(groups)
     _check_awaitables(items, "groups")
@@ -315,24 +326,33 @@ async def gather_trajectory_groups(
             progress.close()
         kept = [group for group in results if group is not None]
         tracing.set_attributes(current, {"art.groups_kept": len(kept)})
-    return GatheredGroups(kept, GatherStats(groups_drawn=len(items), groups_kept=len(kept),
-                                            rollouts=progress.finished + progress.exceptions,
-                                            reward_mean=progress.reward_mean()))
+    return GatheredGroups(
+        kept,
+        GatherStats(
+            groups_drawn=len(items),
+            groups_kept=len(kept),
+            rollouts=progress.finished + progress.exceptions,
+            reward_mean=progress.reward_mean(),
+        ),
+    )
 
 
 def _check_dynamic_sampling(target, cap) -> tuple[int, int]:
     if not (isinstance(target, int) and not isinstance(target, bool) and target >= 1):
-        raise ArtValueError(f"min_groups_with_signal must be a positive int or None, got {target!r}",
-                            field="min_groups_with_signal")
+        raise ArtValueError(
+            f"min_groups_with_signal must be a positive int or None, got {target!r}", field="min_groups_with_signal"
+        )
     cap = 4 * target if cap is None else cap
     if not (isinstance(cap, int) and not isinstance(cap, bool) and cap >= target):
-        raise ArtValueError(f"max_groups must be an int >= min_groups_with_signal ({target}), got {cap!r}",
-                            field="max_groups")
+        raise ArtValueError(
+            f"max_groups must be an int >= min_groups_with_signal ({target}), got {cap!r}", field="max_groups"
+        )
     return target, cap
 
 
-async def _gather_with_signal(items: Iterator[Any], progress: _Progress, after_each, target: int,
-                              cap: int, finite: bool) -> GatheredGroups:
+async def _gather_with_signal(
+    items: Iterator[Any], progress: _Progress, after_each, target: int, cap: int, finite: bool
+) -> GatheredGroups:
     """Keep `target - kept` groups in flight, drawing the next one each time a group ends
     without signal, until `target` are kept or `cap` drawn; results in draw order. `finite`:
     the input is a list, whose undrawn coroutines are closed at the end (a generator's are
@@ -482,8 +502,9 @@ async def trajectory_group_batches(
                     yield batch
                     batch = []
                     # Every batch has its own budget; the groups in flight finish into the next ones.
-                    progress.reset(sum(i._expected_size() if isinstance(i, TrajectoryGroup) else 1
-                                       for i in in_flight.values()))
+                    progress.reset(
+                        sum(i._expected_size() if isinstance(i, TrajectoryGroup) else 1 for i in in_flight.values())
+                    )
         if batch:
             yield batch
     finally:

@@ -28,9 +28,8 @@ import copy
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Optional, Protocol, Union
+from typing import Any, ClassVar, Protocol
 
-from .exchange_turns import anthropic_chat_messages, anthropic_chat_tools
 from .exchange_tokens import (
     Sampled,
     chat_sampled,
@@ -41,6 +40,7 @@ from .exchange_tokens import (
     responses_generations,
     sampled_of,
 )
+from .exchange_turns import anthropic_chat_messages, anthropic_chat_tools
 from .exchanges import (
     ChatCompletionsExchange,
     CompletionsExchange,
@@ -79,27 +79,39 @@ class History:
     long-standing name of `LegacyHistory`.)"""
 
     protocol: ClassVar[str] = ""
-    model: Optional[str]
+    model: str | None
 
     def as_chat_completions_history(self) -> ChatCompletionsHistory:
         raise ValueError(f"{type(self).__name__} cannot be represented as Chat Completions")
 
-    def tokenize(self, *, base_model: str | None = None, tokenizer: Any = None, chat_template: str | None = None,
-                 chat_template_kwargs: Mapping[str, object] | None = None) -> Any:
+    def tokenize(
+        self,
+        *,
+        base_model: str | None = None,
+        tokenizer: Any = None,
+        chat_template: str | None = None,
+        chat_template_kwargs: Mapping[str, object] | None = None,
+    ) -> Any:
         """The history's token ids, logprobs and flags (`art.TokenizedHistory`)."""
-        return TOKENIZE_HOOK[0](self, model=self.model, base_model=base_model, tokenizer=tokenizer,
-                                chat_template=chat_template, chat_template_kwargs=chat_template_kwargs)
+        return TOKENIZE_HOOK[0](
+            self,
+            model=self.model,
+            base_model=base_model,
+            tokenizer=tokenizer,
+            chat_template=chat_template,
+            chat_template_kwargs=chat_template_kwargs,
+        )
 
 
 @dataclass
 class ChatCompletionsHistory(History):
     protocol: ClassVar[str] = "chat_completions"
-    model: Optional[str]
+    model: str | None
     messages: list[dict[str, Any]]
-    message_sources: list[Optional[ChatCompletionsMessageSource]]
-    tools: Optional[list[dict[str, Any]]] = None
-    chat_template: Optional[str] = None
-    chat_template_kwargs: Optional[dict[str, Any]] = None
+    message_sources: list[ChatCompletionsMessageSource | None]
+    tools: list[dict[str, Any]] | None = None
+    chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
 
     def as_chat_completions_history(self) -> ChatCompletionsHistory:
         return self
@@ -110,12 +122,12 @@ class AnthropicMessagesHistory(History):
     protocol: ClassVar[str] = "messages"
     model: str
     messages: list[dict[str, Any]]
-    message_sources: list[Optional[AnthropicMessageSource]]
-    system: Union[str, list[dict[str, Any]], None] = None
-    system_source: Optional[MessagesExchange] = None
-    tools: Optional[list[dict[str, Any]]] = None
-    chat_template: Optional[str] = None
-    chat_template_kwargs: Optional[dict[str, Any]] = None
+    message_sources: list[AnthropicMessageSource | None]
+    system: str | list[dict[str, Any]] | None = None
+    system_source: MessagesExchange | None = None
+    tools: list[dict[str, Any]] | None = None
+    chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
 
     def as_chat_completions_history(self) -> ChatCompletionsHistory:
         return anthropic_as_chat(self)
@@ -126,14 +138,14 @@ class ResponsesHistory(History):
     protocol: ClassVar[str] = "responses"
     model: str
     input: list[dict[str, Any]]
-    input_sources: list[Optional[ResponsesItemSource]]
-    instructions: Optional[str] = None
-    instructions_source: Optional[ResponsesExchange] = None
-    tools: Optional[list[dict[str, Any]]] = None
+    input_sources: list[ResponsesItemSource | None]
+    instructions: str | None = None
+    instructions_source: ResponsesExchange | None = None
+    tools: list[dict[str, Any]] | None = None
     conversation: Any = None
-    previous_response_id: Optional[str] = None
-    chat_template: Optional[str] = None
-    chat_template_kwargs: Optional[dict[str, Any]] = None
+    previous_response_id: str | None = None
+    chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
 
     def as_chat_completions_history(self) -> ChatCompletionsHistory:
         return responses_as_chat(self)
@@ -163,8 +175,13 @@ class CompletionsStringHistory(History):
         raise ValueError("Raw Completions history has no chat-message structure")
 
 
-ExchangeHistory = Union[ChatCompletionsHistory, AnthropicMessagesHistory, ResponsesHistory,
-                        CompletionsTokenHistory, CompletionsStringHistory]
+ExchangeHistory = (
+    ChatCompletionsHistory
+    | AnthropicMessagesHistory
+    | ResponsesHistory
+    | CompletionsTokenHistory
+    | CompletionsStringHistory
+)
 
 
 class TrajectoryLike(Protocol):
@@ -215,10 +232,10 @@ def _ordered_choices(choices: Sequence[Any], protocol: str) -> list[Any]:
 
 
 def _contains(ids: Sequence[int], part: Sequence[int]) -> bool:
-    return any(list(ids[i: i + len(part)]) == list(part) for i in range(len(ids) - len(part) + 1))
+    return any(list(ids[i : i + len(part)]) == list(part) for i in range(len(ids) - len(part) + 1))
 
 
-def _prompt_ids_of(exchange: Any) -> Optional[list[int]]:
+def _prompt_ids_of(exchange: Any) -> list[int] | None:
     """The exact prompt ids a call reported (its first choice's or generation's), else None."""
     try:
         if isinstance(exchange, ChatCompletionsExchange):
@@ -255,8 +272,12 @@ def _continues(branch: Branch, exchange: Any) -> bool:
             so_far = [*sampled.prompt_ids, *(sampled.token_ids or [])]
             if prompt[: len(so_far)] != so_far:
                 return False
-        elif isinstance(item, Mapping) and (item.get("reasoning") or item.get("reasoning_content")) \
-                and sampled.token_ids and not _contains(prompt, sampled.token_ids):
+        elif (
+            isinstance(item, Mapping)
+            and (item.get("reasoning") or item.get("reasoning_content"))
+            and sampled.token_ids
+            and not _contains(prompt, sampled.token_ids)
+        ):
             return False
     return True
 
@@ -281,10 +302,25 @@ def chat_completions_histories(trajectory: TrajectoryLike, *, model: str | None)
             outputs = []
             for choice in _ordered_choices(exchange.response.choices, "Chat Completions"):
                 message = normalize_chat_message(choice.message.model_dump(mode="json", exclude_none=True))
-                outputs.append((choice.index, [message], [chat_key(message)], [chat_key(message, visible_only=True)],
-                                [ChatCompletionsMessageSource(exchange, choice_index=choice.index)]))
-            call = Call(prompt, [chat_key(m) for m in prompt], lineage, lineage_sources(branches, lineage, defaults),
-                         outputs, _chat_context(exchange.request), sequence, exchange.start_time)
+                outputs.append(
+                    (
+                        choice.index,
+                        [message],
+                        [chat_key(message)],
+                        [chat_key(message, visible_only=True)],
+                        [ChatCompletionsMessageSource(exchange, choice_index=choice.index)],
+                    )
+                )
+            call = Call(
+                prompt,
+                [chat_key(m) for m in prompt],
+                lineage,
+                lineage_sources(branches, lineage, defaults),
+                outputs,
+                _chat_context(exchange.request),
+                sequence,
+                exchange.start_time,
+            )
             grow(branches, call, lambda b, exchange=exchange: _continues(b, exchange))
         for branch in finished(branches):
             tools, template, kwargs = json.loads(branch.context)
@@ -337,8 +373,10 @@ def anthropic_key(message: Mapping[str, Any], *, visible_only: bool = False) -> 
 
 
 def anthropic_response_message(exchange: MessagesExchange) -> dict[str, Any]:
-    return {"role": "assistant",
-            "content": [block.model_dump(mode="json", exclude_none=True) for block in exchange.response.content]}
+    return {
+        "role": "assistant",
+        "content": [block.model_dump(mode="json", exclude_none=True) for block in exchange.response.content],
+    }
 
 
 def anthropic_messages_histories(trajectory: TrajectoryLike, *, model: str | None) -> list[AnthropicMessagesHistory]:
@@ -351,19 +389,41 @@ def anthropic_messages_histories(trajectory: TrajectoryLike, *, model: str | Non
             lineage = [anthropic_key(m, visible_only=True) for m in prompt]
             defaults = [AnthropicMessageSource(exchange, request_index=i) for i in range(len(prompt))]
             answer = anthropic_response_message(exchange)
-            context = json_key([request.get("system"), request.get("tools"), request.get("chat_template"),
-                             request.get("chat_template_kwargs")])
-            call = Call(prompt, [anthropic_key(m) for m in prompt], lineage,
-                         lineage_sources(branches, lineage, defaults),
-                         [(0, [answer], [anthropic_key(answer)], [anthropic_key(answer, visible_only=True)],
-                           [AnthropicMessageSource(exchange)])],
-                         context, sequence, exchange.start_time,
-                         exchange if request.get("system") is not None else None)
+            context = json_key(
+                [
+                    request.get("system"),
+                    request.get("tools"),
+                    request.get("chat_template"),
+                    request.get("chat_template_kwargs"),
+                ]
+            )
+            call = Call(
+                prompt,
+                [anthropic_key(m) for m in prompt],
+                lineage,
+                lineage_sources(branches, lineage, defaults),
+                [
+                    (
+                        0,
+                        [answer],
+                        [anthropic_key(answer)],
+                        [anthropic_key(answer, visible_only=True)],
+                        [AnthropicMessageSource(exchange)],
+                    )
+                ],
+                context,
+                sequence,
+                exchange.start_time,
+                exchange if request.get("system") is not None else None,
+            )
             grow(branches, call, lambda b, exchange=exchange: _continues(b, exchange))
         for branch in finished(branches):
             system, tools, template, kwargs = json.loads(branch.context)
-            out.append(AnthropicMessagesHistory(name, branch.items, branch.sources, system, branch.context_source,
-                                                tools, template, kwargs))
+            out.append(
+                AnthropicMessagesHistory(
+                    name, branch.items, branch.sources, system, branch.context_source, tools, template, kwargs
+                )
+            )
     return out
 
 
@@ -376,8 +436,11 @@ def anthropic_message_as_chat(message: Mapping[str, Any]) -> list[dict[str, Any]
     `tool` messages first), thinking as `reasoning_content`."""
     converted = anthropic_chat_messages({"messages": [message]})
     content = message.get("content")
-    thinking = "".join(str(b.get("thinking") or "") for b in content if isinstance(b, Mapping)
-                       and b.get("type") == "thinking") if isinstance(content, list) else ""
+    thinking = (
+        "".join(str(b.get("thinking") or "") for b in content if isinstance(b, Mapping) and b.get("type") == "thinking")
+        if isinstance(content, list)
+        else ""
+    )
     if thinking and converted and converted[-1].get("role") == "assistant":
         converted[-1]["reasoning_content"] = thinking
     for item in converted:
@@ -388,7 +451,7 @@ def anthropic_message_as_chat(message: Mapping[str, Any]) -> list[dict[str, Any]
 
 def anthropic_as_chat(history: AnthropicMessagesHistory) -> ChatCompletionsHistory:
     messages: list[dict[str, Any]] = []
-    sources: list[Optional[ChatCompletionsMessageSource]] = []
+    sources: list[ChatCompletionsMessageSource | None] = []
     if history.system:
         messages += anthropic_chat_messages({"system": history.system, "messages": []})
         sources.append(ChatCompletionsMessageSource(history.system_source) if history.system_source else None)
@@ -399,10 +462,19 @@ def anthropic_as_chat(history: AnthropicMessagesHistory) -> ChatCompletionsHisto
             sources += [None] * len(converted)
         else:
             sampled = source.request_index is None
-            sources += [ChatCompletionsMessageSource(source.exchange, request_index=source.request_index,
-                                                     output_index=0 if sampled else None)] * len(converted)
-    return ChatCompletionsHistory(history.model, messages, sources, anthropic_chat_tools(history.tools),
-                                  history.chat_template, copy.deepcopy(history.chat_template_kwargs))
+            sources += [
+                ChatCompletionsMessageSource(
+                    source.exchange, request_index=source.request_index, output_index=0 if sampled else None
+                )
+            ] * len(converted)
+    return ChatCompletionsHistory(
+        history.model,
+        messages,
+        sources,
+        anthropic_chat_tools(history.tools),
+        history.chat_template,
+        copy.deepcopy(history.chat_template_kwargs),
+    )
 
 
 # -- Responses -------------------------------------------------------------------------------
@@ -419,8 +491,10 @@ def responses_input(value: Any) -> list[dict[str, Any]]:
 
 
 def responses_output_items(exchange: ResponsesExchange) -> list[dict[str, Any]]:
-    return [item.model_dump(mode="json", exclude_none=True) if hasattr(item, "model_dump") else dict(item)
-            for item in exchange.response.output or []]
+    return [
+        item.model_dump(mode="json", exclude_none=True) if hasattr(item, "model_dump") else dict(item)
+        for item in exchange.response.output or []
+    ]
 
 
 def responses_histories(trajectory: TrajectoryLike, *, model: str | None) -> list[ResponsesHistory]:
@@ -429,8 +503,8 @@ def responses_histories(trajectory: TrajectoryLike, *, model: str | None) -> lis
         branches: list[Branch] = []
         # what a later call's `previous_response_id` or `conversation` brings back:
         # (items, sources, conversation, previous id outside the trajectory)
-        earlier: dict[str, tuple[list[Any], list[Any], Any, Optional[str]]] = {}
-        conversations: dict[str, tuple[list[Any], list[Any], Any, Optional[str]]] = {}
+        earlier: dict[str, tuple[list[Any], list[Any], Any, str | None]] = {}
+        conversations: dict[str, tuple[list[Any], list[Any], Any, str | None]] = {}
         for sequence, exchange in enumerate(exchanges):
             request = exchange.request
             prompt = responses_input(request.get("input"))
@@ -456,25 +530,60 @@ def responses_histories(trajectory: TrajectoryLike, *, model: str | None) -> lis
                 if sampled.prompt_ids is None:
                     raise ValueError("Responses generation without an exact prompt cannot be projected")
                 if sampled.token_ids is None:
-                    raise ValueError("Responses generation without exact output tokens cannot yet be projected "
-                                     "as a history")
+                    raise ValueError(
+                        "Responses generation without exact output tokens cannot yet be projected as a history"
+                    )
                 generation_of.update({index: number for index in indices})
-            out_sources = [ResponsesItemSource(exchange, output_index=i, generation_index=generation_of.get(i))
-                           for i in range(len(output))]
+            out_sources = [
+                ResponsesItemSource(exchange, output_index=i, generation_index=generation_of.get(i))
+                for i in range(len(output))
+            ]
             out_keys = [json_key(item) for item in output]
-            context = json_key([instructions, request.get("tools"), conversation, outside, request.get("chat_template"),
-                             request.get("chat_template_kwargs")])
-            grow(branches, Call(prompt, keys, keys, sources, [(0, output, out_keys, out_keys, out_sources)], context,
-                                  sequence, exchange.start_time, exchange if instructions is not None else None),
-                  lambda b, exchange=exchange: _continues(b, exchange))
+            context = json_key(
+                [
+                    instructions,
+                    request.get("tools"),
+                    conversation,
+                    outside,
+                    request.get("chat_template"),
+                    request.get("chat_template_kwargs"),
+                ]
+            )
+            grow(
+                branches,
+                Call(
+                    prompt,
+                    keys,
+                    keys,
+                    sources,
+                    [(0, output, out_keys, out_keys, out_sources)],
+                    context,
+                    sequence,
+                    exchange.start_time,
+                    exchange if instructions is not None else None,
+                ),
+                lambda b, exchange=exchange: _continues(b, exchange),
+            )
             record = ([*prompt, *output], [*sources, *out_sources], copy.deepcopy(conversation), outside)
             earlier[exchange.response.id] = record
             if conversation is not None:
                 conversations[json_key(conversation)] = record
         for branch in finished(branches):
             instructions, tools, conversation, outside, template, kwargs = json.loads(branch.context)
-            out.append(ResponsesHistory(name, branch.items, branch.sources, instructions, branch.context_source, tools,
-                                        conversation, outside, template, kwargs))
+            out.append(
+                ResponsesHistory(
+                    name,
+                    branch.items,
+                    branch.sources,
+                    instructions,
+                    branch.context_source,
+                    tools,
+                    conversation,
+                    outside,
+                    template,
+                    kwargs,
+                )
+            )
     return out
 
 
@@ -510,8 +619,10 @@ def responses_items_as_chat(items: Sequence[Mapping[str, Any]]) -> list[tuple[di
             message["reasoning"] = "".join(_reasoning_text(items[i]) for i in pending)
             out.append((message, [*pending, position]))
         else:
-            out += [({"role": "assistant", "content": "", "reasoning": "".join(_reasoning_text(items[i]))}, [i])
-                    for i in pending]
+            out += [
+                ({"role": "assistant", "content": "", "reasoning": "".join(_reasoning_text(items[i]))}, [i])
+                for i in pending
+            ]
             out.append((message, [position]))
         pending = []
     out += [({"role": "assistant", "content": "", "reasoning": _reasoning_text(items[i])}, [i]) for i in pending]
@@ -531,7 +642,7 @@ def responses_as_chat(history: ResponsesHistory) -> ChatCompletionsHistory:
     if history.previous_response_id is not None or history.conversation is not None:
         raise ValueError("Opaque Responses context cannot be represented as Chat Completions")
     messages: list[dict[str, Any]] = []
-    sources: list[Optional[ChatCompletionsMessageSource]] = []
+    sources: list[ChatCompletionsMessageSource | None] = []
     if history.instructions:
         messages.append({"role": "system", "content": history.instructions})
         given = history.instructions_source
@@ -539,11 +650,17 @@ def responses_as_chat(history: ResponsesHistory) -> ChatCompletionsHistory:
     for message, positions in responses_items_as_chat(history.input):
         messages.append(message)
         sources.append(_merged_source([history.input_sources[p] for p in positions]))
-    return ChatCompletionsHistory(history.model, messages, sources, chat_tools(history.tools),
-                                  history.chat_template, copy.deepcopy(history.chat_template_kwargs))
+    return ChatCompletionsHistory(
+        history.model,
+        messages,
+        sources,
+        chat_tools(history.tools),
+        history.chat_template,
+        copy.deepcopy(history.chat_template_kwargs),
+    )
 
 
-def _merged_source(contributors: list[Optional[ResponsesItemSource]]) -> Optional[ChatCompletionsMessageSource]:
+def _merged_source(contributors: list[ResponsesItemSource | None]) -> ChatCompletionsMessageSource | None:
     if not contributors or any(s is None for s in contributors):
         return None
     present = [s for s in contributors if s is not None]
@@ -556,20 +673,21 @@ def _merged_source(contributors: list[Optional[ResponsesItemSource]]) -> Optiona
         present[0].exchange,
         request_index=next((s.request_index for s in present if s.request_index is not None), None),
         output_index=next((s.output_index for s in present if s.output_index is not None), None),
-        generation_index=next(iter(generations), None))
+        generation_index=next(iter(generations), None),
+    )
 
 
 # -- Completions -----------------------------------------------------------------------------
 
 
-def completion_prompts(value: Any) -> list[Union[str, list[int]]]:
+def completion_prompts(value: Any) -> list[str | list[int]]:
     """A Completions request's prompt as a list of prompts (text or token ids)."""
     if isinstance(value, str):
         return [value]
     if isinstance(value, list):
         if all(isinstance(t, int) and not isinstance(t, bool) for t in value):
             return [_prompt_ids(value)]
-        prompts: list[Union[str, list[int]]] = []
+        prompts: list[str | list[int]] = []
         for item in value:
             if isinstance(item, str):
                 prompts.append(item)
@@ -619,11 +737,11 @@ def completion_choice_groups(exchange: CompletionsExchange) -> list[list[Any]]:
     if [c.index for c in choices] != list(range(len(choices))):
         raise ValueError("Ambiguous Completions choice-to-prompt association")
     size = len(choices) // len(prompts)
-    return [choices[i * size:(i + 1) * size] for i in range(len(prompts))]
+    return [choices[i * size : (i + 1) * size] for i in range(len(prompts))]
 
 
-def _spans(sources: Sequence[Optional[CompletionsSource]]) -> list[tuple[int, int, Optional[CompletionsSource]]]:
-    runs: list[tuple[int, int, Optional[CompletionsSource]]] = []
+def _spans(sources: Sequence[CompletionsSource | None]) -> list[tuple[int, int, CompletionsSource | None]]:
+    runs: list[tuple[int, int, CompletionsSource | None]] = []
     for position, source in enumerate(sources):
         if runs and runs[-1][2] == source:
             runs[-1] = (runs[-1][0], position + 1, source)
@@ -636,8 +754,9 @@ def _sampled_spans(branch: Branch) -> list[tuple[int, int]]:
     return [(start, end) for start, end, source in _spans(branch.sources) if source and source.choice_index is not None]
 
 
-def _completions_branches(trajectory: TrajectoryLike, model: str | None, *,
-                          text: bool) -> list[tuple[str, list[Branch]]]:
+def _completions_branches(
+    trajectory: TrajectoryLike, model: str | None, *, text: bool
+) -> list[tuple[str, list[Branch]]]:
     out = []
     for name, exchanges in select(trajectory.exchanges.completions, model, "Completions"):
         branches: list[Branch] = []
@@ -657,12 +776,15 @@ def _completions_branches(trajectory: TrajectoryLike, model: str | None, *,
                         if exchange.request.get("echo") is True:
                             if not answer.startswith(request_prompt):
                                 raise ValueError("Cannot locate echoed Completions prompt boundary")
-                            answer = answer[len(request_prompt):]
+                            answer = answer[len(request_prompt) :]
                         output: list[Any] = list(answer)
                     else:
                         sampled = completion_sampled(exchange, choice.index)
-                        ids = sampled.prompt_ids if sampled.prompt_ids is not None else (
-                            request_prompt if isinstance(request_prompt, list) else None)
+                        ids = (
+                            sampled.prompt_ids
+                            if sampled.prompt_ids is not None
+                            else (request_prompt if isinstance(request_prompt, list) else None)
+                        )
                         if ids is None or sampled.token_ids is None:
                             complete = False
                             continue
@@ -671,21 +793,40 @@ def _completions_branches(trajectory: TrajectoryLike, model: str | None, *,
                     out_keys = [str(t) for t in output]
                     source = CompletionsSource(exchange, prompt_index)
                     chosen = CompletionsSource(exchange, prompt_index, choice.index)
-                    grow(branches, Call(prompt, keys, keys, [source] * len(prompt),
-                                          [(choice.index, output, out_keys, out_keys, [chosen] * len(output))],
-                                          "", sequence, exchange.start_time))
+                    grow(
+                        branches,
+                        Call(
+                            prompt,
+                            keys,
+                            keys,
+                            [source] * len(prompt),
+                            [(choice.index, output, out_keys, out_keys, [chosen] * len(output))],
+                            "",
+                            sequence,
+                            exchange.start_time,
+                        ),
+                    )
         if not complete:
-            raise ValueError("Completions string history requires text prompts for every choice" if text else
-                             "Completions token history requires exact token IDs for every choice")
+            raise ValueError(
+                "Completions string history requires text prompts for every choice"
+                if text
+                else "Completions token history requires exact token IDs for every choice"
+            )
         out.append((name, branches))
     return out
 
 
 def completions_token_histories(trajectory: TrajectoryLike, *, model: str | None) -> list[CompletionsTokenHistory]:
-    histories = [CompletionsTokenHistory(name, list(b.items),
-                                         [CompletionsTokenSourceSpan(s, e, src) for s, e, src in _spans(b.sources)],
-                                         _sampled_spans(b))
-                 for name, branches in _completions_branches(trajectory, model, text=False) for b in branches]
+    histories = [
+        CompletionsTokenHistory(
+            name,
+            list(b.items),
+            [CompletionsTokenSourceSpan(s, e, src) for s, e, src in _spans(b.sources)],
+            _sampled_spans(b),
+        )
+        for name, branches in _completions_branches(trajectory, model, text=False)
+        for b in branches
+    ]
     if not histories:
         raise ValueError("Completions token history requires exact token IDs")
     return histories
@@ -696,10 +837,16 @@ def completions_token_history(trajectory: TrajectoryLike, *, model: str | None) 
 
 
 def completions_string_histories(trajectory: TrajectoryLike, *, model: str | None) -> list[CompletionsStringHistory]:
-    histories = [CompletionsStringHistory(name, "".join(b.items),
-                                          [CompletionsStringSourceSpan(s, e, src) for s, e, src in _spans(b.sources)],
-                                          _sampled_spans(b))
-                 for name, branches in _completions_branches(trajectory, model, text=True) for b in branches]
+    histories = [
+        CompletionsStringHistory(
+            name,
+            "".join(b.items),
+            [CompletionsStringSourceSpan(s, e, src) for s, e, src in _spans(b.sources)],
+            _sampled_spans(b),
+        )
+        for name, branches in _completions_branches(trajectory, model, text=True)
+        for b in branches
+    ]
     if not histories:
         raise ValueError("Completions string history requires text prompts")
     return histories
@@ -754,7 +901,17 @@ def trajectory_messages(trajectory: TrajectoryLike) -> list[dict[str, Any]]:
 
 
 __all__ = [
-    "AnthropicMessageSource", "AnthropicMessagesHistory", "ChatCompletionsHistory", "ChatCompletionsMessageSource",
-    "CompletionsSource", "CompletionsStringHistory", "CompletionsStringSourceSpan", "CompletionsTokenHistory",
-    "CompletionsTokenSourceSpan", "ExchangeHistory", "History", "ResponsesHistory", "ResponsesItemSource",
+    "AnthropicMessageSource",
+    "AnthropicMessagesHistory",
+    "ChatCompletionsHistory",
+    "ChatCompletionsMessageSource",
+    "CompletionsSource",
+    "CompletionsStringHistory",
+    "CompletionsStringSourceSpan",
+    "CompletionsTokenHistory",
+    "CompletionsTokenSourceSpan",
+    "ExchangeHistory",
+    "History",
+    "ResponsesHistory",
+    "ResponsesItemSource",
 ]

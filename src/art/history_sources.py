@@ -14,10 +14,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from fnmatch import fnmatchcase
-from typing import Any, Optional, Union
+from typing import Any
 
 from .exchanges import ChatCompletionsExchange, CompletionsExchange, MessagesExchange, ResponsesExchange
-
 
 # -- sources ---------------------------------------------------------------------------------
 
@@ -27,11 +26,11 @@ class ChatCompletionsMessageSource:
     """Where a chat message came from: item `request_index` of the exchange's request, or its
     choice `choice_index` (a Messages or Responses exchange converted to chat: `output_index`)."""
 
-    exchange: Union[ChatCompletionsExchange, MessagesExchange, ResponsesExchange]
-    request_index: Optional[int] = None
-    choice_index: Optional[int] = None
-    output_index: Optional[int] = None
-    generation_index: Optional[int] = None
+    exchange: ChatCompletionsExchange | MessagesExchange | ResponsesExchange
+    request_index: int | None = None
+    choice_index: int | None = None
+    output_index: int | None = None
+    generation_index: int | None = None
 
 
 @dataclass(frozen=True)
@@ -39,7 +38,7 @@ class AnthropicMessageSource:
     """Message `request_index` of the request, or (None) the exchange's response."""
 
     exchange: MessagesExchange
-    request_index: Optional[int] = None
+    request_index: int | None = None
 
 
 @dataclass(frozen=True)
@@ -48,9 +47,9 @@ class ResponsesItemSource:
     (`generation_index`: which of its token generations sampled it)."""
 
     exchange: ResponsesExchange
-    request_index: Optional[int] = None
-    output_index: Optional[int] = None
-    generation_index: Optional[int] = None
+    request_index: int | None = None
+    output_index: int | None = None
+    generation_index: int | None = None
 
 
 @dataclass(frozen=True)
@@ -59,7 +58,7 @@ class CompletionsSource:
 
     exchange: CompletionsExchange
     prompt_index: int
-    choice_index: Optional[int] = None
+    choice_index: int | None = None
 
 
 @dataclass(frozen=True)
@@ -68,7 +67,7 @@ class CompletionsTokenSourceSpan:
 
     start: int
     end: int
-    source: Optional[CompletionsSource]
+    source: CompletionsSource | None
 
 
 @dataclass(frozen=True)
@@ -77,13 +76,13 @@ class CompletionsStringSourceSpan:
 
     start: int
     end: int
-    source: Optional[CompletionsSource]
+    source: CompletionsSource | None
 
 
 # -- model selection -------------------------------------------------------------------------
 
 
-def model_selected(name: Optional[str], model: Optional[str], exact: bool) -> bool:
+def model_selected(name: str | None, model: str | None, exact: bool) -> bool:
     """Whether `model=` selects an exchange of model `name`: every one when None, else by exact
     name (`exact`: some exchange has that name) or as an `fnmatch` pattern."""
     if model is None:
@@ -91,15 +90,15 @@ def model_selected(name: Optional[str], model: Optional[str], exact: bool) -> bo
     return name == model if exact else name is not None and (name == model or fnmatchcase(name, model))
 
 
-def select(exchanges: Sequence[Any], model: Optional[str], protocol: str) -> list[tuple[str, list[Any]]]:
+def select(exchanges: Sequence[Any], model: str | None, protocol: str) -> list[tuple[str, list[Any]]]:
     """(model, its exchanges in start order) for each model `model=` selects: its exact name when
     some exchange has it, else an `fnmatch` pattern (`"policy@*"`); every model when None."""
     exact = model is not None and any(e.model == model for e in exchanges)
-    chosen = [e for e in exchanges
-              if model_selected(e.model, model, exact)]
+    chosen = [e for e in exchanges if model_selected(e.model, model, exact)]
     if not chosen:
-        raise ValueError(f"Trajectory contains no {protocol} exchanges"
-                         + (f" for model {model!r}" if model is not None else ""))
+        raise ValueError(
+            f"Trajectory contains no {protocol} exchanges" + (f" for model {model!r}" if model is not None else "")
+        )
     if any(e.model is None for e in chosen):
         raise ValueError(f"Every {protocol} exchange must identify its model")
     by_model: dict[str, list[Any]] = {}
@@ -108,7 +107,7 @@ def select(exchanges: Sequence[Any], model: Optional[str], protocol: str) -> lis
     return list(by_model.items())
 
 
-def only(histories: Sequence[Any], what: str, model: Optional[str]) -> Any:
+def only(histories: Sequence[Any], what: str, model: str | None) -> Any:
     if model is None and len({getattr(h, "model", None) for h in histories if hasattr(h, "protocol")}) > 1:
         raise ValueError(f"{what} requires exactly one model; pass model= to select one")
     if len(histories) != 1:
@@ -142,7 +141,7 @@ def lineage_sources(branches: list[Branch], lineage: list[str], defaults: list[A
     if not parents:
         return list(defaults)
     parent = min(parents, key=lambda b: (-len(b.items), b.order))
-    return [*parent.sources, *defaults[len(parent.items):]]
+    return [*parent.sources, *defaults[len(parent.items) :]]
 
 
 @dataclass
@@ -164,25 +163,46 @@ def grow(branches: list[Branch], call: Call, continues: Callable[[Branch], bool]
     """Extend the longest branch the call's prompt begins with (or share the sources of one it
     regenerates, or start anew): one new branch per output."""
     n = len(call.prompt)
-    fits = [b for b in branches if b.context == call.context and len(b.keys) <= n
-            and call.keys[: len(b.keys)] == b.keys and (continues is None or continues(b))]
+    fits = [
+        b
+        for b in branches
+        if b.context == call.context
+        and len(b.keys) <= n
+        and call.keys[: len(b.keys)] == b.keys
+        and (continues is None or continues(b))
+    ]
     parent, removed = None, False
     if fits:
         parent = min(fits, key=lambda b: (-len(b.items), b.order))
         branches.remove(parent)
         removed = True
-        sources = [*parent.sources, *call.sources[len(parent.items):]]
+        sources = [*parent.sources, *call.sources[len(parent.items) :]]
     else:
-        redone = [b for b in branches if b.context == call.context and len(b.keys) >= n
-                  and b.keys[:n] == call.keys and (continues is None or continues(b))]
+        redone = [
+            b
+            for b in branches
+            if b.context == call.context
+            and len(b.keys) >= n
+            and b.keys[:n] == call.keys
+            and (continues is None or continues(b))
+        ]
         parent = min(redone, key=lambda b: b.order) if redone else None
         sources = list(parent.sources[:n]) if parent else list(call.sources)
     order = parent.order if parent else (call.sequence,)
     first = parent.first_time if parent else call.start_time
     for index, items, keys, lineage, out_sources in call.outputs:
-        branches.append(Branch([*copy.deepcopy(call.prompt), *copy.deepcopy(items)], [*call.keys, *keys],
-                                [*call.lineage, *lineage], [*sources, *out_sources], call.context,
-                                (*order, index), first, call.context_source))
+        branches.append(
+            Branch(
+                [*copy.deepcopy(call.prompt), *copy.deepcopy(items)],
+                [*call.keys, *keys],
+                [*call.lineage, *lineage],
+                [*sources, *out_sources],
+                call.context,
+                (*order, index),
+                first,
+                call.context_source,
+            )
+        )
     if not call.outputs and removed and parent is not None:
         branches.append(parent)
 

@@ -35,13 +35,18 @@ from __future__ import annotations
 
 import json
 import secrets
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 CLIENT_TOOLS = ("custom", None)
 """Tool `type`s of client tools (a function the model calls); any other runs on Anthropic's side."""
-FIELDS = {"messages": "messages", "max_tokens": "max_tokens", "max_completion_tokens": "max_tokens",
-          "stop": "stop_sequences", "response_format": "output_config.format"}
+FIELDS = {
+    "messages": "messages",
+    "max_tokens": "max_tokens",
+    "max_completion_tokens": "max_tokens",
+    "stop": "stop_sequences",
+    "response_format": "output_config.format",
+}
 """Chat request fields -> the Messages fields they came from (for the 400s that name them)."""
 
 
@@ -77,8 +82,9 @@ def _texts(blocks: Any, at: str) -> str:
     for j, block in enumerate(blocks):
         kind = block.get("type") if isinstance(block, Mapping) else None
         if kind != "text":
-            raise MessagesFormatError(f"{at}[{j}].type {_show(kind)} is not supported here: only text blocks are",
-                                      f"{at}[{j}].type")
+            raise MessagesFormatError(
+                f"{at}[{j}].type {_show(kind)} is not supported here: only text blocks are", f"{at}[{j}].type"
+            )
         texts.append(_block_text(block, f"{at}[{j}]"))
     return "\n".join(texts)
 
@@ -103,11 +109,18 @@ def _user(content: Any, at: str) -> list[dict[str, Any]]:
             if not isinstance(call_id, str) or not call_id:
                 raise MessagesFormatError(f"{where}.tool_use_id must be a non-empty string", f"{where}.tool_use_id")
             result = block.get("content", "")
-            out.append({"role": "tool", "tool_call_id": call_id,
-                        "content": _texts(result if result is not None else "", f"{where}.content")})
+            out.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": call_id,
+                    "content": _texts(result if result is not None else "", f"{where}.content"),
+                }
+            )
         else:
-            raise MessagesFormatError(f"{where}.type {_show(kind)} is not supported in a user message: only text "
-                                      "and tool_result blocks are", f"{where}.type")
+            raise MessagesFormatError(
+                f"{where}.type {_show(kind)} is not supported in a user message: only text and tool_result blocks are",
+                f"{where}.type",
+            )
     if texts:
         out.append({"role": "user", "content": "\n".join(texts)})
     return out
@@ -127,19 +140,30 @@ def _assistant(content: Any, at: str) -> dict[str, Any]:
             texts.append(_block_text(block, where))
         elif kind == "tool_use":
             call_id, name, arguments = block.get("id"), block.get("name"), block.get("input", {})
-            checks = {"id": isinstance(call_id, str) and call_id, "name": isinstance(name, str) and name,
-                      "input": isinstance(arguments, Mapping)}
+            checks = {
+                "id": isinstance(call_id, str) and call_id,
+                "name": isinstance(name, str) and name,
+                "input": isinstance(arguments, Mapping),
+            }
             bad = next((key for key, ok in checks.items() if not ok), None)
             if bad is not None:
                 what = "an object" if bad == "input" else "a non-empty string"
                 raise MessagesFormatError(f"{where}.{bad} must be {what}", f"{where}.{bad}")
-            calls.append({"id": call_id, "type": "function",
-                          "function": {"name": name, "arguments": json.dumps(arguments, ensure_ascii=False)}})
+            calls.append(
+                {
+                    "id": call_id,
+                    "type": "function",
+                    "function": {"name": name, "arguments": json.dumps(arguments, ensure_ascii=False)},
+                }
+            )
         elif kind in ("thinking", "redacted_thinking"):
             continue  # a model's hidden reasoning, replayed by some clients; ours produce none
         else:
-            raise MessagesFormatError(f"{where}.type {_show(kind)} is not supported in an assistant message: only "
-                                      "text and tool_use blocks are", f"{where}.type")
+            raise MessagesFormatError(
+                f"{where}.type {_show(kind)} is not supported in an assistant message: only "
+                "text and tool_use blocks are",
+                f"{where}.type",
+            )
     message: dict[str, Any] = {"role": "assistant", "content": "\n".join(texts) if texts or not calls else None}
     if calls:
         message["tool_calls"] = calls
@@ -163,8 +187,11 @@ def chat_messages(body: Mapping[str, Any]) -> list[dict[str, Any]]:
             out += _user(message.get("content"), f"{at}.content")
         elif role == "assistant":
             if i == len(given) - 1:
-                raise MessagesFormatError(f"{at}: a final assistant message (a prefill to continue) is not "
-                                          "supported; end with a user message", f"{at}.role")
+                raise MessagesFormatError(
+                    f"{at}: a final assistant message (a prefill to continue) is not "
+                    "supported; end with a user message",
+                    f"{at}.role",
+                )
             out.append(_assistant(message.get("content"), f"{at}.content"))
         else:
             raise MessagesFormatError(f"{at}.role must be 'user' or 'assistant', got {_show(role)}", f"{at}.role")
@@ -181,9 +208,11 @@ def chat_tools(tools: Any) -> list[dict[str, Any]] | None:
         if not isinstance(tool, Mapping):
             raise MessagesFormatError(f"{at} must be an object", at)
         if tool.get("type") not in CLIENT_TOOLS:
-            raise MessagesFormatError(f"{at}.type {_show(tool.get('type'))} is not supported: only client tools "
-                                      "(name, description, input_schema) are; server tools run on Anthropic's side",
-                                      f"{at}.type")
+            raise MessagesFormatError(
+                f"{at}.type {_show(tool.get('type'))} is not supported: only client tools "
+                "(name, description, input_schema) are; server tools run on Anthropic's side",
+                f"{at}.type",
+            )
         name, schema = tool.get("name"), tool.get("input_schema", {"type": "object"})
         if not isinstance(name, str) or not name:
             raise MessagesFormatError(f"{at}.name must be a non-empty string", f"{at}.name")
@@ -202,8 +231,9 @@ def chat_tool_choice(choice: Any, tools: list[dict[str, Any]] | None) -> tuple[A
         return None, None
     kind = choice.get("type") if isinstance(choice, Mapping) else None
     if kind not in ("auto", "any", "tool", "none"):
-        raise MessagesFormatError("tool_choice must be {'type': 'auto' | 'any' | 'tool' | 'none'}, got "
-                                  f"{_show(choice)}", "tool_choice.type")
+        raise MessagesFormatError(
+            f"tool_choice must be {{'type': 'auto' | 'any' | 'tool' | 'none'}}, got {_show(choice)}", "tool_choice.type"
+        )
     parallel = False if choice.get("disable_parallel_tool_use") else None
     if kind in ("any", "tool") and not tools:
         raise MessagesFormatError(f"tool_choice {kind!r} needs tools", "tool_choice")
@@ -211,8 +241,9 @@ def chat_tool_choice(choice: Any, tools: list[dict[str, Any]] | None) -> tuple[A
         name = choice.get("name")
         names = [t["function"]["name"] for t in tools or []]
         if name not in names:
-            raise MessagesFormatError(f"tool_choice names {_show(name)}, which is not among the tools {names}",
-                                      "tool_choice.name")
+            raise MessagesFormatError(
+                f"tool_choice names {_show(name)}, which is not among the tools {names}", "tool_choice.name"
+            )
         return {"type": "function", "function": {"name": name}}, parallel
     return {"auto": "auto", "any": "required", "none": "none"}[kind], parallel
 
@@ -223,11 +254,13 @@ def chat_response_format(output_config: Mapping[str, Any] | None) -> dict[str, A
     if fmt is None:
         return None
     if not isinstance(fmt, Mapping) or fmt.get("type") != "json_schema":
-        raise MessagesFormatError("output_config.format must be {'type': 'json_schema', 'schema': {...}}",
-                                  "output_config.format.type")
+        raise MessagesFormatError(
+            "output_config.format must be {'type': 'json_schema', 'schema': {...}}", "output_config.format.type"
+        )
     if not isinstance(fmt.get("schema"), Mapping):
-        raise MessagesFormatError("output_config.format.schema must be a JSON schema object",
-                                  "output_config.format.schema")
+        raise MessagesFormatError(
+            "output_config.format.schema must be a JSON schema object", "output_config.format.schema"
+        )
     return {"type": "json_schema", "json_schema": {"name": "output", "schema": dict(fmt["schema"])}}
 
 
@@ -235,8 +268,11 @@ def chat_request(body: Mapping[str, Any]) -> dict[str, Any]:
     """The chat-completions request body a Messages request means (one choice; a stream asks
     for usage, which a Message always has). Our extensions `seed` and `chat_template_kwargs` pass."""
     tools = chat_tools(body.get("tools"))
-    chat: dict[str, Any] = {"model": body.get("model"), "messages": chat_messages(body),
-                            "max_tokens": body.get("max_tokens")}
+    chat: dict[str, Any] = {
+        "model": body.get("model"),
+        "messages": chat_messages(body),
+        "max_tokens": body.get("max_tokens"),
+    }
     if tools:
         chat["tools"] = tools
         choice, parallel = chat_tool_choice(body.get("tool_choice"), tools)
@@ -291,20 +327,32 @@ def content_blocks(message: Mapping[str, Any]) -> list[dict[str, Any]]:
         except ValueError:  # parsed calls are JSON objects; anything else is kept whole
             arguments = {"arguments": function.get("arguments")}
         call_id = call.get("id") or new_id("toolu")
-        blocks.append({"type": "tool_use", "id": call_id.replace("call_", "toolu_", 1),
-                       "name": function.get("name", ""), "input": arguments})
+        blocks.append(
+            {
+                "type": "tool_use",
+                "id": call_id.replace("call_", "toolu_", 1),
+                "name": function.get("name", ""),
+                "input": arguments,
+            }
+        )
     return blocks
 
 
 def _usage(input_tokens: int, output_tokens: int) -> dict[str, int]:
-    return {"input_tokens": input_tokens, "output_tokens": output_tokens, "cache_creation_input_tokens": 0,
-            "cache_read_input_tokens": 0}
+    return {
+        "input_tokens": input_tokens,
+        "output_tokens": output_tokens,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": 0,
+    }
 
 
 def _training_fields(choice: Mapping[str, Any], completion: Mapping[str, Any]) -> dict[str, Any]:
-    fields = {"token_ids": list(choice.get("token_ids") or []),
-              "prompt_token_ids": list(choice.get("prompt_token_ids") or completion.get("prompt_token_ids") or []),
-              "logprobs": [entry.get("logprob") for entry in (choice.get("logprobs") or {}).get("content") or []]}
+    fields = {
+        "token_ids": list(choice.get("token_ids") or []),
+        "prompt_token_ids": list(choice.get("prompt_token_ids") or completion.get("prompt_token_ids") or []),
+        "logprobs": [entry.get("logprob") for entry in (choice.get("logprobs") or {}).get("content") or []],
+    }
     step = choice.get("step", completion.get("step"))
     if step is not None:
         fields["step"] = step
@@ -318,10 +366,16 @@ def message_object(completion: Mapping[str, Any], *, message_id: str | None = No
     choice's training fields beside Anthropic's."""
     choice = (completion.get("choices") or [{}])[0]
     usage = completion.get("usage") or {}
-    return {"id": message_id or new_id(), "type": "message", "role": "assistant", "model": completion.get("model"),
-            "content": content_blocks(choice.get("message") or {}), **stop_fields(choice),
-            "usage": _usage(int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)),
-            **_training_fields(choice, completion)}
+    return {
+        "id": message_id or new_id(),
+        "type": "message",
+        "role": "assistant",
+        "model": completion.get("model"),
+        "content": content_blocks(choice.get("message") or {}),
+        **stop_fields(choice),
+        "usage": _usage(int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)),
+        **_training_fields(choice, completion),
+    }
 
 
 # -- streams ------------------------------------------------------------------------------------
@@ -357,9 +411,17 @@ class MessageEvents:
             self.started = True
             self.chunk_head = {k: chunk.get(k) for k in ("model", "step", "replica", "prompt_token_ids")}
             prompt = chunk.get("prompt_token_ids") or []
-            message = {"id": self.message_id, "type": "message", "role": "assistant", "model": chunk.get("model"),
-                       "content": [], "stop_reason": None, "stop_sequence": None,
-                       "usage": _usage(len(prompt), 0), "prompt_token_ids": prompt}
+            message = {
+                "id": self.message_id,
+                "type": "message",
+                "role": "assistant",
+                "model": chunk.get("model"),
+                "content": [],
+                "stop_reason": None,
+                "stop_sequence": None,
+                "usage": _usage(len(prompt), 0),
+                "prompt_token_ids": prompt,
+            }
             if chunk.get("step") is not None:
                 message["step"] = chunk["step"]
             events.append({"type": "message_start", "message": message})
@@ -375,8 +437,13 @@ class MessageEvents:
                 if self.block is None:
                     events.append(self._open({"type": "text", "text": ""}))
                 self.text += delta["content"]
-                events.append({"type": "content_block_delta", "index": self.block,
-                               "delta": {"type": "text_delta", "text": delta["content"]}})
+                events.append(
+                    {
+                        "type": "content_block_delta",
+                        "index": self.block,
+                        "delta": {"type": "text_delta", "text": delta["content"]},
+                    }
+                )
             for call in delta.get("tool_calls") or []:
                 events += self._call(call)
             if part.get("finish_reason") is not None:
@@ -398,18 +465,25 @@ class MessageEvents:
         [block] = content_blocks({"tool_calls": [call]})
         events = self._close()
         events.append(self._open({**block, "input": {}}))
-        events.append({"type": "content_block_delta", "index": self.block,
-                       "delta": {"type": "input_json_delta", "partial_json": json.dumps(block["input"],
-                                                                                        ensure_ascii=False)}})
+        events.append(
+            {
+                "type": "content_block_delta",
+                "index": self.block,
+                "delta": {"type": "input_json_delta", "partial_json": json.dumps(block["input"], ensure_ascii=False)},
+            }
+        )
         return events + self._close()
 
     def finish(self) -> list[dict[str, Any]]:
         """The closing events, after the chat stream's last chunk."""
         choice = {"token_ids": self.token_ids, "logprobs": {"content": self.logprobs}}
         training = _training_fields(choice, {k: v for k, v in self.chunk_head.items() if v is not None})
-        delta = {"type": "message_delta", "delta": stop_fields(self.stop),
-                 "usage": {"output_tokens": int(self.usage.get("completion_tokens") or len(self.token_ids))},
-                 **training}
+        delta = {
+            "type": "message_delta",
+            "delta": stop_fields(self.stop),
+            "usage": {"output_tokens": int(self.usage.get("completion_tokens") or len(self.token_ids))},
+            **training,
+        }
         return [*self._close(), delta, {"type": "message_stop"}]
 
     def failed(self, message: str) -> list[dict[str, Any]]:

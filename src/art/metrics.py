@@ -57,15 +57,18 @@ def summarize(groups) -> dict[str, float]:
     return {k: v for k, v in out.items() if not (isinstance(v, float) and math.isnan(v))}
 
 
-
 def data_counts(groups) -> dict[str, float]:
     """ART's `data/step_*` counts of a train step's groups: scenarios (one per group), rollouts
     (failed ones included), groups submitted and groups whose rewards differ (trainable)."""
     groups = list(groups)
     trainable = sum(1 for g in groups if len({float(t.reward) for t in g.trajectories}) > 1)
     rollouts = sum(len(g.trajectories) + len(getattr(g, "exceptions", None) or []) for g in groups)
-    return {"data/step_num_scenarios": float(len(groups)), "data/step_num_trajectories": float(rollouts),
-            "data/step_num_groups_submitted": float(len(groups)), "data/step_num_groups_trainable": float(trainable)}
+    return {
+        "data/step_num_scenarios": float(len(groups)),
+        "data/step_num_trajectories": float(rollouts),
+        "data/step_num_groups_submitted": float(len(groups)),
+        "data/step_num_groups_trainable": float(trainable),
+    }
 
 
 def group_scenario_ids(groups) -> list[str]:
@@ -77,6 +80,7 @@ def group_scenario_ids(groups) -> list[str]:
                 ids.append(str(metadata["scenario_id"]))
                 break
     return list(dict.fromkeys(ids))
+
 
 # -- step metrics built up while a step runs (ART's MetricsBuilder) ---------------------------------
 
@@ -118,8 +122,9 @@ class MetricsBuilder:
     Keys need a section (`data/…`, `time/…`, `costs/…`); running totals (`*/cum/*`), roll-ups
     of costs and throughput are derived where the row is written, so they survive restarts."""
 
-    def __init__(self, cost_context: str = "train", *, _shared: _Shared | None = None,
-                 _buffer_scope: str | None = None) -> None:
+    def __init__(
+        self, cost_context: str = "train", *, _shared: _Shared | None = None, _buffer_scope: str | None = None
+    ) -> None:
         self.cost_context = _name(cost_context, "cost_context")
         self._scope = self.cost_context if _buffer_scope is None else _name(_buffer_scope, "buffer_scope")
         self._shared = _shared if _shared is not None else _Shared()
@@ -134,8 +139,10 @@ class MetricsBuilder:
         buffer = self._pending().metrics
         for other in buffer:
             if other != key and (other.startswith(f"{key}/") or key.startswith(f"{other}/")):
-                raise ValueError(f"cannot log {key!r} beside {other!r}: one nests under the other, and only "
-                                 "leaves are logged (parents are summed from them)")
+                raise ValueError(
+                    f"cannot log {key!r} beside {other!r}: one nests under the other, and only "
+                    "leaves are logged (parents are summed from them)"
+                )
         buffer[key] = buffer.get(key, 0.0) + float(value)
 
     def add_cost(self, path: str, usd: float) -> None:
@@ -143,8 +150,12 @@ class MetricsBuilder:
             raise ValueError("cost path must be non-empty, such as 'train/judge'")
         self.add_metric(f"costs/{path.strip('/')}", usd)
 
-    def add_data(self, step_num_scenarios: int | None = None, step_actor_tokens: int | None = None,
-                 scenario_ids: list[str] | None = None) -> None:
+    def add_data(
+        self,
+        step_num_scenarios: int | None = None,
+        step_actor_tokens: int | None = None,
+        scenario_ids: list[str] | None = None,
+    ) -> None:
         if step_num_scenarios is not None:
             self.add_metric("data/step_num_scenarios", step_num_scenarios)
         if step_actor_tokens is not None:
@@ -152,8 +163,9 @@ class MetricsBuilder:
         if scenario_ids is not None:
             self._pending().scenario_ids.update(str(s) for s in scenario_ids)
 
-    def add_user_timing(self, step_wall_s: float | None = None, step_actor_s: float | None = None,
-                        step_eval_s: float | None = None) -> None:
+    def add_user_timing(
+        self, step_wall_s: float | None = None, step_actor_s: float | None = None, step_eval_s: float | None = None
+    ) -> None:
         for name, value in (("wall", step_wall_s), ("actor", step_actor_s), ("eval", step_eval_s)):
             if value is not None:
                 self.add_metric(f"time/step_{name}_s", value)
@@ -173,23 +185,33 @@ class MetricsBuilder:
             self.add_metric(key, time.monotonic() - began)
 
     # -- API costs ----------------------------------------------------------------------------
-    def register_model_pricing(self, model_name: str, *, prompt_per_million: float, completion_per_million: float,
-                               cached_prompt_per_million: float | None = None,
-                               cache_creation_per_million: float | None = None,
-                               cache_read_per_million: float | None = None) -> None:
+    def register_model_pricing(
+        self,
+        model_name: str,
+        *,
+        prompt_per_million: float,
+        completion_per_million: float,
+        cached_prompt_per_million: float | None = None,
+        cache_creation_per_million: float | None = None,
+        cache_read_per_million: float | None = None,
+    ) -> None:
         """Prices (dollars per million tokens) `add_response_cost` uses for `model_name`, before
         the built-in tables; cache prices left None cost as prompt tokens."""
         if not model_name or not model_name.strip():
             raise ValueError("model_name must be non-empty, such as 'anthropic/claude-sonnet-4-6'")
-        prices = {"prompt_per_million": prompt_per_million, "completion_per_million": completion_per_million,
-                  "cached_prompt_per_million": cached_prompt_per_million,
-                  "cache_creation_per_million": cache_creation_per_million,
-                  "cache_read_per_million": cache_read_per_million}
+        prices = {
+            "prompt_per_million": prompt_per_million,
+            "completion_per_million": completion_per_million,
+            "cached_prompt_per_million": cached_prompt_per_million,
+            "cache_creation_per_million": cache_creation_per_million,
+            "cache_read_per_million": cache_read_per_million,
+        }
         bad = [name for name, value in prices.items() if value is not None and not float(value) >= 0]
         if bad:
             raise ValueError(f"{', '.join(bad)} must be a number >= 0 (dollars per million tokens)")
         self._shared.pricing[model_name.strip()] = TokenPricing(
-            **{name: None if value is None else float(value) for name, value in prices.items()})
+            **{name: None if value is None else float(value) for name, value in prices.items()}
+        )
 
     def register_cost_extractor(self, provider: str, extractor: CostExtractor) -> None:
         """Price `provider`'s responses with `extractor(response) -> dollars` (None falls through
@@ -200,23 +222,37 @@ class MetricsBuilder:
             raise ValueError(f"extractor must be callable (response -> dollars), got {type(extractor).__name__}")
         self._shared.extractors[provider.strip().lower()] = extractor
 
-    def add_response_cost(self, source: str, response: Any, *, provider: str, model_name: str,
-                          prompt_price_per_million: float | None = None,
-                          completion_price_per_million: float | None = None,
-                          cached_prompt_price_per_million: float | None = None,
-                          cache_creation_price_per_million: float | None = None,
-                          cache_read_price_per_million: float | None = None) -> float:
+    def add_response_cost(
+        self,
+        source: str,
+        response: Any,
+        *,
+        provider: str,
+        model_name: str,
+        prompt_price_per_million: float | None = None,
+        completion_price_per_million: float | None = None,
+        cached_prompt_price_per_million: float | None = None,
+        cache_creation_price_per_million: float | None = None,
+        cache_read_price_per_million: float | None = None,
+    ) -> float:
         """Add what an API response cost under `costs/<cost_context>/<source>` and return it
         (`art.costs.api_call_cost` says how it is found; ValueError when it cannot be)."""
         if not source or not source.strip("/ "):
             raise ValueError("source must be non-empty, such as 'llm_judge/correctness'")
-        cost = api_call_cost(response, provider=provider, model_name=model_name,
-                             cost_extractors=self._shared.extractors, model_pricing=self._shared.pricing, overrides={
-                                 "prompt_per_million": prompt_price_per_million,
-                                 "completion_per_million": completion_price_per_million,
-                                 "cached_prompt_per_million": cached_prompt_price_per_million,
-                                 "cache_creation_per_million": cache_creation_price_per_million,
-                                 "cache_read_per_million": cache_read_price_per_million})
+        cost = api_call_cost(
+            response,
+            provider=provider,
+            model_name=model_name,
+            cost_extractors=self._shared.extractors,
+            model_pricing=self._shared.pricing,
+            overrides={
+                "prompt_per_million": prompt_price_per_million,
+                "completion_per_million": completion_price_per_million,
+                "cached_prompt_per_million": cached_prompt_price_per_million,
+                "cache_creation_per_million": cache_creation_price_per_million,
+                "cache_read_per_million": cache_read_price_per_million,
+            },
+        )
         self.add_cost(f"{self.cost_context}/{source.strip('/ ')}", cost)
         return cost
 
@@ -284,11 +320,18 @@ def active_builder() -> MetricsBuilder | None:
     return _ACTIVE.get(None)
 
 
-def track_api_cost(*, source: str, provider: str, model_name: str, response_getter: Callable[[Any], Any] | None = None,
-                   prompt_price_per_million: float | None = None, completion_price_per_million: float | None = None,
-                   cached_prompt_price_per_million: float | None = None,
-                   cache_creation_price_per_million: float | None = None,
-                   cache_read_price_per_million: float | None = None) -> Callable[[F], F]:
+def track_api_cost(
+    *,
+    source: str,
+    provider: str,
+    model_name: str,
+    response_getter: Callable[[Any], Any] | None = None,
+    prompt_price_per_million: float | None = None,
+    completion_price_per_million: float | None = None,
+    cached_prompt_price_per_million: float | None = None,
+    cache_creation_price_per_million: float | None = None,
+    cache_read_price_per_million: float | None = None,
+) -> Callable[[F], F]:
     """Decorate a function (sync or async) that calls an API: each call's response is charged
     to the active builder under `costs/<cost_context>/<source>` (ART's decorator).
 
@@ -297,15 +340,20 @@ def track_api_cost(*, source: str, provider: str, model_name: str, response_gett
 
     Outside an active builder a call is charged nowhere. `response_getter(result)` picks the
     response out of what the function returns; the prices replace the model's table prices."""
-    for name, value in (("source", source.strip("/ ") if isinstance(source, str) else source),
-                        ("provider", provider), ("model_name", model_name)):
+    for name, value in (
+        ("source", source.strip("/ ") if isinstance(source, str) else source),
+        ("provider", provider),
+        ("model_name", model_name),
+    ):
         if not isinstance(value, str) or not value.strip():
             raise ValueError(f"track_api_cost: {name} must be a non-empty string, got {value!r}")
-    prices = {"prompt_price_per_million": prompt_price_per_million,
-              "completion_price_per_million": completion_price_per_million,
-              "cached_prompt_price_per_million": cached_prompt_price_per_million,
-              "cache_creation_price_per_million": cache_creation_price_per_million,
-              "cache_read_price_per_million": cache_read_price_per_million}
+    prices = {
+        "prompt_price_per_million": prompt_price_per_million,
+        "completion_price_per_million": completion_price_per_million,
+        "cached_prompt_price_per_million": cached_prompt_price_per_million,
+        "cache_creation_price_per_million": cache_creation_price_per_million,
+        "cache_read_price_per_million": cache_read_price_per_million,
+    }
 
     def charge(result: Any) -> None:
         builder = active_builder()
@@ -315,11 +363,13 @@ def track_api_cost(*, source: str, provider: str, model_name: str, response_gett
 
     def decorate(func: F) -> F:
         if inspect.iscoroutinefunction(func):
+
             @functools.wraps(func)
             async def charged_async(*args, **kwargs):
                 result = await func(*args, **kwargs)
                 charge(result)
                 return result
+
             return cast(F, charged_async)
 
         @functools.wraps(func)
@@ -327,6 +377,7 @@ def track_api_cost(*, source: str, provider: str, model_name: str, response_gett
             result = func(*args, **kwargs)
             charge(result)
             return result
+
         return cast(F, charged)
 
     return decorate

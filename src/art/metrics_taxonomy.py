@@ -16,8 +16,22 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-SECTIONS = ("reward", "loss", "objective", "sample_efficiency", "offpolicy", "throughput", "costs", "time", "data",
-            "discarded", "pipeline_settings", "task", "vllm", "sft")
+SECTIONS = (
+    "reward",
+    "loss",
+    "objective",
+    "sample_efficiency",
+    "offpolicy",
+    "throughput",
+    "costs",
+    "time",
+    "data",
+    "discarded",
+    "pipeline_settings",
+    "task",
+    "vllm",
+    "sft",
+)
 """ART's top-level sections, in the order its W&B charts are declared."""
 
 TRAINING_STEP_KEY = "training_step"
@@ -27,8 +41,10 @@ SFT_GRADIENT_STEP_KEY = "gradient_step"
 SFT_WANDB_GRADIENT_STEP_KEY = f"{SFT_METRIC_PREFIX}/{SFT_GRADIENT_STEP_KEY}"
 
 _INVARIANT_KEYS = frozenset({TRAIN_GRADIENT_STEPS_KEY})
-_IDLE_TOTALS = {"throughput/step_trainer_idle_s": "throughput/cum/trainer_idle_s",
-                "throughput/step_actor_idle_s": "throughput/cum/actor_idle_s"}
+_IDLE_TOTALS = {
+    "throughput/step_trainer_idle_s": "throughput/cum/trainer_idle_s",
+    "throughput/step_actor_idle_s": "throughput/cum/actor_idle_s",
+}
 
 
 def route_key(key: str, split: str) -> str:
@@ -112,8 +128,7 @@ class CumulativeTotals:
         """What a row holding `metrics` adds: cost roll-ups, the running totals of what accumulates,
         the count of unique scenarios (when ids came with it) and average throughput. Updates
         the totals."""
-        numbers = {k: float(v) for k, v in metrics.items()
-                   if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        numbers = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
         out = cost_rollups(numbers)
         for key, value in {**numbers, **out}.items():
             if accumulates(key):
@@ -173,8 +188,9 @@ def summarize_trajectory_groups(trajectory_groups: Iterable[Any]) -> TrajectoryB
     )
 
 
-def build_data_metrics_from_summary(summary: TrajectoryBatchSummary, *,
-                                    include_trainable_groups: bool) -> dict[str, float]:
+def build_data_metrics_from_summary(
+    summary: TrajectoryBatchSummary, *, include_trainable_groups: bool
+) -> dict[str, float]:
     """The summary as ART's `data/step_*` metrics (the trainable count only for a train step)."""
     metrics = {
         "data/step_num_scenarios": float(summary.num_scenarios),

@@ -19,8 +19,8 @@ from openai import AsyncOpenAI, DefaultAsyncHttpxClient
 from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError
 from typing_extensions import TypeVar
 
-from art.errors import ArtValueError
 from art.costs import CostCalculator
+from art.errors import ArtValueError
 from art.metrics import MetricsBuilder, active_builder, data_counts, group_scenario_ids, summarize
 from art.metrics import _Shared as _SharedBuilders
 from art.metrics_taxonomy import SFT_WANDB_GRADIENT_STEP_KEY, route
@@ -90,8 +90,11 @@ class Model(BaseModel, Generic[ModelConfig, StateType]):
             if not unknown:
                 raise
             known = ", ".join(sorted(type(self).model_fields))
-            raise ArtValueError(f"{type(self).__name__}() got unknown keyword{'s' if len(unknown) > 1 else ''} "
-                                f"{', '.join(map(repr, unknown))}; it takes: {known}", field=unknown[0]) from None
+            raise ArtValueError(
+                f"{type(self).__name__}() got unknown keyword{'s' if len(unknown) > 1 else ''} "
+                f"{', '.join(map(repr, unknown))}; it takes: {known}",
+                field=unknown[0],
+            ) from None
 
     def model_post_init(self, __context: Any) -> None:
         validate_name(self.name, "name")
@@ -145,9 +148,13 @@ class Model(BaseModel, Generic[ModelConfig, StateType]):
         per choice."""
         builder = active_builder()
         path = response.request.url.path
-        if (builder is None or self._cost_calculator is None or response.status_code != 200
-                or not path.endswith(("/chat/completions", "/responses"))
-                or "json" not in response.headers.get("content-type", "")):
+        if (
+            builder is None
+            or self._cost_calculator is None
+            or response.status_code != 200
+            or not path.endswith(("/chat/completions", "/responses"))
+            or "json" not in response.headers.get("content-type", "")
+        ):
             return
         await response.aread()
         try:
@@ -177,11 +184,14 @@ class Model(BaseModel, Generic[ModelConfig, StateType]):
         if self.inference_base_url is None:
             raise ArtValueError(
                 f"model {self.name!r} has no inference endpoint: call `await model.register(backend)` "
-                "or pass inference_base_url", field="inference_base_url")
+                "or pass inference_base_url",
+                field="inference_base_url",
+            )
         if self._client is None:
             # A backend that reaches its server through a custom transport supplies the client.
-            http_client = ((self._backend.openai_http_client(self) if self._backend is not None else None)
-                           or DefaultAsyncHttpxClient(event_hooks={"request": [tracing.inject_headers]}))
+            http_client = (
+                self._backend.openai_http_client(self) if self._backend is not None else None
+            ) or DefaultAsyncHttpxClient(event_hooks={"request": [tracing.inject_headers]})
             hooks = http_client.event_hooks
             http_client.event_hooks = {**hooks, "response": [*hooks.get("response", []), self._record_cost]}
             self._client = AsyncOpenAI(
@@ -219,7 +229,8 @@ class Model(BaseModel, Generic[ModelConfig, StateType]):
         raise ArtValueError(
             f"model {self.name!r} is not registered and no run of it is stored under {str(run.path)!r}: "
             "`await model.register(backend)` first (or set base_path to the folder the run is stored in)",
-            field="base_path")
+            field="base_path",
+        )
 
     async def log(
         self,
@@ -260,12 +271,19 @@ class Model(BaseModel, Generic[ModelConfig, StateType]):
             row.setdefault("time/wall_clock_sec", time.time() - self._created)
         step = await self.get_step() if step is None else step
         if self._backend is not None:
-            written = await self._backend.log(self, split=split, step=step, metrics=row, groups=groups,
-                                              scenario_ids=scenario_ids)
+            written = await self._backend.log(
+                self, split=split, step=step, metrics=row, groups=groups, scenario_ids=scenario_ids
+            )
         else:
-            written = await asyncio.to_thread(write_log, ModelDir(self.base_path, self.project, self.name),
-                                              split=split, step=step, metrics=row, groups=groups,
-                                              scenario_ids=scenario_ids)
+            written = await asyncio.to_thread(
+                write_log,
+                ModelDir(self.base_path, self.project, self.name),
+                split=split,
+                step=step,
+                metrics=row,
+                groups=groups,
+                scenario_ids=scenario_ids,
+            )
         written = {k: v for k, v in (written or row).items() if k not in ("step", "split", "recorded_at")}
         log_to_wandb(self, step=step, metrics=written, run_dir=self._run_dir())
 
@@ -318,8 +336,9 @@ class TrainableModel(Model[ModelConfig, StateType], Generic[ModelConfig, StateTy
         internal = dict(_internal_config) if _internal_config else {}
         if self.lora_config is not None:
             if internal.get("lora_config", self.lora_config) != self.lora_config:
-                raise ArtValueError("lora_config and _internal_config['lora_config'] differ: give it once",
-                                    field="lora_config")
+                raise ArtValueError(
+                    "lora_config and _internal_config['lora_config'] differ: give it once", field="lora_config"
+                )
             internal["lora_config"] = dict(self.lora_config)
         self._internal_config = internal or None
 
@@ -344,8 +363,9 @@ class TrainableModel(Model[ModelConfig, StateType], Generic[ModelConfig, StateTy
         stats = getattr(trajectory_groups, "stats", None)  # from gather_trajectory_groups
         groups = list(trajectory_groups)
         step = await self.get_step()
-        with tracing.span("art.train", {"art.model": f"{self.project}/{self.name}", "art.step_from": step,
-                                        "art.groups": len(groups)}):
+        with tracing.span(
+            "art.train", {"art.model": f"{self.project}/{self.name}", "art.step_from": step, "art.groups": len(groups)}
+        ):
             began = time.monotonic()
             result = await backend.train(self, groups, config=config, _config=_config)
             trainer_s = time.monotonic() - began

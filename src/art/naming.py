@@ -45,6 +45,7 @@ def parse_served_name(requested: str) -> tuple[str, int | None]:
     if not at:
         return name, None
     if not _STEP.fullmatch(step):
-        raise ModelNotFoundError(f"model {echo(requested)}: the step after '@' must be a number of at most "
-                                 f"{MAX_STEP_DIGITS} digits")
+        raise ModelNotFoundError(
+            f"model {echo(requested)}: the step after '@' must be a number of at most {MAX_STEP_DIGITS} digits"
+        )
     return name, int(step)

@@ -11,8 +11,9 @@ Rank 0's TCPStore listens on this node's address, and the rank actors join it. S
 (`fsdp`, `art.training.fsdp`), every rank is an actor, and the backend holds the store.
 The actors build their models with the same functions as the local processes (`build_engine`,
 `build_trainer`) and answer in the same shape: `RayReplica` is a `CalledReplica` and `RayRanks`
-a transport of `RankPeers`, so `ReplicaSet` and the trainer cannot tell them apart. Peers read checkpoints from the backend's path (a rank's restore, a fully
-fine-tuned replica's weights): on several nodes that path must be shared storage.
+a transport of `RankPeers`, so `ReplicaSet` and the trainer cannot tell them apart. Peers read
+checkpoints from the backend's path (a rank's restore, a fully fine-tuned replica's weights): on
+several nodes that path must be shared storage.
 """
 
 from __future__ import annotations
@@ -25,8 +26,14 @@ import time
 import torch
 
 from art.devices import process_threads, use_device
-from art.engine.replica_process import (CalledReplica, ReplicaSpec, build_engine, error_payload, load_weights,
-                                        revive_error)
+from art.engine.replica_process import (
+    CalledReplica,
+    ReplicaSpec,
+    build_engine,
+    error_payload,
+    load_weights,
+    revive_error,
+)
 from art.engine.router import ReplicaUnavailableError
 from art.errors import ArtValueError, BackendError
 from art.training.collective import Collective, join_default_group, start_group
@@ -44,8 +51,9 @@ def ensure_ray(address: str | None = None):
     try:
         import ray
     except ImportError as exc:
-        raise ArtValueError("placement 'ray' needs Ray: pip install 'agent-rl-trainer[ray]'",
-                            field="placement") from exc
+        raise ArtValueError(
+            "placement 'ray' needs Ray: pip install 'agent-rl-trainer[ray]'", field="placement"
+        ) from exc
     if not ray.is_initialized():
         ray.init(address=address, include_dashboard=False, log_to_driver=False, configure_logging=False)
     return ray
@@ -103,8 +111,9 @@ class RayReplica(CalledReplica):
         ray = ensure_ray()
         self.close()
         actor_class = ray.remote(ReplicaActor)
-        self.actor = actor_class.options(num_cpus=self.spec.threads, num_gpus=_gpus(self.spec.engine.device),
-                                         max_concurrency=1024, name=None).remote(self.index, self.spec)
+        self.actor = actor_class.options(
+            num_cpus=self.spec.threads, num_gpus=_gpus(self.spec.engine.device), max_concurrency=1024, name=None
+        ).remote(self.index, self.spec)
         try:
             self.pid = ray.get(self.actor.ready.remote(), timeout=START_TIMEOUT_S)
         except Exception as exc:
@@ -126,8 +135,9 @@ class RayReplica(CalledReplica):
             kind, detail = await getattr(self.actor, method).remote(*args)
         except ray.exceptions.RayActorError as exc:
             self.mark_down(f"its Ray actor died ({type(exc).__name__})")
-            raise ReplicaUnavailableError(f"replica {self.index} stopped while serving this request; send it "
-                                          "again: the other replicas serve") from None
+            raise ReplicaUnavailableError(
+                f"replica {self.index} stopped while serving this request; send it again: the other replicas serve"
+            ) from None
         if kind != "ok":
             raise revive_error(detail, self.index)
         return detail
@@ -193,9 +203,10 @@ class RayRanks:
         ray = ensure_ray()
         host = ray.util.get_node_ip_address()
         actor_class = ray.remote(RankActor)
-        self.actors = [actor_class.options(num_cpus=1, num_gpus=_gpus(self.spec.device)).remote(rank, self.world,
-                                                                                              self.spec)
-                       for rank in range(self.first, self.world)]
+        self.actors = [
+            actor_class.options(num_cpus=1, num_gpus=_gpus(self.spec.device)).remote(rank, self.world, self.spec)
+            for rank in range(self.first, self.world)
+        ]
         joins = [actor.join.remote(host, store.port) for actor in self.actors]
         collective = join() if join is not None else None
         answers = ray.get(joins, timeout=START_TIMEOUT_S)
@@ -247,8 +258,13 @@ class RayRanks:
         out: list = []
         for rank, ref in enumerate(self._refs, start=self.first):
             if ref in pending:
-                out.append(BackendError(f"trainer rank {died} died during {what}" if died is not None
-                                        else f"trainer rank {rank} did not answer {what} in time"))
+                out.append(
+                    BackendError(
+                        f"trainer rank {died} died during {what}"
+                        if died is not None
+                        else f"trainer rank {rank} did not answer {what} in time"
+                    )
+                )
                 continue
             try:
                 *progress, answer = ray.get(ref)

@@ -100,13 +100,19 @@ def _items(items: list[Any], where: str) -> list[dict[str, Any]]:
             role = item.get("role")
             if role not in ("user", "system", "developer", "assistant"):
                 raise ResponsesFormatError(
-                    f"{at}.role must be 'user', 'system', 'developer' or 'assistant', got {_show(role)}", f"{at}.role")
+                    f"{at}.role must be 'user', 'system', 'developer' or 'assistant', got {_show(role)}", f"{at}.role"
+                )
             out.append({"role": role, "content": _text(item.get("content"), f"{at}.content")})
             calls_join = role == "assistant"
         elif kind == "function_call":
-            call = {"id": _string(item, "call_id", at), "type": "function",
-                    "function": {"name": _string(item, "name", at), "arguments": _string(item, "arguments", at,
-                                                                                         empty=True)}}
+            call = {
+                "id": _string(item, "call_id", at),
+                "type": "function",
+                "function": {
+                    "name": _string(item, "name", at),
+                    "arguments": _string(item, "arguments", at, empty=True),
+                },
+            }
             if calls_join:
                 out[-1].setdefault("tool_calls", []).append(call)
             else:
@@ -114,17 +120,27 @@ def _items(items: list[Any], where: str) -> list[dict[str, Any]]:
             calls_join = True
         elif kind == "function_call_output":
             output = item.get("output")
-            out.append({"role": "tool", "tool_call_id": _string(item, "call_id", at),
-                        "content": output if isinstance(output, str) else _text(output, f"{at}.output")})
+            out.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": _string(item, "call_id", at),
+                    "content": output if isinstance(output, str) else _text(output, f"{at}.output"),
+                }
+            )
             calls_join = False
         elif kind == "reasoning":
             continue  # a model's hidden reasoning, replayed by some clients; ours produce none
         elif kind == "item_reference":
-            raise ResponsesFormatError(f"{at}: item references need stored responses, which this server does "
-                                       "not keep; send the item itself", f"{at}.type")
+            raise ResponsesFormatError(
+                f"{at}: item references need stored responses, which this server does not keep; send the item itself",
+                f"{at}.type",
+            )
         else:
-            raise ResponsesFormatError(f"{at}.type {_show(kind)} is not supported: only message, function_call "
-                                       "and function_call_output items are", f"{at}.type")
+            raise ResponsesFormatError(
+                f"{at}.type {_show(kind)} is not supported: only message, function_call "
+                "and function_call_output items are",
+                f"{at}.type",
+            )
     return out
 
 
@@ -146,8 +162,10 @@ def _text(content: Any, at: str) -> str:
         kind = part.get("type") if isinstance(part, Mapping) else None
         key = "refusal" if kind == "refusal" else "text"
         if kind not in (*TEXT_PARTS, "refusal"):
-            raise ResponsesFormatError(f"{at}[{j}].type {_show(kind)} is not supported: only text parts "
-                                       "(input_text, output_text) are", f"{at}[{j}].type")
+            raise ResponsesFormatError(
+                f"{at}[{j}].type {_show(kind)} is not supported: only text parts (input_text, output_text) are",
+                f"{at}[{j}].type",
+            )
         if not isinstance(part.get(key), str):
             raise ResponsesFormatError(f"{at}[{j}].{key} must be a string", f"{at}[{j}].{key}")
         texts.append(part[key])
@@ -169,8 +187,11 @@ def chat_tools(tools: Any) -> list[dict[str, Any]] | None:
         if not isinstance(tool, Mapping):
             raise ResponsesFormatError(f"{at} must be an object", at)
         if tool.get("type") != "function":
-            raise ResponsesFormatError(f"{at}.type {_show(tool.get('type'))} is not supported: only function tools "
-                                       "are (hosted tools run on OpenAI's side)", f"{at}.type")
+            raise ResponsesFormatError(
+                f"{at}.type {_show(tool.get('type'))} is not supported: only function tools "
+                "are (hosted tools run on OpenAI's side)",
+                f"{at}.type",
+            )
         name = tool.get("name")
         if not isinstance(name, str) or not name:
             raise ResponsesFormatError(f"{at}.name must be a non-empty string", f"{at}.name")
@@ -185,19 +206,23 @@ def chat_tools(tools: Any) -> list[dict[str, Any]] | None:
 
 
 def chat_tool_choice(choice: Any, tools: list[dict[str, Any]] | None) -> str | dict[str, Any] | None:
-    """"none", "auto", "required" pass; `{"type": "function", "name": n}` names a chat function."""
+    """ "none", "auto", "required" pass; `{"type": "function", "name": n}` names a chat function."""
     if choice is None or choice in ("none", "auto", "required"):
         if choice == "required" and not tools:
             raise ResponsesFormatError("tool_choice 'required' needs tools", "tool_choice")
         return choice
     name = choice.get("name") if isinstance(choice, Mapping) and choice.get("type") == "function" else None
     if not isinstance(name, str):
-        raise ResponsesFormatError("tool_choice must be 'none', 'auto', 'required' or {'type': 'function', "
-                                   f"'name': ...}}, got {_show(choice)}", "tool_choice")
+        raise ResponsesFormatError(
+            "tool_choice must be 'none', 'auto', 'required' or {'type': 'function', "
+            f"'name': ...}}, got {_show(choice)}",
+            "tool_choice",
+        )
     names = [t["function"]["name"] for t in tools or []]
     if name not in names:
-        raise ResponsesFormatError(f"tool_choice names {_show(name)}, which is not among the tools {names}",
-                                   "tool_choice")
+        raise ResponsesFormatError(
+            f"tool_choice names {_show(name)}, which is not among the tools {names}", "tool_choice"
+        )
     return {"type": "function", "function": {"name": name}}
 
 
@@ -216,8 +241,9 @@ def chat_response_format(text: Any) -> dict[str, Any] | None:
     if kind == "json_object":
         return {"type": "json_object"}
     if kind != "json_schema":
-        raise ResponsesFormatError(f"text.format.type must be 'text', 'json_object' or 'json_schema', got "
-                                   f"{_show(kind)}", "text.format.type")
+        raise ResponsesFormatError(
+            f"text.format.type must be 'text', 'json_object' or 'json_schema', got {_show(kind)}", "text.format.type"
+        )
     schema = fmt.get("schema")
     if not isinstance(schema, Mapping):
         raise ResponsesFormatError("text.format.schema must be a JSON schema object", "text.format.schema")
@@ -246,8 +272,16 @@ def chat_request(body: Mapping[str, Any]) -> dict[str, Any]:
     if response_format is not None:
         chat["response_format"] = response_format
     renamed = {"max_output_tokens": "max_completion_tokens"}
-    for key in ("parallel_tool_calls", "temperature", "top_p", "max_output_tokens", "seed", "stop",
-                "chat_template_kwargs", "user"):
+    for key in (
+        "parallel_tool_calls",
+        "temperature",
+        "top_p",
+        "max_output_tokens",
+        "seed",
+        "stop",
+        "chat_template_kwargs",
+        "user",
+    ):
         if body.get(key) is not None:
             chat[renamed.get(key, key)] = body[key]
     if body.get("top_logprobs"):
@@ -264,40 +298,73 @@ def _usage(usage: Mapping[str, Any] | None) -> dict[str, Any] | None:
     if usage is None:
         return None
     prompt, completion = int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
-    return {"input_tokens": prompt, "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
-            "output_tokens": completion, "output_tokens_details": {"reasoning_tokens": 0},
-            "total_tokens": prompt + completion}
+    return {
+        "input_tokens": prompt,
+        "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+        "output_tokens": completion,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": prompt + completion,
+    }
 
 
 def _echo(body: Mapping[str, Any]) -> dict[str, Any]:
     """The request settings a Response repeats back."""
-    tools = [{"type": "function", "name": t.get("name"), "description": t.get("description"),
-              "parameters": t.get("parameters"), "strict": t.get("strict")} for t in body.get("tools") or []]
+    tools = [
+        {
+            "type": "function",
+            "name": t.get("name"),
+            "description": t.get("description"),
+            "parameters": t.get("parameters"),
+            "strict": t.get("strict"),
+        }
+        for t in body.get("tools") or []
+    ]
     parallel = body.get("parallel_tool_calls")
-    return {"instructions": body.get("instructions"), "metadata": body.get("metadata") or {},
-            "parallel_tool_calls": True if parallel is None else bool(parallel),
-            "temperature": _given(body, "temperature", 1.0), "top_p": _given(body, "top_p", 1.0),
-            "tool_choice": body.get("tool_choice") or "auto", "tools": tools,
-            "max_output_tokens": body.get("max_output_tokens"), "previous_response_id": None,
-            "reasoning": body.get("reasoning"), "text": body.get("text") or {"format": {"type": "text"}},
-            "top_logprobs": body.get("top_logprobs"), "truncation": body.get("truncation") or "disabled",
-            "user": body.get("user"), "background": False, "store": bool(body.get("store", False))}
+    return {
+        "instructions": body.get("instructions"),
+        "metadata": body.get("metadata") or {},
+        "parallel_tool_calls": True if parallel is None else bool(parallel),
+        "temperature": _given(body, "temperature", 1.0),
+        "top_p": _given(body, "top_p", 1.0),
+        "tool_choice": body.get("tool_choice") or "auto",
+        "tools": tools,
+        "max_output_tokens": body.get("max_output_tokens"),
+        "previous_response_id": None,
+        "reasoning": body.get("reasoning"),
+        "text": body.get("text") or {"format": {"type": "text"}},
+        "top_logprobs": body.get("top_logprobs"),
+        "truncation": body.get("truncation") or "disabled",
+        "user": body.get("user"),
+        "background": False,
+        "store": bool(body.get("store", False)),
+    }
 
 
 def _given(body: Mapping[str, Any], key: str, default: Any) -> Any:
     return default if body.get(key) is None else body[key]
 
 
-def response_head(body: Mapping[str, Any], response_id: str, created_at: float, model: str,
-                  status: str = "in_progress") -> dict[str, Any]:
+def response_head(
+    body: Mapping[str, Any], response_id: str, created_at: float, model: str, status: str = "in_progress"
+) -> dict[str, Any]:
     """A Response with no output yet (what a stream's first events carry)."""
-    return {"id": response_id, "object": "response", "created_at": created_at, "status": status,
-            "error": None, "incomplete_details": None, "model": model, "output": [], "usage": None,
-            **_echo(body)}
+    return {
+        "id": response_id,
+        "object": "response",
+        "created_at": created_at,
+        "status": status,
+        "error": None,
+        "incomplete_details": None,
+        "model": model,
+        "output": [],
+        "usage": None,
+        **_echo(body),
+    }
 
 
-def output_items(choice: Mapping[str, Any], body: Mapping[str, Any], message_id: str | None = None,
-                 call_ids: list[str] | None = None) -> list[dict[str, Any]]:
+def output_items(
+    choice: Mapping[str, Any], body: Mapping[str, Any], message_id: str | None = None, call_ids: list[str] | None = None
+) -> list[dict[str, Any]]:
     """A chat choice as Responses output items: its text as one message (none when the choice
     only calls tools), then one function_call per tool call. The output text carries logprobs
     only when `include` asks for them and the text is the whole completion (no calls)."""
@@ -309,38 +376,61 @@ def output_items(choice: Mapping[str, Any], body: Mapping[str, Any], message_id:
         logprobs = []
         if LOGPROBS_INCLUDE in (body.get("include") or []) and not calls:
             logprobs = list((choice.get("logprobs") or {}).get("content") or [])
-        items.append({"id": message_id or new_id("msg"), "type": "message", "role": "assistant",
-                      "status": "incomplete" if incomplete else "completed",
-                      "content": [{"type": "output_text", "text": content or "", "annotations": [],
-                                   "logprobs": logprobs}]})
+        items.append(
+            {
+                "id": message_id or new_id("msg"),
+                "type": "message",
+                "role": "assistant",
+                "status": "incomplete" if incomplete else "completed",
+                "content": [{"type": "output_text", "text": content or "", "annotations": [], "logprobs": logprobs}],
+            }
+        )
     for j, call in enumerate(calls):
         function = call.get("function") or {}
-        items.append({"id": call_ids[j] if call_ids and j < len(call_ids) else new_id("fc"),
-                      "type": "function_call", "call_id": call.get("id") or new_id("call"),
-                      "name": function.get("name", ""), "arguments": function.get("arguments", ""),
-                      "status": "completed"})
+        items.append(
+            {
+                "id": call_ids[j] if call_ids and j < len(call_ids) else new_id("fc"),
+                "type": "function_call",
+                "call_id": call.get("id") or new_id("call"),
+                "name": function.get("name", ""),
+                "arguments": function.get("arguments", ""),
+                "status": "completed",
+            }
+        )
     return items
 
 
-def response_object(completion: Mapping[str, Any], body: Mapping[str, Any], *, response_id: str | None = None,
-                    message_id: str | None = None, call_ids: list[str] | None = None) -> dict[str, Any]:
+def response_object(
+    completion: Mapping[str, Any],
+    body: Mapping[str, Any],
+    *,
+    response_id: str | None = None,
+    message_id: str | None = None,
+    call_ids: list[str] | None = None,
+) -> dict[str, Any]:
     """A chat completion (our server's dict, choice 0) as the Response the request asked for,
     with the choice's training fields beside OpenAI's (`token_ids`, `prompt_token_ids`,
     `logprobs`, `step`; `replica` when the server has several)."""
     choice = (completion.get("choices") or [{}])[0]
     incomplete = choice.get("finish_reason") == "length"
-    response = response_head(body, response_id or new_id("resp"), completion.get("created") or time.time(),
-                             completion.get("model") or body.get("model") or "",
-                             status="incomplete" if incomplete else "completed")
-    response.update({
-        "completed_at": time.time(),
-        "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
-        "output": output_items(choice, body, message_id, call_ids),
-        "usage": _usage(completion.get("usage")),
-        "token_ids": list(choice.get("token_ids") or []),
-        "prompt_token_ids": list(choice.get("prompt_token_ids") or completion.get("prompt_token_ids") or []),
-        "logprobs": choice.get("logprobs"),
-    })
+    response = response_head(
+        body,
+        response_id or new_id("resp"),
+        completion.get("created") or time.time(),
+        completion.get("model") or body.get("model") or "",
+        status="incomplete" if incomplete else "completed",
+    )
+    response.update(
+        {
+            "completed_at": time.time(),
+            "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
+            "output": output_items(choice, body, message_id, call_ids),
+            "usage": _usage(completion.get("usage")),
+            "token_ids": list(choice.get("token_ids") or []),
+            "prompt_token_ids": list(choice.get("prompt_token_ids") or completion.get("prompt_token_ids") or []),
+            "logprobs": choice.get("logprobs"),
+        }
+    )
     step = choice.get("step", completion.get("step"))
     if step is not None:
         response["step"] = step
@@ -359,11 +449,19 @@ def choice_from_response(response: Mapping[str, Any]) -> dict[str, Any]:
         if not isinstance(item, Mapping):
             continue
         if item.get("type") == "message":
-            texts += [part.get("text") or "" for part in item.get("content") or []
-                      if isinstance(part, Mapping) and part.get("type") == "output_text"]
+            texts += [
+                part.get("text") or ""
+                for part in item.get("content") or []
+                if isinstance(part, Mapping) and part.get("type") == "output_text"
+            ]
         elif item.get("type") == "function_call":
-            calls.append({"id": item.get("call_id"), "type": "function",
-                          "function": {"name": item.get("name"), "arguments": item.get("arguments")}})
+            calls.append(
+                {
+                    "id": item.get("call_id"),
+                    "type": "function",
+                    "function": {"name": item.get("name"), "arguments": item.get("arguments")},
+                }
+            )
     status = response.get("status")
     if status == "incomplete":
         finish = "length"
@@ -372,8 +470,12 @@ def choice_from_response(response: Mapping[str, Any]) -> dict[str, Any]:
     message: dict[str, Any] = {"role": "assistant", "content": "\n".join(texts) if texts else None}
     if calls:
         message["tool_calls"] = calls
-    choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": finish,
-                              "logprobs": response.get("logprobs")}
+    choice: dict[str, Any] = {
+        "index": 0,
+        "message": message,
+        "finish_reason": finish,
+        "logprobs": response.get("logprobs"),
+    }
     for key in ("token_ids", "prompt_token_ids", "step"):
         if response.get(key) is not None:
             choice[key] = response[key]
@@ -421,10 +523,16 @@ class ResponseEvents:
         events = []
         if self.head is None:
             self.chunk_head = {k: chunk.get(k) for k in ("id", "created", "model", "step", "replica")}
-            self.head = response_head(self.body, self.response_id, chunk.get("created") or time.time(),
-                                      chunk.get("model") or self.body.get("model") or "")
-            events += [self.event("response.created", response=self.head),
-                       self.event("response.in_progress", response=self.head)]
+            self.head = response_head(
+                self.body,
+                self.response_id,
+                chunk.get("created") or time.time(),
+                chunk.get("model") or self.body.get("model") or "",
+            )
+            events += [
+                self.event("response.created", response=self.head),
+                self.event("response.in_progress", response=self.head),
+            ]
         self.prompt = chunk.get("prompt_token_ids", self.prompt)
         if chunk.get("usage") is not None:
             self.usage = chunk["usage"]
@@ -440,9 +548,16 @@ class ResponseEvents:
                 events += self._open_message()
                 self.text += delta["content"]
                 sent, self.unsent_logprobs = self.unsent_logprobs, []
-                events.append(self.event("response.output_text.delta", item_id=self.message_id, output_index=0,
-                                         content_index=0, delta=delta["content"],
-                                         logprobs=sent if self.include_logprobs else []))
+                events.append(
+                    self.event(
+                        "response.output_text.delta",
+                        item_id=self.message_id,
+                        output_index=0,
+                        content_index=0,
+                        delta=delta["content"],
+                        logprobs=sent if self.include_logprobs else [],
+                    )
+                )
             for call in delta.get("tool_calls") or []:
                 self._merge_call(call)
             if part.get("finish_reason") is not None:
@@ -453,12 +568,14 @@ class ResponseEvents:
         if self.message_open:
             return []
         self.message_open = True
-        item = {"id": self.message_id, "type": "message", "role": "assistant", "status": "in_progress",
-                "content": []}
+        item = {"id": self.message_id, "type": "message", "role": "assistant", "status": "in_progress", "content": []}
         part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
-        return [self.event("response.output_item.added", output_index=0, item=item),
-                self.event("response.content_part.added", item_id=self.message_id, output_index=0,
-                           content_index=0, part=part)]
+        return [
+            self.event("response.output_item.added", output_index=0, item=item),
+            self.event(
+                "response.content_part.added", item_id=self.message_id, output_index=0, content_index=0, part=part
+            ),
+        ]
 
     def _merge_call(self, delta: Mapping[str, Any]) -> None:
         index = delta.get("index", len(self.calls))
@@ -476,38 +593,72 @@ class ResponseEvents:
         message: dict[str, Any] = {"role": "assistant", "content": self.text if (self.text or not self.calls) else None}
         if self.calls:
             message["tool_calls"] = self.calls
-        choice = {"index": 0, "message": message, "finish_reason": self.finish_reason or "stop",
-                  "logprobs": {"content": self.logprobs}, "token_ids": self.token_ids,
-                  "prompt_token_ids": self.prompt or []}
+        choice = {
+            "index": 0,
+            "message": message,
+            "finish_reason": self.finish_reason or "stop",
+            "logprobs": {"content": self.logprobs},
+            "token_ids": self.token_ids,
+            "prompt_token_ids": self.prompt or [],
+        }
         if self.chunk_head.get("step") is not None:
             choice["step"] = self.chunk_head["step"]
-        return {**{k: v for k, v in self.chunk_head.items() if v is not None}, "object": "chat.completion",
-                "choices": [choice], "usage": self.usage, "prompt_token_ids": self.prompt or []}
+        return {
+            **{k: v for k, v in self.chunk_head.items() if v is not None},
+            "object": "chat.completion",
+            "choices": [choice],
+            "usage": self.usage,
+            "prompt_token_ids": self.prompt or [],
+        }
 
     def finish(self) -> list[dict[str, Any]]:
         """The closing events, after the chat stream's last chunk."""
         completion = self.completion()
         call_ids = [new_id("fc") for _ in self.calls]
-        response = response_object(completion, self.body, response_id=self.response_id,
-                                   message_id=self.message_id, call_ids=call_ids)
+        response = response_object(
+            completion, self.body, response_id=self.response_id, message_id=self.message_id, call_ids=call_ids
+        )
         events = []
         for index, item in enumerate(response["output"]):
             if item["type"] == "message":
                 events += self._open_message()
                 part = item["content"][0]
-                events += [self.event("response.output_text.done", item_id=item["id"], output_index=index,
-                                      content_index=0, text=part["text"], logprobs=part["logprobs"]),
-                           self.event("response.content_part.done", item_id=item["id"], output_index=index,
-                                      content_index=0, part=part),
-                           self.event("response.output_item.done", output_index=index, item=item)]
+                events += [
+                    self.event(
+                        "response.output_text.done",
+                        item_id=item["id"],
+                        output_index=index,
+                        content_index=0,
+                        text=part["text"],
+                        logprobs=part["logprobs"],
+                    ),
+                    self.event(
+                        "response.content_part.done", item_id=item["id"], output_index=index, content_index=0, part=part
+                    ),
+                    self.event("response.output_item.done", output_index=index, item=item),
+                ]
             else:
-                events += [self.event("response.output_item.added", output_index=index,
-                                      item={**item, "arguments": "", "status": "in_progress"}),
-                           self.event("response.function_call_arguments.delta", item_id=item["id"],
-                                      output_index=index, delta=item["arguments"]),
-                           self.event("response.function_call_arguments.done", item_id=item["id"],
-                                      output_index=index, name=item["name"], arguments=item["arguments"]),
-                           self.event("response.output_item.done", output_index=index, item=item)]
+                events += [
+                    self.event(
+                        "response.output_item.added",
+                        output_index=index,
+                        item={**item, "arguments": "", "status": "in_progress"},
+                    ),
+                    self.event(
+                        "response.function_call_arguments.delta",
+                        item_id=item["id"],
+                        output_index=index,
+                        delta=item["arguments"],
+                    ),
+                    self.event(
+                        "response.function_call_arguments.done",
+                        item_id=item["id"],
+                        output_index=index,
+                        name=item["name"],
+                        arguments=item["arguments"],
+                    ),
+                    self.event("response.output_item.done", output_index=index, item=item),
+                ]
         kind = "response.incomplete" if response["status"] == "incomplete" else "response.completed"
         events.append(self.event(kind, response=response))
         return events
@@ -515,8 +666,11 @@ class ResponseEvents:
     def failed(self, message: str, code: str = "server_error") -> list[dict[str, Any]]:
         """The events that end a stream whose sampling failed after it started."""
         head = self.head or response_head(self.body, self.response_id, time.time(), self.body.get("model") or "")
-        return [self.event("response.failed", response={**head, "status": "failed",
-                                                        "error": {"code": code, "message": message}})]
+        return [
+            self.event(
+                "response.failed", response={**head, "status": "failed", "error": {"code": code, "message": message}}
+            )
+        ]
 
 
 def sse(event: Mapping[str, Any]) -> str:

@@ -41,11 +41,17 @@ DEFAULT_MAX_CHAT_BODY_MB = 8.0
 """Chat requests (/v1): room for long agent contexts, not for a prompt that takes minutes to tokenise."""
 
 
-def create_serve_app(service: LocalService, *, api_key: str | None = None,
-                     max_body_bytes: int = int(DEFAULT_MAX_BODY_MB * 2**20),
-                     max_chat_body_bytes: int = int(DEFAULT_MAX_CHAT_BODY_MB * 2**20), heartbeat_s: float = 10.0,
-                     watchdog_s: float | None = ENGINE_STALL_S,
-                     watchdog_train_s: float | None = TRAINING_STEP_S, model_roots: list | None = None) -> FastAPI:
+def create_serve_app(
+    service: LocalService,
+    *,
+    api_key: str | None = None,
+    max_body_bytes: int = int(DEFAULT_MAX_BODY_MB * 2**20),
+    max_chat_body_bytes: int = int(DEFAULT_MAX_CHAT_BODY_MB * 2**20),
+    heartbeat_s: float = 10.0,
+    watchdog_s: float | None = ENGINE_STALL_S,
+    watchdog_train_s: float | None = TRAINING_STEP_S,
+    model_roots: list | None = None,
+) -> FastAPI:
     """The whole app for `service`. With `api_key`, every route but /health needs it (and
     /health shows details only with it); /dashboard also takes the cookie its login form sets.
     Bodies are bounded by `max_chat_body_bytes` on /v1 and `max_body_bytes` elsewhere.
@@ -75,15 +81,22 @@ def create_serve_app(service: LocalService, *, api_key: str | None = None,
             await service.close()
 
     app.router.lifespan_context = lifespan
-    app.include_router(management_router(service, heartbeat_s=heartbeat_s, model_roots=model_roots,
-                                         running=running))
+    app.include_router(management_router(service, heartbeat_s=heartbeat_s, model_roots=model_roots, running=running))
     app.include_router(dashboard_router(service.root, logout=bool(api_key)))  # /dashboard, behind the same key
-    app.add_middleware(BodyLimit, max_bytes=max_body_bytes,
-                       path_limits={"/v1/": max_chat_body_bytes, login.LOGIN_PATH: login.LOGIN_MAX_BYTES})
+    app.add_middleware(
+        BodyLimit,
+        max_bytes=max_body_bytes,
+        path_limits={"/v1/": max_chat_body_bytes, login.LOGIN_PATH: login.LOGIN_MAX_BYTES},
+    )
     if api_key:
         app.include_router(login.login_router(api_key))
-        app.add_middleware(BearerAuth, api_key=api_key, open_paths=login.OPEN_PATHS,  # runs before any body is read
-                           session=login.session_check(api_key), login_form=login.login_form_for)
+        app.add_middleware(
+            BearerAuth,
+            api_key=api_key,
+            open_paths=login.OPEN_PATHS,  # runs before any body is read
+            session=login.session_check(api_key),
+            login_form=login.login_form_for,
+        )
     app.add_middleware(RefuseQueryCredentials)  # added last: runs first, even before the key check
     return app
 

@@ -25,7 +25,7 @@ import math
 from collections.abc import Mapping, Sequence
 from enum import IntFlag
 from functools import lru_cache
-from typing import Any, Generic, Optional, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 import pydantic
 
@@ -43,9 +43,16 @@ class Tokenizer(Protocol):
 
     def __call__(self, text: str, *, add_special_tokens: bool = False) -> object: ...
 
-    def apply_chat_template(self, messages: list[dict[str, Any]], *, tools: object, tokenize: bool,
-                            add_generation_prompt: bool, chat_template: str | None = None,
-                            **kwargs: object) -> object: ...
+    def apply_chat_template(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        tools: object,
+        tokenize: bool,
+        add_generation_prompt: bool,
+        chat_template: str | None = None,
+        **kwargs: object,
+    ) -> object: ...
 
 
 class TokenFlag(IntFlag):
@@ -106,7 +113,7 @@ class _Tokens:
         self.logprobs: list[float] = []
         self.flags: list[TokenFlag] = []
 
-    def add(self, ids: Sequence[int], flag: TokenFlag, logprobs: Optional[Sequence[float]] = None) -> None:
+    def add(self, ids: Sequence[int], flag: TokenFlag, logprobs: Sequence[float] | None = None) -> None:
         self.ids += ids
         self.flags += [flag] * len(ids)
         self.logprobs += list(logprobs) if logprobs is not None and len(logprobs) == len(ids) else [math.nan] * len(ids)
@@ -118,9 +125,15 @@ class _Tokens:
 # -- entry points ------------------------------------------------------------------------------
 
 
-def tokenize_history(history: Any, *, model: str | None, base_model: str | None = None, tokenizer: Any = None,
-                     chat_template: str | None = None,
-                     chat_template_kwargs: Mapping[str, object] | None = None) -> TokenizedHistory:
+def tokenize_history(
+    history: Any,
+    *,
+    model: str | None,
+    base_model: str | None = None,
+    tokenizer: Any = None,
+    chat_template: str | None = None,
+    chat_template_kwargs: Mapping[str, object] | None = None,
+) -> TokenizedHistory:
     """One history's tokens (see the module docstring). A legacy history needs `model=`."""
     render = _Renderer(tokenizer, base_model, model, chat_template, chat_template_kwargs)
     protocol = getattr(history, "protocol", None)
@@ -138,37 +151,56 @@ def tokenize_history(history: Any, *, model: str | None, base_model: str | None 
         _check_responses_sources(history)
         exact = _exact(history.input, history.input_sources)
         if exact is None:
-            raise ValueError("A Responses history with opaque context (previous_response_id or conversation "
-                             "outside the trajectory) needs exact token ids: it cannot be rendered")
+            raise ValueError(
+                "A Responses history with opaque context (previous_response_id or conversation "
+                "outside the trajectory) needs exact token ids: it cannot be rendered"
+            )
         return exact.done(model)
     if protocol == "responses":
         _check_responses_sources(history)
     chat = history.as_chat_completions_history()
     check_chat_sources(chat)
     overridden = (chat_template is not None and chat_template != chat.chat_template) or (
-        chat_template_kwargs is not None and dict(chat_template_kwargs) != (chat.chat_template_kwargs or {}))
+        chat_template_kwargs is not None and dict(chat_template_kwargs) != (chat.chat_template_kwargs or {})
+    )
     if not overridden:
         exact = _exact(chat.messages, chat.message_sources)
         if exact is not None:
             return exact.done(model)
     sampled = [m.get("role") == "assistant" and is_sampled(s) for m, s in zip(chat.messages, chat.message_sources)]
     evidence = [sampled_of(s)[1] if flag else None for flag, s in zip(sampled, chat.message_sources)]
-    return render.chat(chat.messages, chat.tools, sampled, evidence, chat.chat_template,
-                       chat.chat_template_kwargs).done(model)
+    return render.chat(
+        chat.messages, chat.tools, sampled, evidence, chat.chat_template, chat.chat_template_kwargs
+    ).done(model)
 
 
-def tokenize_trajectory(trajectory: Any, *, multi_history: bool = False, model: str | None = None,
-                        base_model: str | None = None, tokenizer: Any = None, chat_template: str | None = None,
-                        chat_template_kwargs: Mapping[str, object] | None = None) -> Any:
+def tokenize_trajectory(
+    trajectory: Any,
+    *,
+    multi_history: bool = False,
+    model: str | None = None,
+    base_model: str | None = None,
+    tokenizer: Any = None,
+    chat_template: str | None = None,
+    chat_template_kwargs: Mapping[str, object] | None = None,
+) -> Any:
     """`Trajectory.tokenize`: its one history's tokens, or every history's (`multi_history=True`)."""
     found = trajectory.histories(model=model)
     if not multi_history and len(found) != 1:
         if model is None and len({x.model for x in found if getattr(x, "protocol", None)}) > 1:
             raise ValueError("Trajectory tokenization requires exactly one model; pass model= to select one")
         raise ValueError(f"Trajectory tokenization requires exactly one history; found {len(found)}")
-    tokenized = [tokenize_history(history, model=history.model if getattr(history, "protocol", None) else model,
-                                  base_model=base_model, tokenizer=tokenizer, chat_template=chat_template,
-                                  chat_template_kwargs=chat_template_kwargs) for history in found]
+    tokenized = [
+        tokenize_history(
+            history,
+            model=history.model if getattr(history, "protocol", None) else model,
+            base_model=base_model,
+            tokenizer=tokenizer,
+            chat_template=chat_template,
+            chat_template_kwargs=chat_template_kwargs,
+        )
+        for history in found
+    ]
     scores = {"reward": trajectory.reward, "metrics": dict(trajectory.metrics), "metadata": dict(trajectory.metadata)}
     if multi_history:
         return TokenizedMultiHistoryTrajectory(histories=tokenized, **scores)
@@ -180,7 +212,9 @@ def tokenize_group(group: Any, *, multi_history: bool = False, **options: Any) -
     kind = TokenizedMultiHistoryTrajectory if multi_history else TokenizedTrajectory
     return TokenizedTrajectoryGroup[kind](  # type: ignore[valid-type]
         trajectories=[tokenize_trajectory(t, multi_history=multi_history, **options) for t in group.trajectories],
-        metrics=dict(group.metrics), metadata=dict(group.metadata))
+        metrics=dict(group.metrics),
+        metadata=dict(group.metadata),
+    )
 
 
 h.TOKENIZE_HOOK[:] = [tokenize_history]
@@ -189,7 +223,7 @@ h.TOKENIZE_HOOK[:] = [tokenize_history]
 # -- exact ids ---------------------------------------------------------------------------------
 
 
-def _exact(items: Sequence[Any], sources: Sequence[Any]) -> Optional[_Tokens]:
+def _exact(items: Sequence[Any], sources: Sequence[Any]) -> _Tokens | None:
     """The exact tokens of a history whose every sampled item carries the server's ids and whose
     last item was sampled; None when some are missing (then it is rendered). ValueError when a
     turn's prompt ids do not extend the ids before it."""
@@ -224,8 +258,8 @@ def _chain(turns: Sequence[Sampled]) -> _Tokens:
     turn before it (earlier turns are then in its prompt, context, as the trainer reads them; their
     own history trains them), each prompt's new ids then each turn's sampled ids."""
     tokens = _Tokens()
-    for sampled in turns[_chain_start(turns):]:
-        tokens.add((sampled.prompt_ids or [])[len(tokens.ids):], TokenFlag.EXACT)
+    for sampled in turns[_chain_start(turns) :]:
+        tokens.add((sampled.prompt_ids or [])[len(tokens.ids) :], TokenFlag.EXACT)
         tokens.add(sampled.token_ids or [], TokenFlag.EXACT | TokenFlag.SAMPLED, sampled.logprobs)
     return tokens
 
@@ -237,8 +271,10 @@ def _legacy(history: Any, model: str, render: _Renderer) -> TokenizedHistory:
     if choices and all(_choice_ids(c) is not None for c in choices) and not isinstance(items[-1], Mapping):
         turns: list[Sampled] = [_choice_ids(c) for c in choices]  # type: ignore[misc]
         if _chain_start(turns):
-            raise ValueError("a later choice's prompt ids do not extend the earlier ones: this history trains as "
-                             "several token sequences, which one TokenizedHistory cannot show")
+            raise ValueError(
+                "a later choice's prompt ids do not extend the earlier ones: this history trains as "
+                "several token sequences, which one TokenizedHistory cannot show"
+            )
         return _chain(turns).done(model)
     messages = [dict(m) for m in history.messages()]
     sampled = [not isinstance(item, Mapping) for item in items]
@@ -246,14 +282,17 @@ def _legacy(history: Any, model: str, render: _Renderer) -> TokenizedHistory:
     return render.chat(messages, history.tools, sampled, evidence, None, None).done(model)
 
 
-def _choice_ids(choice: Any) -> Optional[Sampled]:
+def _choice_ids(choice: Any) -> Sampled | None:
     extra = getattr(choice, "model_extra", None) or {}
     prompt = extra.get("prompt_token_ids", getattr(choice, "prompt_token_ids", None))
     ids = extra.get("token_ids", getattr(choice, "token_ids", None))
     if not prompt or ids is None:
         return None
-    return Sampled(token_ids(prompt, "prompt_token_ids"), token_ids(ids, "token_ids"),
-                     chat_logprobs(getattr(choice, "logprobs", None)))
+    return Sampled(
+        token_ids(prompt, "prompt_token_ids"),
+        token_ids(ids, "token_ids"),
+        chat_logprobs(getattr(choice, "logprobs", None)),
+    )
 
 
 def _check_responses_sources(history: Any) -> None:
@@ -291,8 +330,10 @@ def chat_source_messages(source: h.ChatCompletionsMessageSource) -> list[dict[st
             return h.anthropic_message_as_chat(_at(exchange.request.get("messages") or [], source.request_index))
         if source.output_index is not None:
             return h.anthropic_message_as_chat(h.anthropic_response_message(exchange))
-        return [h.normalize_chat_message(m) for m in anthropic_chat_messages({"system": exchange.request.get("system"),
-                                                                           "messages": []})]
+        return [
+            h.normalize_chat_message(m)
+            for m in anthropic_chat_messages({"system": exchange.request.get("system"), "messages": []})
+        ]
     # A Responses item joins others in one chat message (reasoning, function calls): any message
     # that the request's (or response's) items make, with this one among its items, is it.
     if source.request_index is not None:
@@ -307,7 +348,7 @@ def chat_source_messages(source: h.ChatCompletionsMessageSource) -> list[dict[st
     return [{"role": "system", "content": instructions}] if isinstance(instructions, str) else []
 
 
-def _at(items: Sequence[Any], index: Optional[int]) -> Any:
+def _at(items: Sequence[Any], index: int | None) -> Any:
     if index is None or isinstance(index, bool) or not 0 <= index < len(items):
         raise ValueError(f"history source index {index!r} is out of bounds")
     return items[index]
@@ -366,7 +407,7 @@ def _completions_tokens(history: Any) -> TokenizedHistory:
     _check_spans(history)
     tokens = _Tokens()
     for span in history.prompt_sources:
-        ids = list(history.prompt[span.start:span.end])
+        ids = list(history.prompt[span.start : span.end])
         if span.source is None:
             tokens.add(ids, TokenFlag(0))
             continue
@@ -375,8 +416,10 @@ def _completions_tokens(history: Any) -> TokenizedHistory:
             if sampled.token_ids != ids:
                 raise ValueError("Completions sampled output no longer matches its source exchange")
             tokens.add(ids, TokenFlag.EXACT | TokenFlag.SAMPLED, sampled.logprobs)
-        elif _prompt_part(sampled.prompt_ids if sampled.prompt_ids is not None else _request_prompt(span.source),
-                          span) == ids:
+        elif (
+            _prompt_part(sampled.prompt_ids if sampled.prompt_ids is not None else _request_prompt(span.source), span)
+            == ids
+        ):
             # a prompt starts the history: this span is its part [start, end) (the rest continues an earlier call)
             tokens.add(ids, TokenFlag.EXACT, _prompt_part(sampled.prompt_logprobs, span))
         else:
@@ -385,7 +428,7 @@ def _completions_tokens(history: Any) -> TokenizedHistory:
 
 
 def _prompt_part(values: Any, span: Any) -> Any:
-    return list(values[span.start:span.end]) if isinstance(values, list) and len(values) >= span.end else None
+    return list(values[span.start : span.end]) if isinstance(values, list) and len(values) >= span.end else None
 
 
 def _request_prompt(source: h.CompletionsSource) -> Any:
@@ -396,7 +439,7 @@ def _completions_text(history: Any, render: _Renderer) -> TokenizedHistory:
     _check_spans(history)
     tokens = _Tokens()
     for span in history.prompt_sources:
-        text = history.prompt[span.start:span.end]
+        text = history.prompt[span.start : span.end]
         source = span.source
         if source is None:
             tokens.add(render.text(text), TokenFlag(0))
@@ -413,7 +456,7 @@ def _completions_text(history: Any, render: _Renderer) -> TokenizedHistory:
         choice = next(c for c in source.exchange.response.choices if c.index == source.choice_index)
         expected = choice.text
         if source.exchange.request.get("echo") is True:
-            expected = expected[len(_request_prompt(source)):]
+            expected = expected[len(_request_prompt(source)) :]
         if text != expected:
             raise ValueError("Completions history text no longer matches its source exchange")
         if sampled.token_ids is not None:
@@ -423,7 +466,7 @@ def _completions_text(history: Any, render: _Renderer) -> TokenizedHistory:
     return tokens.done(history.model)
 
 
-def _visible_logprobs(choice: Any) -> Optional[list[float]]:
+def _visible_logprobs(choice: Any) -> list[float] | None:
     values = list(getattr(getattr(choice, "logprobs", None), "token_logprobs", None) or [])
     return [float(v) for v in values] if values and all(isinstance(v, (int, float)) for v in values) else None
 
@@ -436,8 +479,10 @@ def _load_tokenizer(name: str) -> Any:
     try:
         from transformers import AutoTokenizer
     except ImportError as exc:  # the client install has no transformers
-        raise ImportError("tokenizing a history without exact token ids needs a tokenizer: pass tokenizer=, "
-                          "or pip install transformers to load base_model=") from exc
+        raise ImportError(
+            "tokenizing a history without exact token ids needs a tokenizer: pass tokenizer=, "
+            "or pip install transformers to load base_model="
+        ) from exc
     return AutoTokenizer.from_pretrained(name)
 
 
@@ -452,8 +497,14 @@ def _ids(encoded: Any) -> list[int]:
 class _Renderer:
     """A tokenizer, loaded on first use, and the template options to render with."""
 
-    def __init__(self, tokenizer: Any, base_model: str | None, model: str | None, chat_template: str | None,
-                 chat_template_kwargs: Mapping[str, object] | None) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        base_model: str | None,
+        model: str | None,
+        chat_template: str | None,
+        chat_template_kwargs: Mapping[str, object] | None,
+    ) -> None:
         self._tokenizer, self.name = tokenizer, base_model or model
         self.template, self.kwargs = chat_template, dict(chat_template_kwargs or {})
 
@@ -468,22 +519,39 @@ class _Renderer:
     def text(self, text: str) -> list[int]:
         return _ids(self.tokenizer(text, add_special_tokens=False))
 
-    def render(self, messages: list[dict[str, Any]], tools: Any, generation: bool, template: str | None,
-               kwargs: Mapping[str, Any]) -> list[int]:
+    def render(
+        self,
+        messages: list[dict[str, Any]],
+        tools: Any,
+        generation: bool,
+        template: str | None,
+        kwargs: Mapping[str, Any],
+    ) -> list[int]:
         tokenizer = self.tokenizer
         if isinstance(getattr(tokenizer, "chat_template", None), str):
             # A real template: the messages and tools as our routes hand them to it (`art.chat_template`).
             try:
                 messages, tools = template_messages(
-                    tokenizer, [ChatMessage.model_validate(m).for_template() for m in messages], tools, None)
+                    tokenizer, [ChatMessage.model_validate(m).for_template() for m in messages], tools, None
+                )
             except (pydantic.ValidationError, ValueError):
                 pass  # content our routes refuse (images): hand it over as it is
         options = {**({"chat_template": template} if template else {}), **kwargs}
-        return _ids(tokenizer.apply_chat_template(copy.deepcopy(messages), tools=tools, tokenize=True,
-                                                  add_generation_prompt=generation, **options))
+        return _ids(
+            tokenizer.apply_chat_template(
+                copy.deepcopy(messages), tools=tools, tokenize=True, add_generation_prompt=generation, **options
+            )
+        )
 
-    def chat(self, messages: list[dict[str, Any]], tools: Any, sampled: list[bool], evidence: list[Any],
-             template: str | None, kwargs: Mapping[str, Any] | None) -> _Tokens:
+    def chat(
+        self,
+        messages: list[dict[str, Any]],
+        tools: Any,
+        sampled: list[bool],
+        evidence: list[Any],
+        template: str | None,
+        kwargs: Mapping[str, Any] | None,
+    ) -> _Tokens:
         """R(messages): sampled assistant message k is the tokens from len(R(messages[:k],
         generation prompt)) to the last stop token of R(messages[:k+1]); each rendering must begin
         the next. Where the server's ids for the turn equal what the template renders, they are EXACT."""
@@ -499,8 +567,10 @@ class _Renderer:
             prompt = self.render(messages[:k], tools, True, template, options) if k else []
             turn = self.render(messages[: k + 1], tools, False, template, options)
             if turn[: len(prompt)] != prompt or full[: len(turn)] != turn:
-                raise ValueError(f"Could not locate sampled history message {k} in the rendered history: the chat "
-                                 "template renders earlier messages differently once later ones are added")
+                raise ValueError(
+                    f"Could not locate sampled history message {k} in the rendered history: the chat "
+                    "template renders earlier messages differently once later ones are added"
+                )
             end = max((i + 1 for i in range(len(prompt), len(turn)) if turn[i] in stops), default=len(turn))
             marks.append((len(prompt), end, evidence[k]))
         tokens, cursor = _Tokens(), 0
@@ -520,6 +590,13 @@ class _Renderer:
 
 
 __all__ = [
-    "TokenFlag", "TokenizedHistory", "TokenizedMultiHistoryTrajectory", "TokenizedTrajectory",
-    "TokenizedTrajectoryGroup", "Tokenizer", "tokenize_group", "tokenize_history", "tokenize_trajectory",
+    "TokenFlag",
+    "TokenizedHistory",
+    "TokenizedMultiHistoryTrajectory",
+    "TokenizedTrajectory",
+    "TokenizedTrajectoryGroup",
+    "Tokenizer",
+    "tokenize_group",
+    "tokenize_history",
+    "tokenize_trajectory",
 ]

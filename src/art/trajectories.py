@@ -20,7 +20,7 @@ import traceback
 from collections.abc import Awaitable, Iterable, Iterator, Mapping
 from contextvars import ContextVar
 from datetime import datetime
-from typing import Annotated, Any, Protocol, Union
+from typing import Annotated, Any, Protocol
 
 from openai.types.chat.chat_completion import Choice
 from pydantic import (
@@ -39,22 +39,38 @@ from pydantic_core import to_jsonable_python
 from . import histories as _histories
 from .errors import TrajectoryError
 from .exchange_turns import ChatTurn, NotATurn, chat_turn
+from .exchanges import (  # the exchange types, importable from here as from ART's art.trajectories
+    ChatCompletionsExchange as ChatCompletionsExchange,
+)
 from .exchanges import (
-    ChatCompletionsExchange,
-    ChatCompletionsRequest,
-    CompletionsExchange,
-    CompletionsRequest,
-    MessagesExchange,
-    MessagesRequest,
-    ResponsesExchange,
-    ResponsesRequest,
+    ChatCompletionsRequest as ChatCompletionsRequest,
+)
+from .exchanges import (
+    CompletionsExchange as CompletionsExchange,
+)
+from .exchanges import (
+    CompletionsRequest as CompletionsRequest,
+)
+from .exchanges import (
+    MessagesExchange as MessagesExchange,
+)
+from .exchanges import (
+    MessagesRequest as MessagesRequest,
+)
+from .exchanges import (
+    ResponsesExchange as ResponsesExchange,
+)
+from .exchanges import (
+    ResponsesRequest as ResponsesRequest,
+)
+from .exchanges import (
     TrajectoryExchanges,
 )
 from .observability import tracing
 from .tokenize import TokenizedTrajectoryGroup, tokenize_group, tokenize_history, tokenize_trajectory
 from .types import Messages, MessagesAndChoices, Tools
 
-MetricValue = Union[float, int, bool]
+MetricValue = float | int | bool
 MetadataValue = Any
 """Any JSON value (nested dicts and lists too), as in ART; checked when the trajectory is dumped."""
 
@@ -137,12 +153,8 @@ def _dump_tools(tools: list[Any] | None, info: Any) -> list[Any] | None:
     return to_jsonable_python(tools, serialize_unknown=True)
 
 
-_MessagesAndChoicesField = Annotated[
-    MessagesAndChoices, PlainValidator(_validate_items), PlainSerializer(_dump_items)
-]
-_ToolsField = Annotated[
-    Union[Tools, None], PlainValidator(_validate_tools), PlainSerializer(_dump_tools)
-]
+_MessagesAndChoicesField = Annotated[MessagesAndChoices, PlainValidator(_validate_items), PlainSerializer(_dump_items)]
+_ToolsField = Annotated[Tools | None, PlainValidator(_validate_tools), PlainSerializer(_dump_tools)]
 
 
 def get_messages(messages_and_choices: Iterable[Any]) -> Messages:
@@ -198,7 +210,8 @@ def message_key(message: Mapping[str, Any]) -> tuple:
     (art.verifiers matches verifiers' steps to recorded calls by the same key.)"""
     calls = tuple(
         ((call.get("function") or {}).get("name"), _json_key((call.get("function") or {}).get("arguments")))
-        for call in message.get("tool_calls") or [] if isinstance(call, Mapping)
+        for call in message.get("tool_calls") or []
+        if isinstance(call, Mapping)
     )
     return message.get("role"), message_text(message.get("content")), calls
 
@@ -210,8 +223,10 @@ def message_text(content: Any) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        return "".join(str(part.get("text", "")) if isinstance(part, Mapping) else str(getattr(part, "text", part))
-                       for part in content)
+        return "".join(
+            str(part.get("text", "")) if isinstance(part, Mapping) else str(getattr(part, "text", part))
+            for part in content
+        )
     return str(content)
 
 
@@ -241,17 +256,30 @@ class History(BaseModel):
         """ART's view of it as a chat history (user-written messages: no sources)."""
         return _histories.legacy_as_chat(self, model=model)
 
-    def tokenize(self, *, model: str, base_model: str | None = None, tokenizer: Any = None,
-                 chat_template: str | None = None, chat_template_kwargs: Mapping[str, object] | None = None) -> Any:
+    def tokenize(
+        self,
+        *,
+        model: str,
+        base_model: str | None = None,
+        tokenizer: Any = None,
+        chat_template: str | None = None,
+        chat_template_kwargs: Mapping[str, object] | None = None,
+    ) -> Any:
         """Its token ids, logprobs and flags (`art.TokenizedHistory`): exact from its Choices' ids."""
-        return tokenize_history(self, model=model, base_model=base_model, tokenizer=tokenizer,
-                                chat_template=chat_template, chat_template_kwargs=chat_template_kwargs)
+        return tokenize_history(
+            self,
+            model=model,
+            base_model=base_model,
+            tokenizer=tokenizer,
+            chat_template=chat_template,
+            chat_template_kwargs=chat_template_kwargs,
+        )
 
 
 LegacyHistory = History
 """ART's newer name for `History` (its docs: `from art.trajectories import LegacyHistory`)."""
 
-TrajectoryHistory = Union[History, _histories.ExchangeHistory]
+TrajectoryHistory = History | _histories.ExchangeHistory
 """Any history `Trajectory.history()` returns (ART's name)."""
 
 
@@ -365,15 +393,22 @@ class Trajectory(_CompactDump):
         under `where` (the server reads every trained trajectory through here)."""
 
         def revive(items: list[Any], at: str) -> list[Any]:
-            return [validated(Choice, item, f"{at}[{i}]")
-                    if isinstance(item, Mapping) and "role" not in item and "message" in item else item
-                    for i, item in enumerate(items)]
+            return [
+                validated(Choice, item, f"{at}[{i}]")
+                if isinstance(item, Mapping) and "role" not in item and "message" in item
+                else item
+                for i, item in enumerate(items)
+            ]
 
         data = dict(data)
         data["messages_and_choices"] = revive(data.get("messages_and_choices", []), f"{where}.messages_and_choices")
         data["additional_histories"] = [
-            {**h, "messages_and_choices": revive(h.get("messages_and_choices", []),
-                                                 f"{where}.additional_histories[{i}].messages_and_choices")}
+            {
+                **h,
+                "messages_and_choices": revive(
+                    h.get("messages_and_choices", []), f"{where}.additional_histories[{i}].messages_and_choices"
+                ),
+            }
             for i, h in enumerate(data.get("additional_histories", []))
         ]
         return validated(cls, data, where)
@@ -425,14 +460,27 @@ class Trajectory(_CompactDump):
     def completions_string_histories(self, *, model: str | None = None) -> list[_histories.CompletionsStringHistory]:
         return _histories.completions_string_histories(self, model=model)
 
-    def tokenize(self, *, multi_history: bool = False, model: str | None = None, base_model: str | None = None,
-                 tokenizer: Any = None, chat_template: str | None = None,
-                 chat_template_kwargs: Mapping[str, object] | None = None) -> Any:
+    def tokenize(
+        self,
+        *,
+        multi_history: bool = False,
+        model: str | None = None,
+        base_model: str | None = None,
+        tokenizer: Any = None,
+        chat_template: str | None = None,
+        chat_template_kwargs: Mapping[str, object] | None = None,
+    ) -> Any:
         """Its history's token ids, logprobs and flags (`art.TokenizedTrajectory`), or every
         history's (`multi_history=True`: `art.TokenizedMultiHistoryTrajectory`); see `art.tokenize`."""
-        return tokenize_trajectory(self, multi_history=multi_history, model=model, base_model=base_model,
-                                   tokenizer=tokenizer, chat_template=chat_template,
-                                   chat_template_kwargs=chat_template_kwargs)
+        return tokenize_trajectory(
+            self,
+            multi_history=multi_history,
+            model=model,
+            base_model=base_model,
+            tokenizer=tokenizer,
+            chat_template=chat_template,
+            chat_template_kwargs=chat_template_kwargs,
+        )
 
 
 def validated(model: type[BaseModel], data: Any, where: str) -> Any:
@@ -549,9 +597,7 @@ class ExceptionRecord(BaseModel):
         return cls(
             type=type(exception).__name__,
             message=str(exception),
-            traceback="".join(
-                traceback.format_exception(type(exception), exception, exception.__traceback__)
-            ),
+            traceback="".join(traceback.format_exception(type(exception), exception, exception.__traceback__)),
         )
 
 
@@ -733,9 +779,13 @@ class TrajectoryGroup(_CompactDump):
                 self._state = "done"
             if current is not None:
                 rewards = [r.reward for r in results if isinstance(r, Trajectory)]
-                tracing.set_attributes(current, {
-                    "art.exceptions": sum(isinstance(r, BaseException) for r in results),
-                    "art.reward_mean": sum(rewards) / len(rewards) if rewards else None})
+                tracing.set_attributes(
+                    current,
+                    {
+                        "art.exceptions": sum(isinstance(r, BaseException) for r in results),
+                        "art.reward_mean": sum(rewards) / len(rewards) if rewards else None,
+                    },
+                )
         self.trajectories = [r for r in results if isinstance(r, Trajectory)]
         self.exceptions = self.exceptions + [
             ExceptionRecord.from_exception(r) for r in results if isinstance(r, BaseException)
@@ -752,13 +802,26 @@ class TrajectoryGroup(_CompactDump):
             "logs": list(self.logs),
         }
 
-    def tokenize(self, *, multi_history: bool = False, model: str | None = None, base_model: str | None = None,
-                 tokenizer: Any = None, chat_template: str | None = None,
-                 chat_template_kwargs: Mapping[str, object] | None = None) -> TokenizedTrajectoryGroup:
+    def tokenize(
+        self,
+        *,
+        multi_history: bool = False,
+        model: str | None = None,
+        base_model: str | None = None,
+        tokenizer: Any = None,
+        chat_template: str | None = None,
+        chat_template_kwargs: Mapping[str, object] | None = None,
+    ) -> TokenizedTrajectoryGroup:
         """Each trajectory's `tokenize(...)`, with the group's metrics and metadata."""
-        return tokenize_group(self, multi_history=multi_history, model=model, base_model=base_model,
-                              tokenizer=tokenizer, chat_template=chat_template,
-                              chat_template_kwargs=chat_template_kwargs)
+        return tokenize_group(
+            self,
+            multi_history=multi_history,
+            model=model,
+            base_model=base_model,
+            tokenizer=tokenizer,
+            chat_template=chat_template,
+            chat_template_kwargs=chat_template_kwargs,
+        )
 
 
 def _record(exception: BaseException | ExceptionRecord | Mapping[str, str]) -> ExceptionRecord:

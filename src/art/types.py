@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal, Union
+from typing import Literal
 
 from openai.types.chat.chat_completion import Choice
 from openai.types.chat.chat_completion_message_param import ChatCompletionMessageParam
@@ -10,7 +10,7 @@ from openai.types.chat.chat_completion_tool_param import ChatCompletionToolParam
 from pydantic import BaseModel, ConfigDict, Field
 
 Message = ChatCompletionMessageParam
-MessageOrChoice = Union[ChatCompletionMessageParam, Choice]
+MessageOrChoice = ChatCompletionMessageParam | Choice
 Messages = list[ChatCompletionMessageParam]
 MessagesAndChoices = list[MessageOrChoice]
 Tools = list[ChatCompletionToolParam]
@@ -31,9 +31,12 @@ class TrainSFTConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    learning_rate: Union[float, list[float]] = Field(
-        5e-5, description="AdamW learning rate: one value, or one per batch (a schedule; see art.utils.sft).")
-    batch_size: Union[int, Literal["auto"]] = Field(
-        "auto", description="Trajectories per optimizer step; 'auto' is 2 (ART's LocalBackend).")
+    learning_rate: float | list[float] = Field(
+        5e-5, description="AdamW learning rate: one value, or one per batch (a schedule; see art.utils.sft)."
+    )
+    batch_size: int | Literal["auto"] = Field(
+        "auto", description="Trajectories per optimizer step; 'auto' is 2 (ART's LocalBackend)."
+    )
     assistant_turns: Literal["all", "last"] = Field(
-        "all", description="Train every assistant message, or only the last one of each conversation.")
+        "all", description="Train every assistant message, or only the last one of each conversation."
+    )

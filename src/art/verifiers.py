@@ -116,8 +116,9 @@ def _trajectory(output: Mapping[str, Any], calls: _Calls) -> Trajectory:
     return trajectory
 
 
-def _histories(output: Mapping[str, Any], calls: _Calls,
-               notes: list[str]) -> tuple[list[list[Any]], list[dict[str, Any]] | None]:
+def _histories(
+    output: Mapping[str, Any], calls: _Calls, notes: list[str]
+) -> tuple[list[list[Any]], list[dict[str, Any]] | None]:
     """The rollout's conversations (the first is the trajectory's own) and the tools the calls
     sent, with every assistant turn that can be matched to its sampled tokens as a Choice."""
     histories: list[list[Any]] = []
@@ -148,7 +149,7 @@ def _histories(output: Mapping[str, Any], calls: _Calls,
             keys = [_key(m) for m in final]
             for history in sorted(histories, key=len, reverse=True):
                 if [_key(m) for m in history] == keys[: len(history)]:
-                    history.extend(final[len(history):])
+                    history.extend(final[len(history) :])
                     break
     if not histories and final:
         conversation: list[Any] = []
@@ -163,8 +164,10 @@ def _histories(output: Mapping[str, Any], calls: _Calls,
             conversation.append(message)
         histories.append(conversation)
     if turns > exact:
-        notes.append(f"{turns - exact} of {turns} assistant turns have no sampled token ids (no captured "
-                     "call, step tokens or art_choice matched them): kept as message dicts, context only")
+        notes.append(
+            f"{turns - exact} of {turns} assistant turns have no sampled token ids (no captured "
+            "call, step tokens or art_choice matched them): kept as message dicts, context only"
+        )
     return histories, tools
 
 
@@ -180,7 +183,7 @@ def _extended(histories: list[list[Any]], prompt: list[dict[str, Any]]) -> list[
     if best is None:
         best = []
         histories.append(best)
-    best.extend(prompt[len(best):])
+    best.extend(prompt[len(best) :])
     return best
 
 
@@ -203,10 +206,15 @@ class _Calls:
             if choice is None:
                 continue
             sent = [m for m in exchange.request.get("messages") or [] if isinstance(m, Mapping)]
-            self.free.append(_Call(
-                id=exchange.response.id or "", prompt=[_key(_openai_message(m)) for m in sent],
-                answer=_key(get_messages([choice])[0]), choice=choice,
-                tools=deepcopy(exchange.request.get("tools")) or None))
+            self.free.append(
+                _Call(
+                    id=exchange.response.id or "",
+                    prompt=[_key(_openai_message(m)) for m in sent],
+                    answer=_key(get_messages([choice])[0]),
+                    choice=choice,
+                    tools=deepcopy(exchange.request.get("tools")) or None,
+                )
+            )
         counts = Counter(call.id for call in self.free)
         self.by_id = {call.id: call for call in self.free if call.id and counts[call.id] == 1}
 
@@ -244,13 +252,25 @@ def _recorded_choice(step: Mapping[str, Any], message: dict[str, Any]) -> Choice
         reason = "length"
     else:
         reason = "stop"
-    return Choice.model_validate({
-        "index": 0, "finish_reason": reason,
-        "message": {"role": "assistant", "content": message_text(message.get("content")) or None,
-                    "tool_calls": message.get("tool_calls") or None},
-        "logprobs": {"content": [{"token": f"token_id:{i}", "logprob": float(lp), "bytes": None, "top_logprobs": []}
-                                 for i, lp in zip(ids, logprobs)]},
-        "token_ids": list(ids), "prompt_token_ids": list(prompt_ids)})
+    return Choice.model_validate(
+        {
+            "index": 0,
+            "finish_reason": reason,
+            "message": {
+                "role": "assistant",
+                "content": message_text(message.get("content")) or None,
+                "tool_calls": message.get("tool_calls") or None,
+            },
+            "logprobs": {
+                "content": [
+                    {"token": f"token_id:{i}", "logprob": float(lp), "bytes": None, "top_logprobs": []}
+                    for i, lp in zip(ids, logprobs)
+                ]
+            },
+            "token_ids": list(ids),
+            "prompt_token_ids": list(prompt_ids),
+        }
+    )
 
 
 # -- ART -> verifiers ---------------------------------------------------------------------
@@ -304,9 +324,12 @@ def rollout_outputs_from_trajectory_group(
     include_trajectory: bool = True,
 ) -> list[dict[str, Any]]:
     """The group's trajectories as RolloutOutput dicts, numbered from `first_example_id`."""
-    return [rollout_output_from_trajectory(t, example_id=first_example_id + i, prompt_length=prompt_length,
-                                           include_trajectory=include_trajectory)
-            for i, t in enumerate(group.trajectories)]
+    return [
+        rollout_output_from_trajectory(
+            t, example_id=first_example_id + i, prompt_length=prompt_length, include_trajectory=include_trajectory
+        )
+        for i, t in enumerate(group.trajectories)
+    ]
 
 
 def normalize_verifiers_rollout_output(
@@ -318,8 +341,11 @@ def normalize_verifiers_rollout_output(
     trajectory = trajectory_from_verifiers_rollout(output)
     example_id = output.get("example_id")
     normalized = rollout_output_from_trajectory(
-        trajectory, example_id=example_id if isinstance(example_id, int) else 0,
-        prompt_length=prompt_length, include_trajectory=include_trajectory)
+        trajectory,
+        example_id=example_id if isinstance(example_id, int) else 0,
+        prompt_length=prompt_length,
+        include_trajectory=include_trajectory,
+    )
     for field in ("timing", "answer", "stop_condition"):
         if field in output:
             normalized[field] = deepcopy(output[field])
@@ -334,16 +360,25 @@ def normalize_verifiers_rollout_outputs(
     outputs: Iterable[Mapping[str, Any]], *, prompt_length: int | None = None, include_trajectory: bool = True
 ) -> list[dict[str, Any]]:
     """`normalize_verifiers_rollout_output` of each."""
-    return [normalize_verifiers_rollout_output(o, prompt_length=prompt_length, include_trajectory=include_trajectory)
-            for o in outputs]
+    return [
+        normalize_verifiers_rollout_output(o, prompt_length=prompt_length, include_trajectory=include_trajectory)
+        for o in outputs
+    ]
 
 
 def _steps(trajectory: Trajectory, output: Mapping[str, Any]) -> list[dict[str, Any]]:
     def step(prompt: list, completion: list, choice: Choice | None) -> dict[str, Any]:
-        return {"prompt": prompt, "completion": completion, "response": None, "tokens": _tokens(choice),
-                "reward": trajectory.reward, "advantage": None, "is_truncated": output["is_truncated"],
-                "trajectory_id": str(trajectory.metadata.get("trajectory_id", "")),
-                "extras": {} if choice is None else {"art_choice": choice.model_dump(mode="json")}}
+        return {
+            "prompt": prompt,
+            "completion": completion,
+            "response": None,
+            "tokens": _tokens(choice),
+            "reward": trajectory.reward,
+            "advantage": None,
+            "is_truncated": output["is_truncated"],
+            "trajectory_id": str(trajectory.metadata.get("trajectory_id", "")),
+            "extras": {} if choice is None else {"art_choice": choice.model_dump(mode="json")},
+        }
 
     steps = []
     histories = [trajectory.messages_and_choices, *(h.messages_and_choices for h in trajectory.additional_histories)]
@@ -361,9 +396,16 @@ def _tokens(choice: Choice | None) -> dict[str, Any] | None:
     content = getattr(getattr(choice, "logprobs", None), "content", None)
     if not prompt or ids is None or not content or len(content) != len(ids):
         return None
-    return {"prompt_ids": list(prompt), "prompt_mask": [0] * len(prompt), "completion_ids": list(ids),
-            "completion_mask": [1] * len(ids), "completion_logprobs": [e.logprob for e in content],
-            "overlong_prompt": False, "is_truncated": choice.finish_reason == "length", "routed_experts": None}
+    return {
+        "prompt_ids": list(prompt),
+        "prompt_mask": [0] * len(prompt),
+        "completion_ids": list(ids),
+        "completion_mask": [1] * len(ids),
+        "completion_logprobs": [e.logprob for e in content],
+        "overlong_prompt": False,
+        "is_truncated": choice.finish_reason == "length",
+        "routed_experts": None,
+    }
 
 
 def _timing(trajectory: Trajectory) -> dict[str, Any]:
@@ -371,17 +413,25 @@ def _timing(trajectory: Trajectory) -> dict[str, Any]:
     total = (trajectory.end_time.timestamp() - start) if trajectory.end_time else 0.0
     span = {"start": start, "end": start + total, "duration": total}
     empty = {"start": start, "end": start, "duration": 0.0}
-    return {"start_time": start, "setup": dict(empty), "generation": span, "scoring": dict(empty),
-            "model": {"spans": [], "duration": 0.0}, "env": {"spans": [], "duration": 0.0},
-            "total": total, "overhead": 0.0}
+    return {
+        "start_time": start,
+        "setup": dict(empty),
+        "generation": span,
+        "scoring": dict(empty),
+        "model": {"spans": [], "duration": 0.0},
+        "env": {"spans": [], "duration": 0.0},
+        "total": total,
+        "overhead": 0.0,
+    }
 
 
 def _prompt_length(messages: list[dict[str, Any]], prompt_length: int | None) -> int:
     if prompt_length is None:
         return next((i for i, m in enumerate(messages) if m.get("role") == "assistant"), len(messages))
     if not 0 <= prompt_length <= len(messages):
-        raise ValueError(f"prompt_length must be between 0 and {len(messages)} (the number of messages), "
-                         f"got {prompt_length}")
+        raise ValueError(
+            f"prompt_length must be between 0 and {len(messages)} (the number of messages), got {prompt_length}"
+        )
     return prompt_length
 
 
@@ -402,9 +452,13 @@ async def rollout_with_verifiers_environment(
     client = _chat_client(model)
     with AutoTrajectoryContext() as captured:
         output = await env.run_rollout(
-            input=dict(input), client=client, model=model.get_inference_name(),
-            sampling_args=dict(sampling_args or {"n": 1}), max_retries=max_retries,
-            state_columns=_columns(state_columns))
+            input=dict(input),
+            client=client,
+            model=model.get_inference_name(),
+            sampling_args=dict(sampling_args or {"n": 1}),
+            max_retries=max_retries,
+            state_columns=_columns(state_columns),
+        )
     return trajectory_from_verifiers_rollout(output, exchanges=captured.exchanges.chat_completions)
 
 
@@ -422,9 +476,13 @@ async def trajectory_group_with_verifiers_environment(
     client = _chat_client(model)
     with AutoTrajectoryContext() as captured:
         outputs = await env.run_group(
-            group_inputs=[dict(i) for i in group_inputs], client=client, model=model.get_inference_name(),
-            sampling_args=dict(sampling_args or {"n": 1}), max_retries=max_retries,
-            state_columns=_columns(state_columns))
+            group_inputs=[dict(i) for i in group_inputs],
+            client=client,
+            model=model.get_inference_name(),
+            sampling_args=dict(sampling_args or {"n": 1}),
+            max_retries=max_retries,
+            state_columns=_columns(state_columns),
+        )
     return trajectory_group_from_verifiers_outputs(outputs, exchanges=captured.exchanges.chat_completions)
 
 
@@ -439,7 +497,8 @@ def _chat_client(model: Model) -> Any:
     except ImportError as exc:
         raise ImportError(
             "art.verifiers runs verifiers' classic Environment API (vf.SingleTurnEnv, MultiTurnEnv, ToolEnv), "
-            "which verifiers 0.4 removed: pip install 'verifiers<0.4' datasets (0.3.1 is tested)") from exc
+            "which verifiers 0.4 removed: pip install 'verifiers<0.4' datasets (0.3.1 is tested)"
+        ) from exc
     return OpenAIChatCompletionsClient(model.openai_client())
 
 
@@ -484,9 +543,14 @@ def _openai_call(call: Any) -> dict[str, Any]:
         call = call.model_dump(mode="json", exclude_none=True)
     function = call.get("function") if isinstance(call.get("function"), Mapping) else call
     arguments = function.get("arguments", "")
-    return {"id": call.get("id"), "type": "function",
-            "function": {"name": function.get("name", ""),
-                         "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments)}}
+    return {
+        "id": call.get("id"),
+        "type": "function",
+        "function": {
+            "name": function.get("name", ""),
+            "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments),
+        },
+    }
 
 
 def _key(message: Any) -> tuple:
@@ -509,8 +573,11 @@ def _openai_tools(value: Any) -> list[dict[str, Any]] | None:
         if data.get("type") == "function" and isinstance(data.get("function"), Mapping):
             tools.append(deepcopy(dict(data)))
         elif isinstance(data.get("name"), str) and isinstance(data.get("parameters"), Mapping):
-            function = {"name": data["name"], "description": str(data.get("description") or ""),
-                        "parameters": deepcopy(dict(data["parameters"]))}
+            function = {
+                "name": data["name"],
+                "description": str(data.get("description") or ""),
+                "parameters": deepcopy(dict(data["parameters"])),
+            }
             if isinstance(data.get("strict"), bool):
                 function["strict"] = data["strict"]
             tools.append({"type": "function", "function": function})
@@ -523,9 +590,14 @@ def _verifiers_tools(tools: Any) -> list[dict[str, Any]]:
     for tool in tools or []:
         function = tool.get("function") if isinstance(tool, Mapping) else None
         if isinstance(function, Mapping):
-            out.append({"name": function.get("name", ""), "description": function.get("description", ""),
-                        "parameters": deepcopy(function.get("parameters", {})),
-                        **({"strict": function["strict"]} if isinstance(function.get("strict"), bool) else {})})
+            out.append(
+                {
+                    "name": function.get("name", ""),
+                    "description": function.get("description", ""),
+                    "parameters": deepcopy(function.get("parameters", {})),
+                    **({"strict": function["strict"]} if isinstance(function.get("strict"), bool) else {}),
+                }
+            )
         elif isinstance(tool, Mapping) and {"name", "parameters"} <= set(tool):
             out.append(deepcopy(dict(tool)))
     return out
@@ -538,8 +610,11 @@ def _numbers(metrics: Any) -> dict[str, MetricValue]:
 
 
 def _verifiers_metadata(output: Mapping[str, Any]) -> dict[str, MetadataValue]:
-    return {f"verifiers_{f}": output.get(f) for f in METADATA_FIELDS
-            if output.get(f) is None or isinstance(output.get(f), (int, float, str, bool))}
+    return {
+        f"verifiers_{f}": output.get(f)
+        for f in METADATA_FIELDS
+        if output.get(f) is None or isinstance(output.get(f), (int, float, str, bool))
+    }
 
 
 def _art_metadata(output: Mapping[str, Any]) -> dict[str, MetadataValue]:

@@ -30,8 +30,10 @@ def load_full_weights(model, folder: Path) -> None:
     missing, unexpected = model.load_state_dict(weights, strict=False)
     tied = {"lm_head.weight"} if getattr(model.config, "tie_word_embeddings", False) else set()
     if unexpected or set(missing) - tied:
-        raise RuntimeError(f"checkpoint {folder} does not match the model: missing {sorted(missing)[:3]}, "
-                           f"unexpected {sorted(unexpected)[:3]}")
+        raise RuntimeError(
+            f"checkpoint {folder} does not match the model: missing {sorted(missing)[:3]}, "
+            f"unexpected {sorted(unexpected)[:3]}"
+        )
 
 
 def read_adapter(folder: Path) -> dict:

@@ -7,7 +7,8 @@ servers and services a backend pulls in: a model's backend is typed, not probed.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterable, Protocol
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     import httpx
@@ -19,27 +20,36 @@ if TYPE_CHECKING:
 class Backend(Protocol):
     """What `art.Model` calls on the backend it is registered with (`ServiceBackend` implements it)."""
 
-    async def register(self, model) -> None:
-        ...
+    async def register(self, model) -> None: ...
 
     def openai_http_client(self, model) -> httpx.AsyncClient | None:
         """The httpx client `model.openai_client()` should use (None: its own, over the network)."""
         ...
 
-    async def get_step(self, model) -> int:
-        ...
+    async def get_step(self, model) -> int: ...
 
-    async def log(self, model, *, split: str, step: int, metrics: dict, groups: list,
-                  scenario_ids: list[str] = ()) -> dict:
-        ...
+    async def log(
+        self, model, *, split: str, step: int, metrics: dict, groups: list, scenario_ids: list[str] = ()
+    ) -> dict: ...
 
-    async def train(self, model, trajectory_groups: Iterable, *, config: TrainConfig | None = None,
-                    _config: dict | None = None, **options: Any) -> TrainResult:
-        ...
+    async def train(
+        self,
+        model,
+        trajectory_groups: Iterable,
+        *,
+        config: TrainConfig | None = None,
+        _config: dict | None = None,
+        **options: Any,
+    ) -> TrainResult: ...
 
-    async def train_sft(self, model, trajectories: Iterable, *, config: TrainSFTConfig | None = None,
-                        _config: dict | None = None, **options: Any) -> TrainResult:
-        ...
+    async def train_sft(
+        self,
+        model,
+        trajectories: Iterable,
+        *,
+        config: TrainSFTConfig | None = None,
+        _config: dict | None = None,
+        **options: Any,
+    ) -> TrainResult: ...
 
-    async def delete_checkpoints(self, model, best_checkpoint_metric: str = "val/reward") -> list[int]:
-        ...
+    async def delete_checkpoints(self, model, best_checkpoint_metric: str = "val/reward") -> list[int]: ...

@@ -59,14 +59,23 @@ _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 class ChildProcess:
     """One started child: its process, URL, key and log. `start` returns once /health answers."""
 
-    def __init__(self, process: subprocess.Popen, url: str, port: int, key: str, log_path: Path,
-                 log_offset: int) -> None:
+    def __init__(
+        self, process: subprocess.Popen, url: str, port: int, key: str, log_path: Path, log_offset: int
+    ) -> None:
         self.process, self.url, self.port, self.key = process, url, port, key
         self.log_path, self._log_offset = log_path, log_offset
 
     @classmethod
-    async def start(cls, root: Path, *, placement: str, host: str, port: int, or_any_port: bool = False,
-                    timeout: float = START_TIMEOUT_S) -> ChildProcess:
+    async def start(
+        cls,
+        root: Path,
+        *,
+        placement: str,
+        host: str,
+        port: int,
+        or_any_port: bool = False,
+        timeout: float = START_TIMEOUT_S,
+    ) -> ChildProcess:
         key = secrets.token_urlsafe(32)
         root.mkdir(parents=True, exist_ok=True)
         log_path = root / LOG_NAME
@@ -81,9 +90,15 @@ class ChildProcess:
                 out.flush()
                 # Spawned here, on the event loop's thread (see the module docstring), in its own
                 # session so the terminal's Ctrl-C reaches the user's process only.
-                process = subprocess.Popen([sys.executable, "-c", "from art.backends.child import main; main()"],
-                                           stdin=subprocess.PIPE, stdout=out, stderr=out, pass_fds=(fd,), env=env,
-                                           start_new_session=True)
+                process = subprocess.Popen(
+                    [sys.executable, "-c", "from art.backends.child import main; main()"],
+                    stdin=subprocess.PIPE,
+                    stdout=out,
+                    stderr=out,
+                    pass_fds=(fd,),
+                    env=env,
+                    start_new_session=True,
+                )
         finally:
             sock.close()  # the child holds it now: a dead child leaves nothing listening (no hung connects)
         settings = {"parent": os.getpid(), "fd": fd, "key": key, "root": str(root), "placement": placement}
@@ -112,16 +127,19 @@ class ChildProcess:
         async with httpx.AsyncClient(timeout=2.0) as client:
             while True:
                 if not self.alive():
-                    raise BackendError(f"the backend's child process did not start ({self.describe_exit()}); "
-                                       f"{self.log_tail()}")
+                    raise BackendError(
+                        f"the backend's child process did not start ({self.describe_exit()}); {self.log_tail()}"
+                    )
                 try:
                     if (await client.get(f"{self.url}/health")).status_code == 200:
                         return
                 except httpx.TransportError:
                     pass
                 if time.monotonic() > deadline:
-                    raise BackendError(f"the backend's child process (pid {self.pid}) did not answer {self.url}/health "
-                                       f"within {timeout:g} s; {self.log_tail()}")
+                    raise BackendError(
+                        f"the backend's child process (pid {self.pid}) did not answer {self.url}/health "
+                        f"within {timeout:g} s; {self.log_tail()}"
+                    )
                 await asyncio.sleep(0.05)
 
     async def died(self, wait: float = 2.0) -> bool:
@@ -186,8 +204,15 @@ class ChildService(RemoteService):
     new one: a training loop learns of the crash rather than silently continuing elsewhere.
     """
 
-    def __init__(self, root: Path, *, placement: str = "processes", host: str = "127.0.0.1", port: int = 0,
-                 start_timeout: float = START_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        root: Path,
+        *,
+        placement: str = "processes",
+        host: str = "127.0.0.1",
+        port: int = 0,
+        start_timeout: float = START_TIMEOUT_S,
+    ) -> None:
         self.root, self.placement, self.host, self.port = Path(root), placement, host, port
         self.start_timeout = start_timeout
         """Seconds the child may take to answer /health."""
@@ -221,12 +246,21 @@ class ChildService(RemoteService):
             if previous is not None:
                 previous.kill()  # dead already: reap it and close its pipe
             again = previous is not None and not self.port
-            self.child = await ChildProcess.start(self.root, placement=self.placement, host=self.host,
-                                                  port=previous.port if again else self.port, or_any_port=again,
-                                                  timeout=self.start_timeout)
+            self.child = await ChildProcess.start(
+                self.root,
+                placement=self.placement,
+                host=self.host,
+                port=previous.port if again else self.port,
+                or_any_port=again,
+                timeout=self.start_timeout,
+            )
             self.base_url = self.child.url  # for RemoteService's messages
-            print(f"[art] backend in child process {self.child.pid} at {self.child.url} (dashboard "
-                  f"{self.child.url}/dashboard, log {self.child.log_path})", file=sys.stderr, flush=True)
+            print(
+                f"[art] backend in child process {self.child.pid} at {self.child.url} (dashboard "
+                f"{self.child.url}/dashboard, log {self.child.log_path})",
+                file=sys.stderr,
+                flush=True,
+            )
             return self.child
 
     async def close(self) -> None:
@@ -256,15 +290,20 @@ class _ChildTransport(httpx.AsyncBaseTransport):
         except httpx.TransportError as exc:
             await self.raise_if_died(child, request, exc)
             raise
-        return httpx.Response(response.status_code, headers=response.headers, extensions=response.extensions,
-                              stream=_WatchedStream(response.stream, self, child, request))
+        return httpx.Response(
+            response.status_code,
+            headers=response.headers,
+            extensions=response.extensions,
+            stream=_WatchedStream(response.stream, self, child, request),
+        )
 
     async def raise_if_died(self, child: ChildProcess, request: httpx.Request, exc: Exception | None) -> None:
         if await child.died():
             raise BackendError(
                 f"the backend's child process (pid {child.pid}) died ({child.describe_exit()}); "
                 f"{request.method} {request.url.path} failed. Register the model again to start a new one (it "
-                f"resumes from the latest checkpoint). {child.log_tail()}") from exc
+                f"resumes from the latest checkpoint). {child.log_tail()}"
+            ) from exc
 
     async def aclose(self) -> None:
         await self._http.aclose()
@@ -305,8 +344,11 @@ def _die_with_parent(parent: int) -> None:
     if sys.platform.startswith("linux"):
         libc = ctypes.CDLL(None, use_errno=True)
         if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
-            print(f"prctl(PR_SET_PDEATHSIG) failed (errno {ctypes.get_errno()}); the watchdog thread remains",
-                  file=sys.stderr, flush=True)
+            print(
+                f"prctl(PR_SET_PDEATHSIG) failed (errno {ctypes.get_errno()}); the watchdog thread remains",
+                file=sys.stderr,
+                flush=True,
+            )
     if os.getppid() != parent:  # it died before the kernel was told
         os._exit(1)
 
@@ -333,12 +375,13 @@ def main() -> None:
     import uvicorn
 
     from art.serve import create_serve_app
-    from art.service.local import LocalService
     from art.server.thread import KEEP_ALIVE_S
+    from art.service.local import LocalService
 
     service = LocalService(settings["root"], placement=settings["placement"])
     # model_roots=None: any base_model path, as in process (the user's own machine and key).
     app = create_serve_app(service, api_key=settings["key"], model_roots=None)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5,
-                                           timeout_keep_alive=KEEP_ALIVE_S))
+    server = uvicorn.Server(
+        uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5, timeout_keep_alive=KEEP_ALIVE_S)
+    )
     server.run(sockets=[socket.socket(fileno=settings["fd"])])  # SIGTERM: graceful, then the app closes

@@ -22,8 +22,16 @@ from art.service.local import LocalService
 class LocalBackend(ServiceBackend):
     service: LocalService | ChildService
 
-    def __init__(self, *, in_process: bool = True, path: str | None = None, host: str = "127.0.0.1",
-                 port: int = 0, placement: str = "processes", gpu_cost_per_hour_usd: float | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        in_process: bool = True,
+        path: str | None = None,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        placement: str = "processes",
+        gpu_cost_per_hour_usd: float | None = None,
+    ) -> None:
         """`path`: run storage root (default `./.art`). `port` 0 picks a free port for the
         loopback server, started when the first model registers. `placement`: where engine
         replicas and trainer ranks beyond the first run, "processes" or "ray" (see `art.ray_cluster`).
@@ -32,10 +40,13 @@ class LocalBackend(ServiceBackend):
         the next register starts a new one (`art.backends.child`). Same storage layout.
         `gpu_cost_per_hour_usd`: what this machine costs; each train row then adds `costs/gpu`
         (its `time/step_wall_s` at that rate) and the cost roll-ups. None: no cost is logged."""
-        if gpu_cost_per_hour_usd is not None and not (isinstance(gpu_cost_per_hour_usd, (int, float))
-                                                      and 0 <= gpu_cost_per_hour_usd < 1e6):
-            raise ArtValueError(f"gpu_cost_per_hour_usd must be a number of dollars in [0, 1e6), got "
-                                f"{gpu_cost_per_hour_usd!r}", field="gpu_cost_per_hour_usd")
+        if gpu_cost_per_hour_usd is not None and not (
+            isinstance(gpu_cost_per_hour_usd, (int, float)) and 0 <= gpu_cost_per_hour_usd < 1e6
+        ):
+            raise ArtValueError(
+                f"gpu_cost_per_hour_usd must be a number of dollars in [0, 1e6), got {gpu_cost_per_hour_usd!r}",
+                field="gpu_cost_per_hour_usd",
+            )
         self.gpu_cost_per_hour_usd = gpu_cost_per_hour_usd
         root = Path(path) if path is not None else Path(".art")
         if in_process:
@@ -78,8 +89,12 @@ class LocalBackend(ServiceBackend):
             app.include_router(dashboard_router(self.root))
             self._server = ServerThread(app, host=self._host, port=self._port)
             self._server.start()
-            print(f"[art] dashboard: {self._server.base_url}/dashboard (while this process runs; "
-                  f"`art dashboard --path {self.root}` serves it on its own)", file=sys.stderr, flush=True)
+            print(
+                f"[art] dashboard: {self._server.base_url}/dashboard (while this process runs; "
+                f"`art dashboard --path {self.root}` serves it on its own)",
+                file=sys.stderr,
+                flush=True,
+            )
         return self._server.base_url
 
     async def close(self) -> None:

@@ -49,15 +49,26 @@ class RemoteService:
     step can take minutes; the train stream sends a heartbeat line every few seconds).
     """
 
-    def __init__(self, base_url: str, api_key: str | None, *, transport: httpx.AsyncBaseTransport | None = None,
-                 timeout: float = 1800.0) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str | None,
+        *,
+        transport: httpx.AsyncBaseTransport | None = None,
+        timeout: float = 1800.0,
+    ) -> None:
         self.base_url = base_url.rstrip("/")
         self.api_key = api_key
         self.transport = transport
         self.timeout = httpx.Timeout(timeout, connect=10.0)
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._client = httpx.AsyncClient(base_url=self.base_url, headers=headers, transport=transport,
-                                         timeout=self.timeout, event_hooks={"request": [tracing.inject_headers]})
+        self._client = httpx.AsyncClient(
+            base_url=self.base_url,
+            headers=headers,
+            transport=transport,
+            timeout=self.timeout,
+            event_hooks={"request": [tracing.inject_headers]},
+        )
         self._steps: dict[ModelKey, int] = {}  # the step last seen per model
         self._in_doubt: dict[ModelKey, tuple[str, int | None]] = {}  # body digest, step sent
         self._uploaded: dict[ModelKey, str] = {}  # digest of the groups the last train call sent
@@ -78,16 +89,27 @@ class RemoteService:
     async def specs(self) -> list[ModelSpec]:
         """What `GET /art/models` lists: each model's project, name, trainable and base_model
         (its config and internal config stay on the server)."""
-        return [ModelSpec(project=info["project"], name=info["name"], trainable=info["trainable"],
-                          base_model=info["base_model"]) for info in await self._request("GET", "/art/models")]
+        return [
+            ModelSpec(
+                project=info["project"], name=info["name"], trainable=info["trainable"], base_model=info["base_model"]
+            )
+            for info in await self._request("GET", "/art/models")
+        ]
 
     async def step(self, key: ModelKey) -> int:
         step = (await self._request("GET", _path(key, "step")))["step"]
         self._steps[key] = step
         return step
 
-    async def train(self, key: ModelKey, groups: list, options: TrainOptions, *, expected_step: int | None = None,
-                    progress: Progress | None = None) -> TrainResult:
+    async def train(
+        self,
+        key: ModelKey,
+        groups: list,
+        options: TrainOptions,
+        *,
+        expected_step: int | None = None,
+        progress: Progress | None = None,
+    ) -> TrainResult:
         """One update on the server, with a progress bar fed by its NDJSON stream. Without
         `expected_step`, the step this client last saw is sent (see the module docstring)."""
         payload = [group.for_logging() for group in groups]
@@ -97,16 +119,23 @@ class RemoteService:
         self._uploaded[key] = upload_id  # the server holds them for the log call that follows
         return result
 
-    async def train_sft(self, key: ModelKey, trajectories: list, options: SFTOptions, *,
-                        expected_step: int | None = None, progress: Progress | None = None) -> TrainResult:
+    async def train_sft(
+        self,
+        key: ModelKey,
+        trajectories: list,
+        options: SFTOptions,
+        *,
+        expected_step: int | None = None,
+        progress: Progress | None = None,
+    ) -> TrainResult:
         """SFT on the server, which renders the chats with the model's own template; streamed and
         guarded against double application like `train`."""
-        body = {"trajectories": [trajectory.for_logging() for trajectory in trajectories],
-                "options": options.as_dict()}
+        body = {"trajectories": [trajectory.for_logging() for trajectory in trajectories], "options": options.as_dict()}
         return await self._stream_update(key, "train_sft", body, expected_step, progress)
 
-    async def _stream_update(self, key: ModelKey, action: str, body: dict, expected_step: int | None,
-                             progress: Progress | None) -> TrainResult:
+    async def _stream_update(
+        self, key: ModelKey, action: str, body: dict, expected_step: int | None, progress: Progress | None
+    ) -> TrainResult:
         """POST `body` to the model's `action` route and follow its NDJSON stream to the result."""
         digest = hashlib.sha256(json.dumps([action, body], default=str, sort_keys=True).encode()).hexdigest()
         doubt = self._in_doubt.get(key)
@@ -138,12 +167,15 @@ class RemoteService:
             raise BackendError(
                 f"the connection to {self.base_url} broke during training ({type(exc).__name__}: {exc}); "
                 "the step may still complete on the server: check `await model.get_step()` (sending the same "
-                "groups again is safe: a step that did complete is not trained twice)") from exc
+                "groups again is safe: a step that did complete is not trained twice)"
+            ) from exc
         finally:
             bar.close()
         self._in_doubt[key] = (digest, expected_step)
-        raise BackendError(f"{self.base_url} ended the training stream without a result; the step may still "
-                           "complete on the server: check `await model.get_step()`")
+        raise BackendError(
+            f"{self.base_url} ended the training stream without a result; the step may still "
+            "complete on the server: check `await model.get_step()`"
+        )
 
     async def check_training_input(self, key: ModelKey, groups: list) -> None:
         """Checked by the server when the groups arrive; nothing to ask for up front."""
@@ -151,20 +183,26 @@ class RemoteService:
     async def cancel_training(self, key: ModelKey) -> bool:
         return (await self._request("DELETE", _path(key, "train")))["cancelled"]
 
-    async def log(self, key: ModelKey, *, split: str, step: int, metrics: dict, groups: list,
-                  scenario_ids: list[str] = ()) -> dict:
+    async def log(
+        self, key: ModelKey, *, split: str, step: int, metrics: dict, groups: list, scenario_ids: list[str] = ()
+    ) -> dict:
         """Groups the last train call uploaded (`model.train` logs what it trained on) are
         named by their digest instead of sent again; a server that no longer holds them gets
         them in full."""
-        body = {"split": split, "step": step, "metrics": to_jsonable_python(metrics, serialize_unknown=True),
-                "scenario_ids": list(scenario_ids)}
+        body = {
+            "split": split,
+            "step": step,
+            "metrics": to_jsonable_python(metrics, serialize_unknown=True),
+            "scenario_ids": list(scenario_ids),
+        }
         payload = [group.for_logging() for group in groups]
         digest = _digest(payload) if payload else None
         if digest is not None and self._uploaded.get(key) == digest:
             del self._uploaded[key]
             try:
-                return (await self._request("POST", _path(key, "log"),
-                                            {**body, "trajectory_groups_from": digest})).get("row") or {}
+                return (await self._request("POST", _path(key, "log"), {**body, "trajectory_groups_from": digest})).get(
+                    "row"
+                ) or {}
             except ArtValueError as exc:
                 if exc.field != "trajectory_groups_from":
                     raise
@@ -173,8 +211,9 @@ class RemoteService:
     async def checkpoints(self, key: ModelKey) -> list[int]:
         return (await self._request("GET", _path(key, "checkpoints")))["steps"]
 
-    async def delete_checkpoints(self, key: ModelKey, best_checkpoint_metric: str,
-                                 keep_steps: list[int] | None = None) -> list[int]:
+    async def delete_checkpoints(
+        self, key: ModelKey, best_checkpoint_metric: str, keep_steps: list[int] | None = None
+    ) -> list[int]:
         params: dict = {"best_checkpoint_metric": best_checkpoint_metric}
         if keep_steps is not None:
             params["keep_step"] = list(keep_steps)
@@ -190,9 +229,14 @@ class RemoteService:
     async def fork_checkpoint(self, spec: ModelSpec, source: ModelKey, *, not_after_step: int | None = None) -> int:
         """The source run must be stored on the server. The model's step changes, so the step
         the next train call expects does too."""
-        body = {"from_project": source[0], "from_model": source[1], "not_after_step": not_after_step,
-                "base_model": spec.base_model, "config": to_jsonable_python(spec.config, serialize_unknown=True),
-                "internal_config": spec.internal_config}
+        body = {
+            "from_project": source[0],
+            "from_model": source[1],
+            "not_after_step": not_after_step,
+            "base_model": spec.base_model,
+            "config": to_jsonable_python(spec.config, serialize_unknown=True),
+            "internal_config": spec.internal_config,
+        }
         step = (await self._request("POST", _path(spec.key, "fork"), body))["step"]
         self._steps[spec.key] = step
         self._in_doubt.pop(spec.key, None)
@@ -204,11 +248,13 @@ class RemoteService:
 
     async def _request(self, method: str, path: str, body: Any = None, params: dict | None = None) -> Any:
         try:
-            response = await self._client.request(method, path, params=params,
-                                                  **(_json_body(body) if body is not None else {}))
+            response = await self._client.request(
+                method, path, params=params, **(_json_body(body) if body is not None else {})
+            )
         except httpx.HTTPError as exc:
             raise BackendUnavailableError(
-                f"cannot reach the art server at {self.base_url}: {type(exc).__name__}: {exc}") from exc
+                f"cannot reach the art server at {self.base_url}: {type(exc).__name__}: {exc}"
+            ) from exc
         if response.status_code >= 400:
             _raise_for_response(response)
         return _parse(response.content, response)
@@ -220,8 +266,14 @@ class RemoteBackend(ServiceBackend):
 
     service: RemoteService
 
-    def __init__(self, base_url: str = "http://127.0.0.1:7999", api_key: str | None = None, *,
-                 transport: httpx.AsyncBaseTransport | None = None, timeout: float = 1800.0) -> None:
+    def __init__(
+        self,
+        base_url: str = "http://127.0.0.1:7999",
+        api_key: str | None = None,
+        *,
+        transport: httpx.AsyncBaseTransport | None = None,
+        timeout: float = 1800.0,
+    ) -> None:
         api_key = api_key if api_key is not None else os.environ.get(API_KEY_ENV) or None
         super().__init__(RemoteService(base_url, api_key, transport=transport, timeout=timeout))
         self.base_url = self.service.base_url
@@ -237,8 +289,11 @@ class RemoteBackend(ServiceBackend):
         """With a custom transport, `model.openai_client()` must use it too (for our URL only)."""
         if self.service.transport is None or not (model.inference_base_url or "").startswith(self.base_url):
             return None
-        client = httpx.AsyncClient(transport=self.service.transport, timeout=self.service.timeout,
-                                   event_hooks={"request": [tracing.inject_headers]})
+        client = httpx.AsyncClient(
+            transport=self.service.transport,
+            timeout=self.service.timeout,
+            event_hooks={"request": [tracing.inject_headers]},
+        )
         self._openai_clients.append(client)
         return client
 
@@ -269,8 +324,10 @@ def _parse(text: str | bytes, response: httpx.Response) -> Any:
     try:
         return json.loads(text)
     except ValueError:
-        raise BackendError(f"{response.request.method} {response.request.url}: the answer is not JSON "
-                           f"(is this an art server?): {text[:200]!r}") from None
+        raise BackendError(
+            f"{response.request.method} {response.request.url}: the answer is not JSON "
+            f"(is this an art server?): {text[:200]!r}"
+        ) from None
 
 
 def _bar_label(action: str, step: int) -> str:
@@ -287,8 +344,9 @@ def _on_event(event: dict[str, Any], bar: tqdm, action: str = "train") -> TrainR
     elif kind == "gradient_step":
         bar.set_description(_bar_label(action, event["step"]))
         bar.total = event.get("total")
-        bar.set_postfix({k: f"{v:.4g}" for k, v in (event.get("metrics") or {}).items() if isinstance(v, float)},
-                        refresh=False)
+        bar.set_postfix(
+            {k: f"{v:.4g}" for k, v in (event.get("metrics") or {}).items() if isinstance(v, float)}, refresh=False
+        )
         bar.update(1)
     elif kind == "heartbeat":
         bar.refresh()

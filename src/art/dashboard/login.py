@@ -41,7 +41,7 @@ _FORM_HEADERS = {
     "www-authenticate": "Bearer",
     # No script, no framing, nothing fetched: the form can only post to this server.
     "content-security-policy": "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'; "
-                               "frame-ancestors 'none'; base-uri 'none'",
+    "frame-ancestors 'none'; base-uri 'none'",
 }
 
 
@@ -134,5 +134,6 @@ def _cookie(value: str, *, secure: bool, max_age: int | None = None) -> str:
 
 def _to_page(set_cookie: str) -> RedirectResponse:
     """303: the browser follows with a GET, so a reload does not post the form again."""
-    return RedirectResponse(PREFIX + "/", status_code=303, headers={"set-cookie": set_cookie,
-                                                                    "cache-control": "no-store"})
+    return RedirectResponse(
+        PREFIX + "/", status_code=303, headers={"set-cookie": set_cookie, "cache-control": "no-store"}
+    )

@@ -18,8 +18,9 @@ def _asset(name: str) -> str:
     return f"/dashboard/static/{name}?v={int((STATIC / name).stat().st_mtime)}"
 
 
-LOGOUT_FORM = ('<form class="logout" method="post" action="/dashboard/logout">'
-               '<button type="submit">log out</button></form>')
+LOGOUT_FORM = (
+    '<form class="logout" method="post" action="/dashboard/logout"><button type="submit">log out</button></form>'
+)
 """A form, not a script: the cookie is HttpOnly, and posting needs no JavaScript."""
 
 
@@ -32,8 +33,8 @@ def render(root: Path, *, logout: bool = False) -> str:
 <meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <title>art dashboard</title>
-<link rel="stylesheet" href="{_asset('uPlot.min.css')}">
-<link rel="stylesheet" href="{_asset('dashboard.css')}">
+<link rel="stylesheet" href="{_asset("uPlot.min.css")}">
+<link rel="stylesheet" href="{_asset("dashboard.css")}">
 </head>
 <body>
 <header>
@@ -56,9 +57,11 @@ def render(root: Path, *, logout: bool = False) -> str:
         <option value="time">wall-clock</option></select></label>
       <label>metric <select id="metric"></select></label>
     </div>
-    <div class="chart-box"><h3>reward (mean &plusmn; std within groups)</h3><div id="chart-reward" class="chart" data-points="0"></div></div>
+    <div class="chart-box"><h3>reward (mean &plusmn; std within groups)</h3>
+      <div id="chart-reward" class="chart" data-points="0"></div></div>
     <div class="chart-box"><h3>loss</h3><div id="chart-loss" class="chart" data-points="0"></div></div>
-    <div class="chart-box"><h3 id="metric-title">metric</h3><div id="chart-metric" class="chart" data-points="0"></div></div>
+    <div class="chart-box"><h3 id="metric-title">metric</h3>
+      <div id="chart-metric" class="chart" data-points="0"></div></div>
   </section>
   <section id="samples">
     <h2>Samples <span id="samples-run" class="muted"></span></h2>
@@ -82,8 +85,8 @@ def render(root: Path, *, logout: bool = False) -> str:
     <div id="token-text" class="token-text"></div>
   </section>
 </main>
-<script src="{_asset('uPlot.iife.min.js')}"></script>
-<script src="{_asset('dashboard.js')}"></script>
+<script src="{_asset("uPlot.iife.min.js")}"></script>
+<script src="{_asset("dashboard.js")}"></script>
 </body>
 </html>
 """

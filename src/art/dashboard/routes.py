@@ -34,8 +34,13 @@ from art.server.errors import error_object, error_response
 from art.storage.layout import validate_name
 
 STATIC = Path(__file__).parent / "static"
-ASSETS = {"dashboard.js": "text/javascript", "dashboard.css": "text/css", "uPlot.iife.min.js": "text/javascript",
-          "uPlot.min.css": "text/css", "uPlot.LICENSE": "text/plain"}
+ASSETS = {
+    "dashboard.js": "text/javascript",
+    "dashboard.css": "text/css",
+    "uPlot.iife.min.js": "text/javascript",
+    "uPlot.min.css": "text/css",
+    "uPlot.LICENSE": "text/plain",
+}
 """The only files /dashboard/static serves: a name is looked up here, never joined to a path."""
 MAX_OFFSET = 2**53
 
@@ -63,8 +68,9 @@ def dashboard_router(root: str | Path, *, logout: bool = False) -> APIRouter:
 
     @router.get("/api/runs/{project}/{name}/history")
     def history(project: str, name: str, since: str = "0"):
-        return _answer(lambda: read_history(run_dir(root, project, name).history,
-                                            parse_index(since, "since", MAX_OFFSET)))
+        return _answer(
+            lambda: read_history(run_dir(root, project, name).history, parse_index(since, "since", MAX_OFFSET))
+        )
 
     @router.get("/api/runs/{project}/{name}/steps")
     def steps(project: str, name: str):
@@ -75,14 +81,17 @@ def dashboard_router(root: str | Path, *, logout: bool = False) -> APIRouter:
         def read():
             directory = run_dir(root, project, name)
             return read_step(directory, validate_name(split, "split"), parse_index(step, "step"))
+
         return _answer(read)
 
     @router.get("/api/runs/{project}/{name}/steps/{split}/{step}/trajectories/{index}/tokens")
     def tokens(project: str, name: str, split: str, step: str, index: str):
         def read():
             directory = run_dir(root, project, name)
-            return trajectory_tokens(directory, validate_name(split, "split"), parse_index(step, "step"),
-                                     parse_index(index, "index"))
+            return trajectory_tokens(
+                directory, validate_name(split, "split"), parse_index(step, "step"), parse_index(index, "index")
+            )
+
         return _answer(read)
 
     return router
@@ -97,5 +106,6 @@ def _answer(read):
 
 
 def _error(status: int, message: str, param: str | None) -> JSONResponse:
-    return error_response({"status": status, "message": message, "type": "invalid_request_error",
-                           "param": param, "code": None})
+    return error_response(
+        {"status": status, "message": message, "type": "invalid_request_error", "param": param, "code": None}
+    )

@@ -67,7 +67,9 @@ def summarize(directory: ModelDir, project: str, name: str, now: float) -> dict:
     reward_row = next((row for row in reversed(last) if _number(row.get("train/reward")) is not None), None)
     recent = modified is not None and now - modified < TRAINING_WINDOW_S
     return {
-        "project": project, "name": name, "base_model": model.get("base_model"),
+        "project": project,
+        "name": name,
+        "base_model": model.get("base_model"),
         "trainable": directory.model_json.is_file(),
         "step": steps[-1] if steps else None,
         "last_logged_step": last[-1].get("step") if last else None,

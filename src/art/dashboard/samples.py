@@ -18,6 +18,7 @@ import json
 import logging
 from pathlib import Path
 
+from art.dashboard.runs import loads
 from art.errors import ArtValueError, ModelNotFoundError
 from art.naming import MAX_STEP, echo
 from art.storage.layout import ModelDir
@@ -25,13 +26,13 @@ from art.storage.run_log import trainer_logprobs_file
 from art.storage.step_files import read_step_rows
 from art.training.advantages import group_advantages, reward_std
 
-from art.dashboard.runs import loads
-
 log = logging.getLogger(__name__)
 
-TRAINER_LOGPROB_NOTE = ("no trainer logprobs recorded for this trajectory: not a train step, its group "
-                        "had equal rewards, or the run predates them (python -m art.training.audit FILE "
-                        "--model ID computes them)")
+TRAINER_LOGPROB_NOTE = (
+    "no trainer logprobs recorded for this trajectory: not a train step, its group "
+    "had equal rewards, or the run predates them (python -m art.training.audit FILE "
+    "--model ID computes them)"
+)
 
 
 def parse_index(value: str, field: str, upper: int = MAX_STEP) -> int:
@@ -52,8 +53,14 @@ def read_step(directory: ModelDir, split: str, step: int) -> dict:
     for entry in logged.failed:
         group = _group_index(entry)
         groups.setdefault(group, _empty_group(group))["exceptions"] += [
-            {"type": str(e.get("type", "")), "message": str(e.get("message", "")),
-             "traceback": str(e.get("traceback", ""))} for e in entry.get("exceptions") or [] if isinstance(e, dict)]
+            {
+                "type": str(e.get("type", "")),
+                "message": str(e.get("message", "")),
+                "traceback": str(e.get("traceback", "")),
+            }
+            for e in entry.get("exceptions") or []
+            if isinstance(e, dict)
+        ]
     scale = _scale_rewards(directory)
     all_rewards = [t["reward"] for g in groups.values() for t in g["trajectories"]]
     batch_std = reward_std(all_rewards)
@@ -64,15 +71,14 @@ def read_step(directory: ModelDir, split: str, step: int) -> dict:
         group["reward_mean"] = sum(rewards) / len(rewards) if rewards else None
         group["reward_std"] = reward_std(rewards) if rewards else None
         group["zero_variance"] = len(rewards) > 1 and max(rewards) == min(rewards)
-    return {"split": split, "step": step, "scale_rewards": scale,
-            "groups": [groups[k] for k in sorted(groups)]}
+    return {"split": split, "step": step, "scale_rewards": scale, "groups": [groups[k] for k in sorted(groups)]}
 
 
 def trajectory_tokens(directory: ModelDir, split: str, step: int, index: int) -> dict:
     """Every token of trajectory `index` (its line in the step's file) as training sees it:
     text, trained flag, advantage, sampler logprob; trainer logprob null."""
-    from art.trajectories import Trajectory
     from art.training.audit import audit
+    from art.trajectories import Trajectory
 
     rows = _step_rows(directory, split, step).rows
     if not rows:
@@ -89,23 +95,41 @@ def trajectory_tokens(directory: ModelDir, split: str, step: int, index: int) ->
     try:
         report = audit(Trajectory.from_logging({k: v for k, v in row.items() if k != "group"}))
     except (ValueError, TypeError, KeyError) as exc:
-        raise ArtValueError(f"trajectory {index} of {split} step {step} cannot be audited: "
-                            f"{(str(exc) or type(exc).__name__).splitlines()[0]}", field="index") from exc
+        raise ArtValueError(
+            f"trajectory {index} of {split} step {step} cannot be audited: "
+            f"{(str(exc) or type(exc).__name__).splitlines()[0]}",
+            field="index",
+        ) from exc
     trainer = _trainer_logprobs(directory, split, step, group, peers.index(index))
     tokenizer = _tokenizer((directory.read_model_json() or {}).get("base_model"))
     ids = [r.token_id for r in report.rows]
     texts = _decode(tokenizer, ids) if tokenizer is not None else [None] * len(ids)
     return {
-        "split": split, "step": step, "index": index, "group": group, "reward": _reward(row),
-        "advantage": advantage, "trained_tokens": report.trained_tokens, "has_text": tokenizer is not None,
+        "split": split,
+        "step": step,
+        "index": index,
+        "group": group,
+        "reward": _reward(row),
+        "advantage": advantage,
+        "trained_tokens": report.trained_tokens,
+        "has_text": tokenizer is not None,
         "trainer_logprob_note": None if trainer else TRAINER_LOGPROB_NOTE,
-        "tokens": [{"sequence": r.sequence, "position": r.position, "id": r.token_id, "text": text,
-                    "trained": r.trained, "advantage": advantage if r.trained else 0.0,
-                    "sampler_logprob": r.sampler_logprob,
-                    "trainer_logprob": _at(trainer.get(r.sequence), r.position) if r.trained else None}
-                   for r, text in zip(report.rows, texts)],
-        "breaks": [{"choice": b.choice, "position": b.position, "expected": b.expected, "got": b.got}
-                   for b in report.breaks],
+        "tokens": [
+            {
+                "sequence": r.sequence,
+                "position": r.position,
+                "id": r.token_id,
+                "text": text,
+                "trained": r.trained,
+                "advantage": advantage if r.trained else 0.0,
+                "sampler_logprob": r.sampler_logprob,
+                "trainer_logprob": _at(trainer.get(r.sequence), r.position) if r.trained else None,
+            }
+            for r, text in zip(report.rows, texts)
+        ],
+        "breaks": [
+            {"choice": b.choice, "position": b.position, "expected": b.expected, "got": b.got} for b in report.breaks
+        ],
         "issues": dict(report.issues),
     }
 
@@ -117,8 +141,13 @@ def _trainer_logprobs(directory: ModelDir, split: str, step: int, group: int, me
     out = {}
     for line in _lines(trainer_logprobs_file(directory, step)) or []:
         row = _load(line)
-        if (row is not None and row.get("group") == group and row.get("trajectory") == member
-                and type(row.get("sequence")) is int and isinstance(row.get("logprobs"), list)):
+        if (
+            row is not None
+            and row.get("group") == group
+            and row.get("trajectory") == member
+            and type(row.get("sequence")) is int
+            and isinstance(row.get("logprobs"), list)
+        ):
             out[row["sequence"]] = row["logprobs"]
     return out
 
@@ -180,11 +209,14 @@ def _trajectory(index: int, row) -> dict:
         row = {}
     items = row.get("messages_and_choices") or []
     return {
-        "index": index, "reward": _reward(row),
-        "metrics": _scalars(row.get("metrics")), "metadata": _metadata(row.get("metadata")),
+        "index": index,
+        "reward": _reward(row),
+        "metrics": _scalars(row.get("metrics")),
+        "metadata": _metadata(row.get("metadata")),
         "logs": [str(line) for line in row.get("logs") or []],
         "messages": [_message(item) for item in items if isinstance(item, dict)],
-        "start_time": row.get("start_time"), "end_time": row.get("end_time"),
+        "start_time": row.get("start_time"),
+        "end_time": row.get("end_time"),
     }
 
 
@@ -195,12 +227,24 @@ def _message(item: dict) -> dict:
         message = item.get("message") or {}
         logprobs = item.get("logprobs") or {}
         trained = bool(item.get("token_ids")) and bool(logprobs.get("content"))
-        return {"role": message.get("role") or "assistant", "content": _text(message.get("content")),
-                "tool_calls": _tool_calls(message.get("tool_calls")), "choice": True, "trained": trained,
-                "finish_reason": item.get("finish_reason"), "tokens": len(item.get("token_ids") or [])}
-    return {"role": str(item.get("role", "")), "content": _text(item.get("content")),
-            "tool_calls": _tool_calls(item.get("tool_calls")), "tool_call_id": item.get("tool_call_id"),
-            "name": item.get("name"), "choice": False, "trained": False}
+        return {
+            "role": message.get("role") or "assistant",
+            "content": _text(message.get("content")),
+            "tool_calls": _tool_calls(message.get("tool_calls")),
+            "choice": True,
+            "trained": trained,
+            "finish_reason": item.get("finish_reason"),
+            "tokens": len(item.get("token_ids") or []),
+        }
+    return {
+        "role": str(item.get("role", "")),
+        "content": _text(item.get("content")),
+        "tool_calls": _tool_calls(item.get("tool_calls")),
+        "tool_call_id": item.get("tool_call_id"),
+        "name": item.get("name"),
+        "choice": False,
+        "trained": False,
+    }
 
 
 def _text(content) -> str:
@@ -209,8 +253,10 @@ def _text(content) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        return "".join(part.get("text", f"[{part.get('type', 'part')}]") if isinstance(part, dict) else str(part)
-                       for part in content)
+        return "".join(
+            part.get("text", f"[{part.get('type', 'part')}]") if isinstance(part, dict) else str(part)
+            for part in content
+        )
     return str(content)
 
 
@@ -227,8 +273,12 @@ def _metadata(values) -> dict:
     """Metadata as shown: scalars as they are, nested values (any JSON) as compact JSON text."""
     if not isinstance(values, dict):
         return {}
-    return {str(k): v if v is None or isinstance(v, (int, float, str, bool))
-            else json.dumps(v, ensure_ascii=False, separators=(",", ":"), default=str) for k, v in values.items()}
+    return {
+        str(k): v
+        if v is None or isinstance(v, (int, float, str, bool))
+        else json.dumps(v, ensure_ascii=False, separators=(",", ":"), default=str)
+        for k, v in values.items()
+    }
 
 
 def _scalars(values) -> dict:
@@ -265,7 +315,7 @@ def _tokenizer(base_model: str | None):
         if base_models.bundled_gguf(base_model) is not None:
             path = str(base_models.cache_root() / "models" / base_model.replace("/", "--"))
         return AutoTokenizer.from_pretrained(path, local_files_only=True)
-    except Exception as exc:  # noqa: BLE001 - no tokenizer only means no token texts
+    except Exception as exc:  # no tokenizer only means no token texts
         log.info("dashboard: no tokenizer for %s (%s): token ids are shown instead of text", base_model, exc)
         return None
 
@@ -273,5 +323,5 @@ def _tokenizer(base_model: str | None):
 def _decode(tokenizer, ids: list[int]) -> list[str | None]:
     try:
         return tokenizer.batch_decode([[i] for i in ids])
-    except Exception:  # noqa: BLE001 - ids outside the vocabulary
+    except Exception:  # ids outside the vocabulary
         return [None] * len(ids)

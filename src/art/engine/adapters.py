@@ -16,8 +16,8 @@ recomputed, so unmerging is exact. Anything that changes or trains the live adap
 from __future__ import annotations
 
 from collections import Counter, OrderedDict
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 from art.engine.base import AdapterRef
 from art.errors import ModelNotFoundError
@@ -51,8 +51,9 @@ class AdapterSet:
         live = ref.step is None or ref.step == self.live_step or ref.path is None
         if not is_peft(self.model):
             if not live:  # full fine-tuning: only the weights in memory exist
-                raise ModelNotFoundError(f"{ref.key!r}: only the latest step ({self.live_step}) of a fully "
-                                         "fine-tuned model is served")
+                raise ModelNotFoundError(
+                    f"{ref.key!r}: only the latest step ({self.live_step}) of a fully fine-tuned model is served"
+                )
             self._in_use[LIVE] += 1
             return LIVE, self.live_step
         if live:

@@ -121,8 +121,9 @@ class Engine(Protocol):
         """Sample `params.n` completions of the prompt with the given adapter (None: base model)."""
         ...
 
-    def stream(self, prompt_token_ids: list[int], params: SamplingParams,
-               adapter: AdapterRef | None) -> AsyncIterator[SampledTokens | list[Completion]]:
+    def stream(
+        self, prompt_token_ids: list[int], params: SamplingParams, adapter: AdapterRef | None
+    ) -> AsyncIterator[SampledTokens | list[Completion]]:
         """`generate`, yielding each completion's tokens as they are sampled (`SampledTokens`),
         then, last, the `list[Completion]` that `generate` returns."""
         ...
@@ -180,5 +181,6 @@ class ManagedEngine(Engine, Protocol):
 
 def all_tokens(completions: list[Completion]) -> list[SampledTokens]:
     """Each whole completion as the `SampledTokens` a stream would have sent."""
-    return [SampledTokens(i, c.token_ids, c.logprobs, c.top_logprobs, c.step, c.replica)
-            for i, c in enumerate(completions)]
+    return [
+        SampledTokens(i, c.token_ids, c.logprobs, c.top_logprobs, c.step, c.replica) for i, c in enumerate(completions)
+    ]

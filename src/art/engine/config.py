@@ -17,12 +17,21 @@ from art.errors import ArtValueError
 
 log = logging.getLogger(__name__)
 
-DTYPES = {"float32": "float32", "fp32": "float32", "float": "float32", "bfloat16": "bfloat16",
-          "bf16": "bfloat16", "float16": "float16", "fp16": "float16", "half": "float16"}
+DTYPES = {
+    "float32": "float32",
+    "fp32": "float32",
+    "float": "float32",
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
+    "float16": "float16",
+    "fp16": "float16",
+    "half": "float16",
+}
 
 # vLLM engine args (the names in ART's `art.dev.EngineArgs`) this engine has no use for. They are
 # accepted so ART scripts run unchanged, and named once in a warning.
-IGNORED_VLLM_ARGS = frozenset("""
+IGNORED_VLLM_ARGS = frozenset(
+    """
     model served_model_name tokenizer skip_tokenizer_init tokenizer_mode trust_remote_code
     allowed_local_media_path download_dir load_format kv_cache_dtype seed pipeline_parallel_size
     tensor_parallel_size max_parallel_loading_workers block_size disable_sliding_window
@@ -45,7 +54,8 @@ IGNORED_VLLM_ARGS = frozenset("""
     override_neuron_config worker_cls generation_config override_generation_config
     enable_sleep_mode model_impl calculate_kv_scales additional_config disable_log_requests
     enable_log_requests compilation_config hf_overrides
-""".split())
+""".split()
+)
 
 # vLLM names for our fields.
 RENAMED_VLLM_ARGS = {"max_num_batched_tokens": "prefill_tokens", "max_loras": "max_loaded_adapters"}
@@ -62,8 +72,12 @@ def warn_ignored(keys, where: str) -> None:
     new = sorted(k for k in keys if f"{where}.{k}" not in _warned)
     if new:
         _warned.update(f"{where}.{k}" for k in new)
-        log.warning("ignoring %s %s: this backend has no use for %s (accepted for ART compatibility)",
-                    where, ", ".join(new), "it" if len(new) == 1 else "them")
+        log.warning(
+            "ignoring %s %s: this backend has no use for %s (accepted for ART compatibility)",
+            where,
+            ", ".join(new),
+            "it" if len(new) == 1 else "them",
+        )
 
 
 @dataclass(frozen=True)
@@ -134,7 +148,9 @@ class EngineConfig:
             raise ArtValueError(
                 f"unknown engine_args {', '.join(map(repr, sorted(unknown)))}: this engine takes "
                 f"{', '.join(sorted(ours | set(RENAMED_VLLM_ARGS) | {'enable_prefix_caching'}))} "
-                "and accepts (ignoring) the rest of vLLM's engine args", field=f"engine_args.{sorted(unknown)[0]}")
+                "and accepts (ignoring) the rest of vLLM's engine args",
+                field=f"engine_args.{sorted(unknown)[0]}",
+            )
         warn_ignored(ignored, "engine_args")
         config = cls(**values, ignored=tuple(sorted(ignored)))
         config.validate()
@@ -150,7 +166,9 @@ class EngineConfig:
                 problems.append((name, f"engine_args.{name} must be an int >= {minimum}, got {value!r}"))
 
         if self.kv_layout not in (None, "fixed", "growable"):
-            problems.append(("kv_layout", f"engine_args.kv_layout must be 'fixed', 'growable' or None, got {self.kv_layout!r}"))
+            problems.append(
+                ("kv_layout", f"engine_args.kv_layout must be 'fixed', 'growable' or None, got {self.kv_layout!r}")
+            )
         if self.max_num_seqs is not None:  # None: by device (`resolve`)
             positive_int("max_num_seqs")
         for name in ("kv_cache_bytes", "prefill_tokens", "max_loaded_adapters"):
@@ -160,11 +178,19 @@ class EngineConfig:
             positive_int("max_model_len")
         utilization = self.gpu_memory_utilization
         if not isinstance(utilization, (int, float)) or isinstance(utilization, bool) or not 0 < utilization <= 1:
-            problems.append(("gpu_memory_utilization",
-                             f"engine_args.gpu_memory_utilization must be a number in (0, 1], got {utilization!r}"))
+            problems.append(
+                (
+                    "gpu_memory_utilization",
+                    f"engine_args.gpu_memory_utilization must be a number in (0, 1], got {utilization!r}",
+                )
+            )
         if self.dtype != "auto" and self.dtype not in DTYPES:
-            problems.append(("dtype", f"engine_args.dtype must be 'auto' or one of {sorted(set(DTYPES.values()))}, "
-                                      f"got {self.dtype!r}"))
+            problems.append(
+                (
+                    "dtype",
+                    f"engine_args.dtype must be 'auto' or one of {sorted(set(DTYPES.values()))}, got {self.dtype!r}",
+                )
+            )
         if not isinstance(self.device, str) or not (self.device in ("auto", "cpu") or self.device.startswith("cuda")):
             problems.append(("device", f"engine_args.device must be 'auto', 'cpu' or 'cuda[:N]', got {self.device!r}"))
         for name in ("enforce_eager", "merge_lora", "pad_batches"):
@@ -189,8 +215,11 @@ class EngineConfig:
             device = "cuda" if torch.cuda.is_available() else "cpu"
         if device.startswith("cuda"):
             if not torch.cuda.is_available():
-                raise ArtValueError(f"engine_args.device={self.device!r} but this torch has no CUDA device "
-                                    f"(torch {torch.__version__}); use 'auto' or 'cpu'", field="engine_args.device")
+                raise ArtValueError(
+                    f"engine_args.device={self.device!r} but this torch has no CUDA device "
+                    f"(torch {torch.__version__}); use 'auto' or 'cpu'",
+                    field="engine_args.device",
+                )
             device = str(torch.device(device if ":" in device else f"cuda:{torch.cuda.current_device()}"))
         dtype = DTYPES.get(dtype) or ("bfloat16" if device.startswith("cuda") else "float32")
         rows = self.max_num_seqs or (CUDA_MAX_NUM_SEQS if device.startswith("cuda") else CPU_MAX_NUM_SEQS)

@@ -125,8 +125,12 @@ class DecodeGraphs:
             self.failures += 1
             self.last_failure = f"{rows} rows, width {width}, {route.key} weights: {exc}"
             self.retry_at[key] = self.replays + RETRY_AFTER_STEPS
-            log.error("the CUDA graph for %s failed; that shape decodes eagerly (slower, correct) and is tried again "
-                      "after %d graph steps", self.last_failure, RETRY_AFTER_STEPS)
+            log.error(
+                "the CUDA graph for %s failed; that shape decodes eagerly (slower, correct) and is tried again "
+                "after %d graph steps",
+                self.last_failure,
+                RETRY_AFTER_STEPS,
+            )
             return False
         self.retry_at.pop(key, None)
         log.debug("captured a decode graph: %d rows, width %d, %s weights", rows, width, route.key)
@@ -166,12 +170,23 @@ class DecodeGraphs:
         return graph
 
     def stats(self) -> dict[str, float]:
-        return {"engine/cuda_graphs": float(len(self.graphs)), "engine/graph_replays": float(self.replays),
-                "engine/graph_failures": float(self.failures)}
+        return {
+            "engine/cuda_graphs": float(len(self.graphs)),
+            "engine/graph_replays": float(self.replays),
+            "engine/graph_failures": float(self.failures),
+        }
 
 
-def check_other_steps(replay: Callable[[], None], decoder: Decoder, cache: KVCache, ids: torch.Tensor,
-                      positions: torch.Tensor, out: torch.Tensor, width: int, route: Route) -> None:
+def check_other_steps(
+    replay: Callable[[], None],
+    decoder: Decoder,
+    cache: KVCache,
+    ids: torch.Tensor,
+    positions: torch.Tensor,
+    out: torch.Tensor,
+    width: int,
+    route: Route,
+) -> None:
     """Raise GraphCaptureError unless `replay()`, a recorded decode step reading `ids` and
     `positions` [rows, 1] and writing `out` [rows, vocab], computes two steps on other inputs as
     eager steps do (the module docstring). The inputs and the cache entries it uses are put back."""
@@ -184,8 +199,10 @@ def check_other_steps(replay: Callable[[], None], decoder: Decoder, cache: KVCac
     keys, values = cache.k, cache.v  # [layers, slots, heads, stride, dim]
     saved = keys[:, slots, :, written].clone(), values[:, slots, :, written].clone()
     try:
-        eager = [decoder.forward(step_ids[:, None], step_positions[:, None], cache, width, route)
-                 for step_ids, step_positions in steps]
+        eager = [
+            decoder.forward(step_ids[:, None], step_positions[:, None], cache, width, route)
+            for step_ids, step_positions in steps
+        ]
         # The replays must write what their next step reads. (Finite: a masked NaN still spoils
         # attention, as 0 x NaN.)
         keys[:, slots, :, written] = POISON
@@ -205,8 +222,9 @@ def check_other_steps(replay: Callable[[], None], decoder: Decoder, cache: KVCac
 def _same_logits(replayed: torch.Tensor, eager: torch.Tensor, what: str) -> None:
     if not torch.allclose(replayed, eager, rtol=REPLAY_TOLERANCE, atol=REPLAY_TOLERANCE):
         diff = float((replayed - eager).abs().max())
-        raise GraphCaptureError(f"its replay does not compute {what} (max |replay - eager| = {diff:.3g}; "
-                                "nan means it wrote nothing)")
+        raise GraphCaptureError(
+            f"its replay does not compute {what} (max |replay - eager| = {diff:.3g}; nan means it wrote nothing)"
+        )
 
 
 def _stop_recording_into(device: torch.device, pool) -> None:

@@ -29,10 +29,24 @@ SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 SDPA_ENV = "ART_ENGINE_SDPA"
 """SDPA kernels the engine's attention may use, e.g. "efficient,flash,math" (unset: PyTorch's choice);
 for measuring on a GPU which ones compute the step right and fastest (benchmarks/gpu_check.sh)."""
-_SDPA_NAMES = {"efficient": SDPBackend.EFFICIENT_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
-               "cudnn": SDPBackend.CUDNN_ATTENTION, "math": SDPBackend.MATH}
-_LAYER_PARTS = ("input_layernorm", "post_attention_layernorm", "self_attn.q_proj", "self_attn.k_proj",
-                "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj", "mlp.act_fn")
+_SDPA_NAMES = {
+    "efficient": SDPBackend.EFFICIENT_ATTENTION,
+    "flash": SDPBackend.FLASH_ATTENTION,
+    "cudnn": SDPBackend.CUDNN_ATTENTION,
+    "math": SDPBackend.MATH,
+}
+_LAYER_PARTS = (
+    "input_layernorm",
+    "post_attention_layernorm",
+    "self_attn.q_proj",
+    "self_attn.k_proj",
+    "self_attn.v_proj",
+    "self_attn.o_proj",
+    "mlp.gate_proj",
+    "mlp.up_proj",
+    "mlp.down_proj",
+    "mlp.act_fn",
+)
 
 
 def causal_lm_parts(model):
@@ -62,20 +76,33 @@ def unsupported_reason(model) -> str | None:
             if owner is None:
                 return f"a decoder layer without {part}"
     for module in model.modules():
-        if any(getattr(module, "use_dora", {}).values()) or getattr(module, "lora_bias", {}) and any(module.lora_bias.values()):
+        if (
+            any(getattr(module, "use_dora", {}).values())
+            or getattr(module, "lora_bias", {})
+            and any(module.lora_bias.values())
+        ):
             return "DoRA or LoRA bias adapters"
     # The decoder applies adapters per row to projections; peft wrappers elsewhere apply one adapter
     # to the whole batch (LoRA on embeddings or norms, modules_to_save).
     wrapped = [trunk.embed_tokens, trunk.norm, base.lm_head] + [
-        m for layer in trunk.layers for m in (layer.input_layernorm, layer.post_attention_layernorm)]
+        m for layer in trunk.layers for m in (layer.input_layernorm, layer.post_attention_layernorm)
+    ]
     if any(hasattr(m, "modules_to_save") or (m is not base.lm_head and hasattr(m, "lora_A")) for m in wrapped):
         return "adapters on embeddings, norms or modules_to_save"
     return None
 
 
 class Decoder:
-    def __init__(self, model, weights: ServedWeights, *, max_positions: int, device: torch.device,
-                 dtype: torch.dtype, repeat_kv: bool | None = None) -> None:
+    def __init__(
+        self,
+        model,
+        weights: ServedWeights,
+        *,
+        max_positions: int,
+        device: torch.device,
+        dtype: torch.dtype,
+        repeat_kv: bool | None = None,
+    ) -> None:
         base, trunk = causal_lm_parts(model)
         self.config = config = base.config
         self.trunk, self.lm_head, self.weights = trunk, base.lm_head, weights
@@ -103,18 +130,41 @@ class Decoder:
 
     def projections(self) -> list:
         """Every module `weights.linear` multiplies by."""
-        parts = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
-                 "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+        parts = (
+            "self_attn.q_proj",
+            "self_attn.k_proj",
+            "self_attn.v_proj",
+            "self_attn.o_proj",
+            "mlp.gate_proj",
+            "mlp.up_proj",
+            "mlp.down_proj",
+        )
         return [layer.get_submodule(part) for layer in self.layers for part in parts] + [self.lm_head]
 
     def kv_cache(self, *, max_rows: int, max_tokens: int, growable: bool, capacity: int | None = None) -> KVCache:
-        return KVCache(layers=len(self.layers), heads=self.kv_heads, head_dim=self.head_dim, dtype=self.dtype,
-                       device=self.device, max_rows=max_rows, max_tokens=max_tokens, growable=growable,
-                       capacity=capacity)
+        return KVCache(
+            layers=len(self.layers),
+            heads=self.kv_heads,
+            head_dim=self.head_dim,
+            dtype=self.dtype,
+            device=self.device,
+            max_rows=max_rows,
+            max_tokens=max_tokens,
+            growable=growable,
+            capacity=capacity,
+        )
 
-    def forward(self, ids: torch.Tensor, positions: torch.Tensor, cache: KVCache, width: int, route: Route,
-                last: torch.Tensor | None = None, after: int | None = None,
-                out: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        ids: torch.Tensor,
+        positions: torch.Tensor,
+        cache: KVCache,
+        width: int,
+        route: Route,
+        last: torch.Tensor | None = None,
+        after: int | None = None,
+        out: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """Logits [rows, vocab] (float32) after tokens `ids` [rows, tokens] at `positions` [rows, tokens].
 
         Row r is slot r of `cache`: its keys and values are written at its positions, and each
@@ -200,8 +250,9 @@ class Decoder:
         rows, heads, tokens, dim = q.shape
         grouped = self.kv_heads != heads
         if mask is not None and tokens == 1:
-            out = F.scaled_dot_product_attention(q.reshape(rows, self.kv_heads, -1, dim), keys, values,
-                                                 attn_mask=mask, scale=self.scale)
+            out = F.scaled_dot_product_attention(
+                q.reshape(rows, self.kv_heads, -1, dim), keys, values, attn_mask=mask, scale=self.scale
+            )
             return out.reshape(rows, heads, tokens, dim)
         if grouped and self.repeat_kv:  # expand, not repeat_interleave: no host sync
             shape = (rows, self.kv_heads, heads // self.kv_heads, *keys.shape[2:])
@@ -210,8 +261,9 @@ class Decoder:
             grouped = False
         if mask is None and after:
             q = torch.cat([q.new_zeros(rows, heads, after, dim), q], dim=2)
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, is_causal=mask is None,
-                                             scale=self.scale, enable_gqa=grouped)
+        out = F.scaled_dot_product_attention(
+            q, keys, values, attn_mask=mask, is_causal=mask is None, scale=self.scale, enable_gqa=grouped
+        )
         return out[:, :, after:] if mask is None and after else out
 
 

@@ -46,15 +46,18 @@ class Grammars:
             import llguidance
             import llguidance.hf
         except ImportError as exc:  # pragma: no cover - a dependency of the backend extra
-            raise ArtValueError("structured outputs need the `llguidance` package (pip install llguidance)",
-                                "response_format") from exc
+            raise ArtValueError(
+                "structured outputs need the `llguidance` package (pip install llguidance)", "response_format"
+            ) from exc
         with self._lock:
             if self._ll_tokenizer is None:
                 if not getattr(self.tokenizer, "is_fast", False):
-                    raise ArtValueError("structured outputs need a fast (Rust) tokenizer; this model's is not",
-                                        "response_format")
+                    raise ArtValueError(
+                        "structured outputs need a fast (Rust) tokenizer; this model's is not", "response_format"
+                    )
                 self._ll_tokenizer = llguidance.hf.from_tokenizer(
-                    self.tokenizer, n_vocab=self.vocab_size, eos_token=self.eos_ids[0] if self.eos_ids else None)
+                    self.tokenizer, n_vocab=self.vocab_size, eos_token=self.eos_ids[0] if self.eos_ids else None
+                )
                 self._executor = llguidance.LLExecutor()
         return llguidance, self._ll_tokenizer, self._executor
 

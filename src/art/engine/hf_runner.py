@@ -67,26 +67,41 @@ class HFRunner:
         hidden, vocab = model.config.hidden_size, model.config.vocab_size
         inner = getattr(model.config, "intermediate_size", 4 * hidden)
         block = max(config.prefill_tokens, self.max_model_len)  # a long prompt is prefilled whole here
-        reserve = (block * (12 * hidden + 4 * inner) * element + block * self.max_model_len * element
-                   + block * per_position + config.prefix_cache_tokens * per_position
-                   + 6 * config.max_num_seqs * vocab * 4)
+        reserve = (
+            block * (12 * hidden + 4 * inner) * element
+            + block * self.max_model_len * element
+            + block * per_position
+            + config.prefix_cache_tokens * per_position
+            + 6 * config.max_num_seqs * vocab * 4
+        )
         adapted = sum(m.get_base_layer().weight.numel() for m in model.modules() if hasattr(m, "lora_A"))
-        budget = kv_budget(config, model, bytes_per_position=per_position, reserve=reserve,
-                           copies=adapted * element)  # AdapterSet's merged copy
+        budget = kv_budget(
+            config, model, bytes_per_position=per_position, reserve=reserve, copies=adapted * element
+        )  # AdapterSet's merged copy
         if budget.positions < 2 * self.max_model_len:
-            raise memory_error(f"the KV cache does not fit: {budget.describe()}, which leaves {budget.positions} "
-                               f"positions, fewer than one sequence of max_model_len={self.max_model_len} needs")
+            raise memory_error(
+                f"the KV cache does not fit: {budget.describe()}, which leaves {budget.positions} "
+                f"positions, fewer than one sequence of max_model_len={self.max_model_len} needs"
+            )
         return budget.positions
 
     def _forward(self, ids, mask, positions, cache, adapter_names: list[str]) -> torch.Tensor:
         """Logits at the last position of each row: [rows, vocab] float32."""
         with self.adapters.activate(adapter_names) as extra:
-            out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
-                             use_cache=True, logits_to_keep=1, **{self.cache_kw: cache}, **extra)
+            out = self.model(
+                input_ids=ids,
+                attention_mask=mask,
+                position_ids=positions,
+                use_cache=True,
+                logits_to_keep=1,
+                **{self.cache_kw: cache},
+                **extra,
+            )
         return out.logits[:, -1, :].float()
 
-    def prefill(self, prompts: list[list[int]], prefixes: list[tuple[int, PrefixKV | None]],
-                adapter_names: list[str]) -> tuple[torch.Tensor, Staged]:
+    def prefill(
+        self, prompts: list[list[int]], prefixes: list[tuple[int, PrefixKV | None]], adapter_names: list[str]
+    ) -> tuple[torch.Tensor, Staged]:
         """Run several prompts, each after its cached prefix, in one forward pass.
 
         Row i's cache holds [pad][prefix_i] and its input [pad][rest of prompt_i]; the mask
@@ -104,10 +119,10 @@ class HFRunner:
         mask = torch.zeros(rows, width_prefix + width_new, dtype=torch.long, device=device)  # [rows, width]
         for i, (prompt, n) in enumerate(zip(prompts, used)):
             rest = prompt[n:]
-            ids[i, width_new - len(rest):] = torch.tensor(rest, device=device)
-            positions[i, width_new - len(rest):] = torch.arange(n, len(prompt), device=device)
-            mask[i, width_prefix - n:width_prefix] = 1
-            mask[i, width_prefix + width_new - len(rest):] = 1
+            ids[i, width_new - len(rest) :] = torch.tensor(rest, device=device)
+            positions[i, width_new - len(rest) :] = torch.arange(n, len(prompt), device=device)
+            mask[i, width_prefix - n : width_prefix] = 1
+            mask[i, width_prefix + width_new - len(rest) :] = 1
         cache = DynamicCache(config=self.model_config)
         if width_prefix:
             layers = []
@@ -129,8 +144,10 @@ class HFRunner:
 
     def prompt_kv(self, staged: Staged, index: int) -> PrefixKV:
         columns = staged.mask[index].nonzero().squeeze(1)  # this prompt's kv without padding
-        return (torch.stack([k[index][:, columns] for k, _ in staged.kv]),
-                torch.stack([v[index][:, columns] for _, v in staged.kv]))
+        return (
+            torch.stack([k[index][:, columns] for k, _ in staged.kv]),
+            torch.stack([v[index][:, columns] for _, v in staged.kv]),
+        )
 
     def add(self, staged: Staged, sources: list[int], ends: list[int] | None = None) -> None:
         index = torch.tensor(sources, device=self.device)
@@ -200,10 +217,10 @@ class GrowingLayer(DynamicLayer):
         new = key_states.shape[2]
         if self._len + new > self._k.shape[2]:
             self.set(self.keys, self.values, headroom=max(32, self._len))
-        self._k[:, :, self._len:self._len + new] = key_states
-        self._v[:, :, self._len:self._len + new] = value_states
+        self._k[:, :, self._len : self._len + new] = key_states
+        self._v[:, :, self._len : self._len + new] = value_states
         self._len += new
-        self.keys, self.values = self._k[:, :, :self._len], self._v[:, :, :self._len]
+        self.keys, self.values = self._k[:, :, : self._len], self._v[:, :, : self._len]
         return self.keys, self.values
 
     def get_seq_length(self) -> int:
@@ -239,8 +256,9 @@ class RunningBatch:
                 v = torch.cat([_pad_left(layer.values, width), _pad_left(v, width)])
             _set(layer, k, v)
         if self.rows:
-            new_mask = torch.cat([F.pad(self.mask, (width - self.mask.shape[1], 0)),
-                                  F.pad(new_mask, (width - new_width, 0))])
+            new_mask = torch.cat(
+                [F.pad(self.mask, (width - self.mask.shape[1], 0)), F.pad(new_mask, (width - new_width, 0))]
+            )
         self.mask = new_mask
         self.rows += rows
 

@@ -23,8 +23,19 @@ PrefixKV = tuple[torch.Tensor, torch.Tensor]  # keys, values [layers, kv_heads, 
 
 
 class KVCache:
-    def __init__(self, *, layers: int, heads: int, head_dim: int, dtype: torch.dtype, device: torch.device | str,
-                 max_rows: int, max_tokens: int, growable: bool, capacity: int | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        layers: int,
+        heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+        max_rows: int,
+        max_tokens: int,
+        growable: bool,
+        capacity: int | None = None,
+    ) -> None:
         self.shape = (layers, heads, head_dim)
         self.dtype, self.device = dtype, torch.device(device)
         self.max_rows, self.max_tokens = max_rows, max_tokens
@@ -78,8 +89,10 @@ class KVCache:
         if stride == self.tokens and rows <= self.rows:
             return
         if stride > self.max_tokens or rows > self.max_rows or rows * stride > self.capacity:
-            raise ValueError(f"KV cache of {self.capacity} positions ({self.max_rows} slots x {self.max_tokens} at "
-                             f"most) cannot hold {rows} x {stride}")
+            raise ValueError(
+                f"KV cache of {self.capacity} positions ({self.max_rows} slots x {self.max_tokens} at "
+                f"most) cannot hold {rows} x {stride}"
+            )
         old_k, old_v, old_stride = self.k, self.v, self.tokens
         keep = min(length, old_stride, stride)
         heads, dim = self.shape[1:]

@@ -22,9 +22,9 @@ import threading
 import time
 import weakref
 from collections import deque
+from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import AsyncIterator, Iterator
 
 import torch
 
@@ -59,8 +59,16 @@ class LLMEngine(ManagedEngine):
 
     kind = "ours"
 
-    def __init__(self, model, tokenizer, config: EngineConfig | None = None, *, lock: threading.RLock | None = None,
-                 adapters: AdapterSet | None = None, **engine_args) -> None:
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        config: EngineConfig | None = None,
+        *,
+        lock: threading.RLock | None = None,
+        adapters: AdapterSet | None = None,
+        **engine_args,
+    ) -> None:
         if config is not None and engine_args:
             raise TypeError("pass either an EngineConfig or engine keyword arguments, not both")
         self.config = config = (config or EngineConfig.from_engine_args(engine_args)).resolve(model)
@@ -77,8 +85,12 @@ class LLMEngine(ManagedEngine):
         else:
             log.info("serving through transformers' forward (no static shapes or CUDA graphs): %s", reason)
             self.runner = HFRunner(model, self.adapters, config, self.max_model_len)
-        self.scheduler = Scheduler(max_num_seqs=self.runner.max_rows, max_kv_tokens=self._kv_tokens(),
-                                   row_width=self.runner.row_width, max_model_len=self.max_model_len)
+        self.scheduler = Scheduler(
+            max_num_seqs=self.runner.max_rows,
+            max_kv_tokens=self._kv_tokens(),
+            row_width=self.runner.row_width,
+            max_model_len=self.max_model_len,
+        )
         self.prefix_cache = PrefixCache(config.prefix_cache_tokens)
         self.rows: list[Sample] = []
         """The running samples; row i is row i of the runner's batch."""
@@ -110,8 +122,9 @@ class LLMEngine(ManagedEngine):
         return self.config.kv_cache_bytes // (2 * self.model.config.num_hidden_layers * heads * head_dim * element)
 
     # -- API --------------------------------------------------------------------------------
-    async def generate(self, prompt_token_ids: list[int], params: SamplingParams,
-                       adapter: AdapterRef | None) -> list[Completion]:
+    async def generate(
+        self, prompt_token_ids: list[int], params: SamplingParams, adapter: AdapterRef | None
+    ) -> list[Completion]:
         loop = asyncio.get_running_loop()
         future = loop.create_future()
 
@@ -123,6 +136,7 @@ class LLMEngine(ManagedEngine):
                     future.set_exception(result)
                 else:
                     future.set_result(result)
+
             try:
                 loop.call_soon_threadsafe(settle)
             except RuntimeError:  # the caller's loop is closed: nobody waits for the answer
@@ -131,8 +145,9 @@ class LLMEngine(ManagedEngine):
         self._submit(Request(list(prompt_token_ids), params, adapter, deliver))
         return await future
 
-    async def stream(self, prompt_token_ids: list[int], params: SamplingParams,
-                     adapter: AdapterRef | None) -> AsyncIterator[SampledTokens | list[Completion]]:
+    async def stream(
+        self, prompt_token_ids: list[int], params: SamplingParams, adapter: AdapterRef | None
+    ) -> AsyncIterator[SampledTokens | list[Completion]]:
         """`generate`, yielding each completion's tokens as soon as a step samples them, then the
         completions. A caller that stops listening does not stop the request: it runs to its end."""
         loop = asyncio.get_running_loop()
@@ -156,8 +171,7 @@ class LLMEngine(ManagedEngine):
                 yield tokens
 
     def _submit(self, request: Request) -> None:
-        request.samples = [Sample(request, i, make_generator(request.params.seed, i))
-                           for i in range(request.params.n)]
+        request.samples = [Sample(request, i, make_generator(request.params.seed, i)) for i in range(request.params.n)]
         with self._cv:
             if self._stopped:
                 raise BackendUnavailableError("the engine is stopped (backend closed)")
@@ -244,9 +258,11 @@ class LLMEngine(ManagedEngine):
             previous = self.adapters.live_step
             self.adapters.unmerge()
             in_flight = previous != step and any(
-                s.request.adapter_name == LIVE and s.request.served_step == previous for s in self.rows)
-            self.runner.weights_changed(all_weights=not is_peft(self.model),
-                                        retire=retired_name(previous) if in_flight else None)
+                s.request.adapter_name == LIVE and s.request.served_step == previous for s in self.rows
+            )
+            self.runner.weights_changed(
+                all_weights=not is_peft(self.model), retire=retired_name(previous) if in_flight else None
+            )
             self.prefix_cache.drop(f"{LIVE}@{previous}")
             self.adapters.live_step = step
             if self.serves_while_training:  # copy now: the next training step writes the live tensors
@@ -451,12 +467,13 @@ class LLMEngine(ManagedEngine):
                 continue
             _, staged = self.runner.prefill([common + [0]], [cached], [group[0].adapter_name])
             keys, values = self.runner.prompt_kv(staged, 0)
-            self.prefix_cache.put(weights, common, (keys[:, :, :len(common)], values[:, :, :len(common)]))
+            self.prefix_cache.put(weights, common, (keys[:, :, : len(common)], values[:, :, : len(common)]))
 
     def _decode(self) -> list[Sample]:
         rows = self.rows
-        logits = self.runner.decode([s.ids[-1] for s in rows], [s.position for s in rows],
-                                    [self._route_name(s.request) for s in rows])
+        logits = self.runner.decode(
+            [s.ids[-1] for s in rows], [s.position for s in rows], [self._route_name(s.request) for s in rows]
+        )
         self.steps += 1
         finished = self._advance(rows, logits)
         if finished:
@@ -468,8 +485,9 @@ class LLMEngine(ManagedEngine):
 
     def _advance(self, samples: list[Sample], logits: torch.Tensor) -> list[Sample]:
         """Append one sampled token to each sample; return those that just finished."""
-        tokens, logprobs, top = sample_next(logits, [s.params for s in samples], [s.generator for s in samples],
-                                            self._allowed(samples, logits.device))
+        tokens, logprobs, top = sample_next(
+            logits, [s.params for s in samples], [s.generator for s in samples], self._allowed(samples, logits.device)
+        )
         finished = []
         streamed: dict[int, tuple[Request, list[SampledTokens]]] = {}  # request id -> its samples' new tokens
         for sample, token, logprob, alternatives in zip(samples, tokens.tolist(), logprobs.tolist(), top):
@@ -481,9 +499,15 @@ class LLMEngine(ManagedEngine):
                 sample.top.append(alternatives)
             request = sample.request
             if request.on_tokens is not None:
-                streamed.setdefault(request.id, (request, []))[1].append(SampledTokens(
-                    sample.index, [token], [logprob], [alternatives] if sample.params.top_logprobs else [],
-                    request.served_step))
+                streamed.setdefault(request.id, (request, []))[1].append(
+                    SampledTokens(
+                        sample.index,
+                        [token],
+                        [logprob],
+                        [alternatives] if sample.params.top_logprobs else [],
+                        request.served_step,
+                    )
+                )
             if self._finish_reason(sample):
                 finished.append(sample)
         for request, batch in streamed.values():  # one call per request and step, before its answer
@@ -499,7 +523,8 @@ class LLMEngine(ManagedEngine):
             return None
         allowed = torch.ones(len(samples), self.grammars.vocab_size, dtype=torch.bool, device=device)
         allowed[torch.tensor(constrained, device=device)] = self.grammars.allowed(
-            [samples[i].matcher for i in constrained], device)
+            [samples[i].matcher for i in constrained], device
+        )
         return allowed
 
     def _finish_reason(self, sample: Sample) -> str | None:
@@ -512,7 +537,9 @@ class LLMEngine(ManagedEngine):
 
     def _abandon(self) -> None:
         error = BackendUnavailableError("the engine was stopped (backend closed) before this request finished")
-        requests = list(self.scheduler.waiting) + list({id(s.request): s.request for s in self.scheduler.running}.values())
+        requests = list(self.scheduler.waiting) + list(
+            {id(s.request): s.request for s in self.scheduler.running}.values()
+        )
         self.scheduler.waiting.clear()
         self.scheduler.running.clear()
         for request in requests:
@@ -559,8 +586,11 @@ def _ttft_stats(seconds: list[float]) -> dict[str, float]:
     """Mean and median time to first token in ms of the latest requests; none before the first."""
     if not seconds:
         return {}
-    return {"engine/ttft_ms_mean": 1000 * statistics.fmean(seconds),
-            "engine/ttft_ms_p50": 1000 * statistics.median(seconds), "engine/ttft_requests": len(seconds)}
+    return {
+        "engine/ttft_ms_mean": 1000 * statistics.fmean(seconds),
+        "engine/ttft_ms_p50": 1000 * statistics.median(seconds),
+        "engine/ttft_requests": len(seconds),
+    }
 
 
 def swap_remove(finished: list[int], rows: int) -> list[int]:

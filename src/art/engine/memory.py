@@ -35,9 +35,11 @@ class KVBudget:
     reserve: int
 
     def describe(self) -> str:
-        return (f"gpu_memory_utilization's share is {self.share / GIB:.2f} GiB of {self.available / GIB:.2f} GiB "
-                f"available (counting {self.weights / GIB:.2f} GiB of this model's weights and copies), and "
-                f"{self.reserve / GIB:.2f} GiB is reserved for prefill, logits and the prefix cache")
+        return (
+            f"gpu_memory_utilization's share is {self.share / GIB:.2f} GiB of {self.available / GIB:.2f} GiB "
+            f"available (counting {self.weights / GIB:.2f} GiB of this model's weights and copies), and "
+            f"{self.reserve / GIB:.2f} GiB is reserved for prefill, logits and the prefix cache"
+        )
 
 
 def model_bytes(model, device: torch.device) -> int:
@@ -62,5 +64,8 @@ def kv_budget(config: EngineConfig, model, *, bytes_per_position: int, reserve: 
 
 
 def memory_error(what: str) -> ArtValueError:
-    return ArtValueError(f"{what}. Raise engine_args.gpu_memory_utilization, or lower engine_args.max_model_len "
-                         "or engine_args.max_num_seqs", field="engine_args.gpu_memory_utilization")
+    return ArtValueError(
+        f"{what}. Raise engine_args.gpu_memory_utilization, or lower engine_args.max_model_len "
+        "or engine_args.max_num_seqs",
+        field="engine_args.gpu_memory_utilization",
+    )

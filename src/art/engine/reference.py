@@ -38,7 +38,11 @@ class ReferenceSampler:
         ids, logprobs, top = [], [], []
         while True:
             with self.adapters.activate([name]) as extra:
-                logits = self.model(input_ids=torch.tensor([prompt + ids], device=self.device), **extra).logits[:, -1].float()
+                logits = (
+                    self.model(input_ids=torch.tensor([prompt + ids], device=self.device), **extra)
+                    .logits[:, -1]
+                    .float()
+                )
             allowed = self.grammars.allowed([matcher], logits.device) if matcher is not None else None
             token, logprob, alternatives = sample_next(logits, [params], [generator], allowed)
             if matcher is not None:

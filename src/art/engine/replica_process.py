@@ -52,8 +52,9 @@ def build_engine(spec: ReplicaSpec, device: str):
     from art.engine.llm_engine import LLMEngine
 
     config = dataclasses.replace(spec.engine, device=device)
-    model, tokenizer = art.base_models.load_policy(spec.base_model, spec.lora, dtype=config.torch_dtype,
-                                               device=config.device, trainable=False)
+    model, tokenizer = art.base_models.load_policy(
+        spec.base_model, spec.lora, dtype=config.torch_dtype, device=config.device, trainable=False
+    )
     return LLMEngine(model, tokenizer, config, adapters=AdapterSet(model))
 
 
@@ -138,12 +139,14 @@ class ReplicaWorker:
         except BaseException as exc:
             self.send(("error", request_id, error_payload(exc)))
 
-    async def generate(self, request_id: int, prompt: list[int], params: SamplingParams,
-                       adapter: AdapterRef | None) -> list[Completion]:
+    async def generate(
+        self, request_id: int, prompt: list[int], params: SamplingParams, adapter: AdapterRef | None
+    ) -> list[Completion]:
         return await self.engine.generate(prompt, params, adapter)
 
-    async def stream(self, request_id: int, prompt: list[int], params: SamplingParams,
-                     adapter: AdapterRef | None) -> list[Completion]:
+    async def stream(
+        self, request_id: int, prompt: list[int], params: SamplingParams, adapter: AdapterRef | None
+    ) -> list[Completion]:
         """Each step's tokens sent as they are sampled; returns the completions."""
         async for result in self.engine.stream(prompt, params, adapter):
             if not isinstance(result, list):
@@ -228,8 +231,9 @@ class ProcessReplica(CalledReplica):
         self.close()
         context = multiprocessing.get_context("spawn")
         ours, theirs = context.Pipe()
-        self._process = context.Process(target=replica_main, args=(self.index, self.spec, theirs),
-                                        name=f"art-replica-{self.index}", daemon=True)
+        self._process = context.Process(
+            target=replica_main, args=(self.index, self.spec, theirs), name=f"art-replica-{self.index}", daemon=True
+        )
         self._process.start()
         self._connection = ours
         kind, _, detail = ours.recv()  # "ok" once its engine is built
@@ -274,9 +278,15 @@ class ProcessReplica(CalledReplica):
         pending, self._pending = self._pending, {}
         self._listeners = {}
         for loop, future in pending.values():
-            loop.call_soon_threadsafe(_settle, future, None, ReplicaUnavailableError(
-                f"replica {self.index} stopped while serving this request ({reason}); send it again: the other "
-                "replicas serve"))
+            loop.call_soon_threadsafe(
+                _settle,
+                future,
+                None,
+                ReplicaUnavailableError(
+                    f"replica {self.index} stopped while serving this request ({reason}); send it again: the other "
+                    "replicas serve"
+                ),
+            )
 
     async def call(self, kind: str, *args, listener: Callable[[SampledTokens], None] | None = None):
         """Send a request and await its answer; `listener` gets the tokens of a "stream" request."""

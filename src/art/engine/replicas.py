@@ -84,8 +84,9 @@ class ReplicaSet:
         """Replicas 1..N-1 (processes or Ray actors)."""
         return self.replicas[1:]
 
-    async def generate(self, prompt_token_ids: list[int], params: SamplingParams,
-                       adapter: AdapterRef | None) -> list[Completion]:
+    async def generate(
+        self, prompt_token_ids: list[int], params: SamplingParams, adapter: AdapterRef | None
+    ) -> list[Completion]:
         replica = self.router.choose(self._routable(adapter), prompt_token_ids)
         return await replica.generate(prompt_token_ids, params, adapter)
 
@@ -152,8 +153,18 @@ class ReplicaSet:
         return [r.index for r in started]
 
     def stats(self) -> dict:
-        return {"replicas": [{"replica": r.index, "serving": r.down is None, "down": r.down, "step": r.step,
-                              "in_flight": r.in_flight} for r in self.replicas]}
+        return {
+            "replicas": [
+                {
+                    "replica": r.index,
+                    "serving": r.down is None,
+                    "down": r.down,
+                    "step": r.step,
+                    "in_flight": r.in_flight,
+                }
+                for r in self.replicas
+            ]
+        }
 
     def close(self) -> None:
         for replica in self.peers:

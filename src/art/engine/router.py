@@ -90,6 +90,6 @@ def _block_hashes(prompt: list[int]) -> list[int]:
     """One hash per prefix: of the first BLOCK tokens, the first 2*BLOCK, ..., and the whole prompt."""
     out, running = [], 0
     for start in range(0, len(prompt), BLOCK):
-        running = hash((running, tuple(prompt[start:start + BLOCK])))
+        running = hash((running, tuple(prompt[start : start + BLOCK])))
         out.append(running)
     return out

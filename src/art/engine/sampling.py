@@ -1,7 +1,8 @@
 """Choose the next token of every row at once; shared by the engine and the reference sampler.
 
 Sampling draws one uniform per row from that sample's own generator and inverts the row's
-CDF, so a seeded request gets the same tokens whatever else is in the batch. Reported logprobs are those of the raw distribution (temperature 1), as vLLM reports.
+CDF, so a seeded request gets the same tokens whatever else is in the batch. Reported logprobs
+are those of the raw distribution (temperature 1), as vLLM reports.
 """
 
 from __future__ import annotations
@@ -49,8 +50,9 @@ def sample_next(
         tokens[index] = _draw(_plain_probs(logits, logprobs, index, allowed), [generators[i] for i in plain])
     if shaped := [i for i in sampled if not _untruncated(params[i])]:
         index = torch.tensor(shaped, device=device)
-        tokens[index] = _draw(_shaped_probs(logits, index, [params[i] for i in shaped], allowed),
-                              [generators[i] for i in shaped])
+        tokens[index] = _draw(
+            _shaped_probs(logits, index, [params[i] for i in shaped], allowed), [generators[i] for i in shaped]
+        )
     chosen = logprobs.gather(1, tokens[:, None]).squeeze(1)  # [rows]
     top: list[list[tuple[int, float]]] = [[] for _ in range(rows)]
     want = max(p.top_logprobs for p in params)
@@ -68,8 +70,9 @@ def _untruncated(params: SamplingParams) -> bool:
     return params.temperature == 1 and params.top_p == 1 and params.top_k <= 0 and params.min_p == 0
 
 
-def _plain_probs(logits: torch.Tensor, logprobs: torch.Tensor, index: torch.Tensor,
-                 allowed: torch.Tensor | None) -> torch.Tensor:
+def _plain_probs(
+    logits: torch.Tensor, logprobs: torch.Tensor, index: torch.Tensor, allowed: torch.Tensor | None
+) -> torch.Tensor:
     """[len(index), vocab]: the raw distribution (unnormalised under a grammar: the draw scales)."""
     probs = logprobs[index].exp()
     if allowed is not None:
@@ -78,12 +81,14 @@ def _plain_probs(logits: torch.Tensor, logprobs: torch.Tensor, index: torch.Tens
         if starved.any():
             rows_starved = index[starved]
             probs[starved] = torch.softmax(
-                logits[rows_starved].masked_fill(~allowed[rows_starved], float("-inf")), dim=-1)
+                logits[rows_starved].masked_fill(~allowed[rows_starved], float("-inf")), dim=-1
+            )
     return probs
 
 
-def _shaped_probs(logits: torch.Tensor, index: torch.Tensor, params: list[SamplingParams],
-                  allowed: torch.Tensor | None) -> torch.Tensor:
+def _shaped_probs(
+    logits: torch.Tensor, index: torch.Tensor, params: list[SamplingParams], allowed: torch.Tensor | None
+) -> torch.Tensor:
     """[len(index), vocab]: temperature, then vLLM's order of cuts (min_p, top_k, top_p), each
     only on the rows that ask for it."""
     device, dtype = logits.device, logits.dtype

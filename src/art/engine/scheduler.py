@@ -13,15 +13,21 @@ one stride): the batch needs rows x row_width(longest).
 from __future__ import annotations
 
 from collections import deque
-from typing import Callable
+from collections.abc import Callable
 
 from art.engine.sequence import Request, Sample, Status
 from art.errors import ArtValueError
 
 
 class Scheduler:
-    def __init__(self, *, max_num_seqs: int, max_kv_tokens: int, row_width: Callable[[int], int] | None = None,
-                 max_model_len: int | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        max_num_seqs: int,
+        max_kv_tokens: int,
+        row_width: Callable[[int], int] | None = None,
+        max_model_len: int | None = None,
+    ) -> None:
         self.max_num_seqs = max_num_seqs
         self.max_kv_tokens = max_kv_tokens
         self.row_width = row_width
@@ -36,12 +42,15 @@ class Scheduler:
         """Refuse what could never run, with the field to change."""
         if request.params.n > self.max_num_seqs:
             raise ArtValueError(
-                f"n={request.params.n} exceeds the engine's max_num_seqs={self.max_num_seqs}", field="n")
+                f"n={request.params.n} exceeds the engine's max_num_seqs={self.max_num_seqs}", field="n"
+            )
         if self._needed(request.params.n, request.kv_tokens, self._end(request)) > self.max_kv_tokens:
             raise ArtValueError(
                 f"n x (prompt + max_tokens) = {request.kv_tokens} tokens exceeds the engine's KV budget of "
                 f"{self.max_kv_tokens}{' (every row holds the width of the longest)' if self.row_width else ''}; "
-                "lower n or max_tokens", field="max_tokens")
+                "lower n or max_tokens",
+                field="max_tokens",
+            )
 
     def add(self, request: Request) -> None:
         self.check(request)
@@ -59,8 +68,11 @@ class Scheduler:
                 continue
             if len(self.running) + request.params.n > self.max_num_seqs:
                 break
-            needed = self._needed(len(self.running) + request.params.n, self.reserved_tokens + request.kv_tokens,
-                                  max(self._longest(), self._end(request)))
+            needed = self._needed(
+                len(self.running) + request.params.n,
+                self.reserved_tokens + request.kv_tokens,
+                max(self._longest(), self._end(request)),
+            )
             if needed > self.max_kv_tokens:
                 break
             self.waiting.popleft()

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Callable
+from typing import Any
 
 from art.engine.base import AdapterRef, Completion, SampledTokens, SamplingParams
 
@@ -35,7 +36,7 @@ class Request:
     """A streamed request's listener: called from the engine thread after each step that sampled
     its tokens, once with all of them."""
     id: int = field(default_factory=lambda: next(_ids))
-    samples: list["Sample"] = field(default_factory=list)
+    samples: list[Sample] = field(default_factory=list)
     served_step: int | None = None
     adapter_name: str = "__base__"
     """The peft adapter name its samples decode with (set at admission)."""
@@ -90,5 +91,6 @@ class Sample:
         return len(self.request.prompt) + len(self.ids) - 1
 
     def completion(self) -> Completion:
-        return Completion(self.ids, self.logprobs, self.text, self.finish_reason or "length", self.top,
-                          step=self.request.served_step)
+        return Completion(
+            self.ids, self.logprobs, self.text, self.finish_reason or "length", self.top, step=self.request.served_step
+        )

@@ -82,8 +82,10 @@ class ServedWeights:
         if len(unique) == 1:
             name = unique.pop()
             return Route(adapter=None if name == BASE else name)
-        groups = tuple((name, torch.tensor([i for i, n in enumerate(adapter_names) if n == name], device=device))
-                       for name in sorted(unique - {BASE}))
+        groups = tuple(
+            (name, torch.tensor([i for i, n in enumerate(adapter_names) if n == name], device=device))
+            for name in sorted(unique - {BASE})
+        )
         return Route(groups=groups)
 
     def linear(self, x: torch.Tensor, module, route: Route) -> torch.Tensor:
@@ -128,8 +130,10 @@ class ServedWeights:
             total += size if self.merge and lora and LIVE in module.lora_A else 0  # the merged variant
             total += size if self.pack or weight.dtype != self.dtype else 0  # the base variant
             if lora and LIVE in module.lora_A:  # the published copy of the live LoRA factors
-                total += sum(p.numel() * (self._live_dtype or p.dtype).itemsize
-                             for p in (module.lora_A[LIVE].weight, module.lora_B[LIVE].weight))
+                total += sum(
+                    p.numel() * (self._live_dtype or p.dtype).itemsize
+                    for p in (module.lora_A[LIVE].weight, module.lora_B[LIVE].weight)
+                )
         return total
 
     def weights_changed(self, *, all_weights: bool, retire: str | None = None) -> None:

@@ -67,8 +67,14 @@ class StaticRunner:
         # Padding tokens of a prefill may run past the longest prompt: room for twice the length.
         self.fixed = config.fixed_kv_layout
         """CUDA's layout (on the CPU too under kv_layout="fixed"): one buffer, the width as stride."""
-        self.decoder = Decoder(model, self.weights, max_positions=2 * self.max_width, device=self.device,
-                               dtype=config.torch_dtype, repeat_kv=self.fixed)
+        self.decoder = Decoder(
+            model,
+            self.weights,
+            max_positions=2 * self.max_width,
+            device=self.device,
+            dtype=config.torch_dtype,
+            repeat_kv=self.fixed,
+        )
         self.lengths: list[int] = []
         """Tokens in each running row's slot."""
         self.ends: list[int] = []
@@ -97,8 +103,9 @@ class StaticRunner:
         return self.cache.capacity
 
     # -- prefill ------------------------------------------------------------------------------
-    def prefill(self, prompts: list[list[int]], prefixes: list[tuple[int, PrefixKV | None]],
-                adapter_names: list[str]) -> tuple[torch.Tensor, Staged]:
+    def prefill(
+        self, prompts: list[list[int]], prefixes: list[tuple[int, PrefixKV | None]], adapter_names: list[str]
+    ) -> tuple[torch.Tensor, Staged]:
         """Run prompts (row i after its cached prefix): (logits [prompts, vocab], staged).
 
         In blocks of at most `prefill_tokens` query tokens: each block writes its keys and values
@@ -125,8 +132,15 @@ class StaticRunner:
             at = torch.tensor([min(max(n - start, 0), end - start - 1) for n in last], device=self.device)
             behind = offset + start  # positions every row has before this block, when all have the same
             causal = len(set(used)) == 1 and behind <= CAUSAL_BEHIND * (end - start)
-            out = self.decoder.forward(ids[:, start:end], positions[:, start:end], workspace, offset + end, route,
-                                       last=at, after=behind if causal else None)
+            out = self.decoder.forward(
+                ids[:, start:end],
+                positions[:, start:end],
+                workspace,
+                offset + end,
+                route,
+                last=at,
+                after=behind if causal else None,
+            )
             here = [r for r, n in enumerate(last) if start <= n < end]  # rows whose last token is in this block
             if here:
                 index = torch.tensor(here, device=self.device)
@@ -207,10 +221,17 @@ class StaticRunner:
         self.weights.forget(name)
 
     def stats(self) -> dict[str, float]:
-        graphs = self.graphs.stats() if self.graphs else {"engine/cuda_graphs": 0.0, "engine/graph_replays": 0.0,
-                                                          "engine/graph_failures": 0.0}
-        return {"engine/kv_slots": float(self.max_rows), "engine/kv_positions": float(self.cache.capacity),
-                "engine/kv_rows_moved": float(self.cache.rows_moved), **graphs}
+        graphs = (
+            self.graphs.stats()
+            if self.graphs
+            else {"engine/cuda_graphs": 0.0, "engine/graph_replays": 0.0, "engine/graph_failures": 0.0}
+        )
+        return {
+            "engine/kv_slots": float(self.max_rows),
+            "engine/kv_positions": float(self.cache.capacity),
+            "engine/kv_rows_moved": float(self.cache.rows_moved),
+            **graphs,
+        }
 
     # -- sizes --------------------------------------------------------------------------------
     def _bucket(self, rows: int, width: int) -> int:
@@ -247,34 +268,53 @@ class StaticRunner:
         config, decoder = self.config, self.decoder
         if not config.on_cuda:
             per_position = 2 * len(decoder.layers) * decoder.kv_heads * decoder.head_dim * config.torch_dtype.itemsize
-            return decoder.kv_cache(max_rows=config.max_num_seqs, max_tokens=self.max_width, growable=False,
-                                    capacity=max(self.max_width, config.kv_cache_bytes // per_position))
+            return decoder.kv_cache(
+                max_rows=config.max_num_seqs,
+                max_tokens=self.max_width,
+                growable=False,
+                capacity=max(self.max_width, config.kv_cache_bytes // per_position),
+            )
         layers, element = len(decoder.layers), config.torch_dtype.itemsize
         per_position = 2 * layers * decoder.kv_heads * decoder.head_dim * element
         hidden, vocab = decoder.config.hidden_size, decoder.config.vocab_size
         inner = getattr(decoder.config, "intermediate_size", 4 * hidden)
         block = config.prefill_tokens
-        reserve = (block * (12 * hidden + 4 * inner) * element  # a prefill block's activations
-                   + block * self.max_width * element  # its mask
-                   + 2 * decoder.q_heads * self.max_width * decoder.head_dim * element  # keys repeated per head
-                   + max(block, self.max_width) * per_position  # the workspace: a chunk, or one long prompt
-                   + config.prefix_cache_tokens * per_position  # the prefix cache
-                   + 6 * config.max_num_seqs * vocab * 4)  # graph logits, eager logits, sampling
+        reserve = (
+            block * (12 * hidden + 4 * inner) * element  # a prefill block's activations
+            + block * self.max_width * element  # its mask
+            + 2 * decoder.q_heads * self.max_width * decoder.head_dim * element  # keys repeated per head
+            + max(block, self.max_width) * per_position  # the workspace: a chunk, or one long prompt
+            + config.prefix_cache_tokens * per_position  # the prefix cache
+            + 6 * config.max_num_seqs * vocab * 4
+        )  # graph logits, eager logits, sampling
         # A change of layout copies the live rows through one layer's temporary.
-        budget = kv_budget(config, model, bytes_per_position=per_position * (layers + 1) // layers, reserve=reserve,
-                           copies=self.weights.copy_bytes(decoder.projections()))
+        budget = kv_budget(
+            config,
+            model,
+            bytes_per_position=per_position * (layers + 1) // layers,
+            reserve=reserve,
+            copies=self.weights.copy_bytes(decoder.projections()),
+        )
         if budget.positions < self.max_width:
-            raise memory_error(f"the KV cache does not fit: {budget.describe()}, which leaves "
-                               f"{budget.positions} positions, fewer than one sequence of "
-                               f"max_model_len={self.max_model_len}")
+            raise memory_error(
+                f"the KV cache does not fit: {budget.describe()}, which leaves "
+                f"{budget.positions} positions, fewer than one sequence of "
+                f"max_model_len={self.max_model_len}"
+            )
         slots = min(config.max_num_seqs, budget.positions // CUDA_MIN_WIDTH)
         if slots < config.max_num_seqs:
-            log.warning("KV cache: %d rows of %d tokens fit in gpu_memory_utilization=%s (max_num_seqs=%d asked); "
-                        "raise gpu_memory_utilization for more", slots, CUDA_MIN_WIDTH,
-                        config.gpu_memory_utilization, config.max_num_seqs)
+            log.warning(
+                "KV cache: %d rows of %d tokens fit in gpu_memory_utilization=%s (max_num_seqs=%d asked); "
+                "raise gpu_memory_utilization for more",
+                slots,
+                CUDA_MIN_WIDTH,
+                config.gpu_memory_utilization,
+                config.max_num_seqs,
+            )
         try:
-            return decoder.kv_cache(max_rows=slots, max_tokens=self.max_width, growable=False,
-                                    capacity=budget.positions)
+            return decoder.kv_cache(
+                max_rows=slots, max_tokens=self.max_width, growable=False, capacity=budget.positions
+            )
         except torch.cuda.OutOfMemoryError as exc:
             raise memory_error(f"allocating the KV cache ({budget.positions} positions) ran out of GPU memory") from exc
 

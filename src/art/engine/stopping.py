@@ -11,8 +11,9 @@ class StopChecker:
         self.max_model_len = max_model_len
         self.eos_ids = eos_token_ids(model, tokenizer)
 
-    def check(self, params: SamplingParams, prompt_len: int, ids: list[int],
-              text: IncrementalText | None = None) -> tuple[str, str] | None:
+    def check(
+        self, params: SamplingParams, prompt_len: int, ids: list[int], text: IncrementalText | None = None
+    ) -> tuple[str, str] | None:
         """(finish_reason, text) once `ids` is complete, else None. A matched stop string is
         cut from the text (the sampled ids are kept whole, for training). With `text` (the
         sample's own), stop strings are looked for in text decoded a few tokens at a time;
@@ -55,11 +56,11 @@ class IncrementalText:
 
     def update(self, ids: list[int]) -> str:
         decode = self.tokenizer.decode
-        new = decode(ids[self._prefix:], skip_special_tokens=True)
+        new = decode(ids[self._prefix :], skip_special_tokens=True)
         if not new.endswith("\ufffd"):
-            old = decode(ids[self._prefix:self._read], skip_special_tokens=True)
+            old = decode(ids[self._prefix : self._read], skip_special_tokens=True)
             if len(new) > len(old) and new.startswith(old):
-                self.text += new[len(old):]
+                self.text += new[len(old) :]
                 self._prefix, self._read = self._read, len(ids)
             elif new != old:  # the context decoded differently (a tokenizer's clean-up): decode it all once
                 self.text = decode(ids, skip_special_tokens=True)

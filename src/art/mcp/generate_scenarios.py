@@ -24,8 +24,14 @@ from openai import AsyncOpenAI, BadRequestError, OpenAIError
 
 from art.capture import no_capture
 from art.errors import ArtValueError
-from art.mcp.types import (MAX_DIFFICULTY, MIN_DIFFICULTY, GeneratedScenario, GeneratedScenarioCollection,
-                           MCPResource, MCPTool)
+from art.mcp.types import (
+    MAX_DIFFICULTY,
+    MIN_DIFFICULTY,
+    GeneratedScenario,
+    GeneratedScenarioCollection,
+    MCPResource,
+    MCPTool,
+)
 from art.utils.json_in_text import json_in_text
 
 log = logging.getLogger(__name__)
@@ -86,17 +92,28 @@ async def generate_scenarios(
         with no_capture():  # writing tasks is not part of any trajectory being recorded
             for attempt in range(max_attempts):
                 wanted = num_scenarios - len(scenarios)
-                request = {"model": model, **(extra_params or {}),
-                           "messages": [{"role": "user", "content": _prompt(tools_info, resources_info, wanted,
-                                                                            custom_instructions, scenarios)}]}
+                request = {
+                    "model": model,
+                    **(extra_params or {}),
+                    "messages": [
+                        {
+                            "role": "user",
+                            "content": _prompt(tools_info, resources_info, wanted, custom_instructions, scenarios),
+                        }
+                    ],
+                }
                 if max_tokens is not None:
                     request["max_tokens"] = max_tokens
                 content = await _ask(client, request, formats, _schema(wanted, max_task_chars))
                 found, dropped = _parse(content, {s.task.strip().lower() for s in scenarios})
                 problems += [f"call {attempt + 1}: {p}" for p in dropped]
                 scenarios += found[:wanted]
-                log.info("generate_scenarios: call %d gave %d usable scenario(s) of %d asked", attempt + 1,
-                         len(found), wanted)
+                log.info(
+                    "generate_scenarios: call %d gave %d usable scenario(s) of %d asked",
+                    attempt + 1,
+                    len(found),
+                    wanted,
+                )
                 if len(scenarios) == num_scenarios:
                     break
     finally:
@@ -106,7 +123,9 @@ async def generate_scenarios(
         shown = "; ".join(problems[-5:]) or "no reason recorded"
         raise ScenarioGenerationError(
             f"{model} gave {len(scenarios)} usable scenario(s) of {num_scenarios} in {max_attempts} call(s); "
-            f"last problems: {shown}", "num_scenarios")
+            f"last problems: {shown}",
+            "num_scenarios",
+        )
     collection = GeneratedScenarioCollection(scenarios)
     if show_preview:
         print(f"Generated {len(collection)} scenarios with {model} in {time.perf_counter() - started:.1f} s")
@@ -139,8 +158,10 @@ def _generator(generator: Any, model: str, api_key: str | None, base_url: str) -
         if hasattr(generator, "openai_client"):  # a registered art.Model
             name = generator.get_inference_name() if model == DEFAULT_GENERATOR_MODEL else model
             return generator.openai_client(), name, False
-        raise ArtValueError(f"generator must be an AsyncOpenAI client or a registered art.Model, got "
-                            f"{type(generator).__name__}", "generator")
+        raise ArtValueError(
+            f"generator must be an AsyncOpenAI client or a registered art.Model, got {type(generator).__name__}",
+            "generator",
+        )
     if model.startswith("openrouter/") and not base_url:
         base_url, model = OPENROUTER_BASE_URL, model.removeprefix("openrouter/")
         api_key = api_key or os.environ.get("OPENROUTER_API_KEY")
@@ -149,32 +170,48 @@ def _generator(generator: Any, model: str, api_key: str | None, base_url: str) -
     try:
         return AsyncOpenAI(base_url=base_url or None, api_key=key), model, True
     except OpenAIError as exc:
-        raise ArtValueError("no scenario generator: set OPENAI_API_KEY (or OPENROUTER_API_KEY for an openrouter/ "
-                            "model), or pass generator_api_key, generator_base_url or generator= (an AsyncOpenAI "
-                            "client or a registered art.Model)", "generator_api_key") from exc
+        raise ArtValueError(
+            "no scenario generator: set OPENAI_API_KEY (or OPENROUTER_API_KEY for an openrouter/ "
+            "model), or pass generator_api_key, generator_base_url or generator= (an AsyncOpenAI "
+            "client or a registered art.Model)",
+            "generator_api_key",
+        ) from exc
 
 
 def _schema(n: int, max_task_chars: int | None) -> dict[str, Any]:
     task: dict[str, Any] = {"type": "string", "minLength": 1}
     if max_task_chars is not None:
         task["maxLength"] = max_task_chars
-    item = {"type": "object", "additionalProperties": False, "required": ["task", "difficulty"],
-            "properties": {"task": task,
-                           "difficulty": {"type": "integer", "minimum": MIN_DIFFICULTY, "maximum": MAX_DIFFICULTY}}}
-    return {"type": "object", "additionalProperties": False, "required": ["scenarios"],
-            "properties": {"scenarios": {"type": "array", "items": item, "minItems": n, "maxItems": n}}}
+    item = {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["task", "difficulty"],
+        "properties": {
+            "task": task,
+            "difficulty": {"type": "integer", "minimum": MIN_DIFFICULTY, "maximum": MAX_DIFFICULTY},
+        },
+    }
+    return {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["scenarios"],
+        "properties": {"scenarios": {"type": "array", "items": item, "minItems": n, "maxItems": n}},
+    }
 
 
-def _prompt(tools: list[dict], resources: list[dict], n: int, custom_instructions: str | None,
-            already: list[GeneratedScenario]) -> str:
+def _prompt(
+    tools: list[dict], resources: list[dict], n: int, custom_instructions: str | None, already: list[GeneratedScenario]
+) -> str:
     lines = [
         "You write practice tasks for an AI agent that works through an MCP (Model Context Protocol) server.",
         f"Write {n} different, realistic tasks that a user could ask the agent to do with the tools and "
         "resources below.",
         "",
-        "TOOLS:", json.dumps(tools, indent=2),
+        "TOOLS:",
+        json.dumps(tools, indent=2),
         "",
-        "RESOURCES:", json.dumps(resources, indent=2) if resources else "none",
+        "RESOURCES:",
+        json.dumps(resources, indent=2) if resources else "none",
         "",
         "Rules:",
         "- Each task can be done with these tools; do not name the tools to use, describe what the user wants.",
@@ -199,8 +236,10 @@ async def _ask(client: AsyncOpenAI, request: dict[str, Any], formats: list[str],
     while True:
         fmt = formats[0] if formats else None
         if fmt == "json_schema":
-            request["response_format"] = {"type": "json_schema",
-                                          "json_schema": {"name": "scenario_list", "schema": schema}}
+            request["response_format"] = {
+                "type": "json_schema",
+                "json_schema": {"name": "scenario_list", "schema": schema},
+            }
         elif fmt == "json_object":
             request["response_format"] = {"type": "json_object"}
         else:
@@ -209,8 +248,11 @@ async def _ask(client: AsyncOpenAI, request: dict[str, Any], formats: list[str],
             response = await client.chat.completions.create(**request)
         except BadRequestError as exc:
             if fmt is not None and _about_format(exc):
-                log.info("generate_scenarios: the endpoint refused response_format %s; asking for %s", fmt,
-                         formats[1] if len(formats) > 1 else "plain text")
+                log.info(
+                    "generate_scenarios: the endpoint refused response_format %s; asking for %s",
+                    fmt,
+                    formats[1] if len(formats) > 1 else "plain text",
+                )
                 formats.pop(0)
                 continue
             raise
@@ -218,8 +260,9 @@ async def _ask(client: AsyncOpenAI, request: dict[str, Any], formats: list[str],
             return ""
         choice = response.choices[0]
         if choice.finish_reason == "length":
-            log.warning("generate_scenarios: the answer was cut at the token limit; raise max_tokens if no "
-                        "scenarios parse")
+            log.warning(
+                "generate_scenarios: the answer was cut at the token limit; raise max_tokens if no scenarios parse"
+            )
         return choice.message.content or ""
 
 
@@ -240,8 +283,9 @@ def _parse(content: str, seen: set[str]) -> tuple[list[GeneratedScenario], list[
     found, dropped = [], []
     for i, item in enumerate(items):
         try:
-            scenario = GeneratedScenario(task=(item or {}).get("task"), difficulty=_difficulty((item or {})
-                                                                                             .get("difficulty")))
+            scenario = GeneratedScenario(
+                task=(item or {}).get("task"), difficulty=_difficulty((item or {}).get("difficulty"))
+            )
         except (ArtValueError, AttributeError) as exc:
             dropped.append(f"item {i}: {exc}")
             continue
@@ -261,4 +305,3 @@ def _difficulty(value: Any) -> Any:
     if isinstance(value, str) and value.strip().isdigit():
         return int(value.strip())
     return value
-

@@ -29,13 +29,21 @@ COMPLETE_TASK = "complete_task"
 SUMMARY_MAX_CHARS = 1000
 """The summary's `maxLength`: unbounded, a small model's string can run on until its token
 budget ends, and a call cut there is no call at all."""
-COMPLETE_TASK_TOOL = {"type": "function", "function": {
-    "name": COMPLETE_TASK,
-    "description": "Finish the task: call this once, alone, with a summary of what you did and found.",
-    "parameters": {"type": "object", "properties": {"summary": {"type": "string",
-                                                                "description": "What was done and found.",
-                                                                "maxLength": SUMMARY_MAX_CHARS}},
-                   "required": ["summary"], "additionalProperties": False}}}
+COMPLETE_TASK_TOOL = {
+    "type": "function",
+    "function": {
+        "name": COMPLETE_TASK,
+        "description": "Finish the task: call this once, alone, with a summary of what you did and found.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "summary": {"type": "string", "description": "What was done and found.", "maxLength": SUMMARY_MAX_CHARS}
+            },
+            "required": ["summary"],
+            "additionalProperties": False,
+        },
+    },
+}
 DEFAULT_MAX_TURNS = 10
 MAX_TOOL_RESULT_CHARS = 4000
 """A longer tool result is cut (and says so): one huge result would crowd out the context."""
@@ -43,10 +51,12 @@ MAX_TOOL_RESULT_CHARS = 4000
 
 def system_prompt(max_turns: int) -> str:
     """What the agent is told (ART's MCP·RL agent prompt, in our words)."""
-    return ("You are an agent that works through the tools of an MCP (Model Context Protocol) server. "
-            "Use them to complete the user's task. "
-            f"You have at most {max_turns} turns. When the task is done, call '{COMPLETE_TASK}' by itself "
-            "with a summary of what you did and found.")
+    return (
+        "You are an agent that works through the tools of an MCP (Model Context Protocol) server. "
+        "Use them to complete the user's task. "
+        f"You have at most {max_turns} turns. When the task is done, call '{COMPLETE_TASK}' by itself "
+        "with a summary of what you did and found."
+    )
 
 
 @dataclass
@@ -94,14 +104,20 @@ async def mcp_rollout(
     offered = [tool.to_openai() for tool in tools if tool.name != COMPLETE_TASK] + [COMPLETE_TASK_TOOL]
     server_tools = {tool.name for tool in tools}
     client = model.openai_client()
-    messages: list[dict[str, Any]] = [{"role": "system", "content": system or system_prompt(turns_allowed)},
-                                      {"role": "user", "content": f"Please complete this task: {task}"}]
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": system or system_prompt(turns_allowed)},
+        {"role": "user", "content": f"Please complete this task: {task}"},
+    ]
     counts = {"turns": 0, "tool_calls": 0, "tool_errors": 0}
     completed = answered = cut_off = False
     with AutoTrajectoryContext() as trajectory:
         for turn in range(turns_allowed):
-            request: dict[str, Any] = {"model": model.get_inference_name(), "messages": messages, "tools": offered,
-                                       **(completion_params or {})}
+            request: dict[str, Any] = {
+                "model": model.get_inference_name(),
+                "messages": messages,
+                "tools": offered,
+                **(completion_params or {}),
+            }
             choice_of_tool = first_tool_choice if turn == 0 and first_tool_choice is not None else tool_choice
             if choice_of_tool is not None:
                 request["tool_choice"] = choice_of_tool
@@ -121,16 +137,22 @@ async def mcp_rollout(
                     completed = True
                     result, failed = "Task marked complete.", False
                 else:
-                    result, failed = await _run_tool(session, call.function.name, call.function.arguments,
-                                                     server_tools, max_tool_result_chars)
+                    result, failed = await _run_tool(
+                        session, call.function.name, call.function.arguments, server_tools, max_tool_result_chars
+                    )
                 counts["tool_errors"] += failed
                 messages = [*messages, {"role": "tool", "tool_call_id": call.id, "content": result}]
             if completed:
                 break
     trajectory.metadata = {**trajectory.metadata, **metadata, "task": task}
-    trajectory.metrics = {**trajectory.metrics, "task_completed": float(completed), "final_answer": float(answered),
-                          "cut_off": float(cut_off), "ran_out_of_turns": float(not (completed or answered or cut_off)),
-                          **{key: float(value) for key, value in counts.items()}}
+    trajectory.metrics = {
+        **trajectory.metrics,
+        "task_completed": float(completed),
+        "final_answer": float(answered),
+        "cut_off": float(cut_off),
+        "ran_out_of_turns": float(not (completed or answered or cut_off)),
+        **{key: float(value) for key, value in counts.items()},
+    }
     if trajectory.additional_histories:  # never expected: each request extends the last
         log.warning("mcp_rollout: a turn did not extend the conversation; RULER cannot judge this trajectory")
     return trajectory
@@ -150,9 +172,14 @@ def _assistant_message(message: Any) -> dict[str, Any]:
     """The reply as the next request's history: what the capture recognises as that turn's Choice."""
     written: dict[str, Any] = {"role": "assistant", "content": message.content}
     if message.tool_calls:
-        written["tool_calls"] = [{"id": call.id, "type": "function",
-                                  "function": {"name": call.function.name, "arguments": call.function.arguments}}
-                                 for call in message.tool_calls]
+        written["tool_calls"] = [
+            {
+                "id": call.id,
+                "type": "function",
+                "function": {"name": call.function.name, "arguments": call.function.arguments},
+            }
+            for call in message.tool_calls
+        ]
     return written
 
 
@@ -169,7 +196,7 @@ async def _run_tool(session: Any, name: str, arguments: str, known: set[str], li
         return "Error: the arguments must be a JSON object.", True
     try:
         result = await session.call_tool(name, parsed)
-    except Exception as exc:  # noqa: BLE001 - the server refused or failed: the agent sees why
+    except Exception as exc:  # the server refused or failed: the agent sees why
         return f"Error: {type(exc).__name__}: {exc}", True
     failed = bool(_field(result, "is_error", "isError"))
     text = _content_text(result)

@@ -28,7 +28,7 @@ async def list_resources(session: Any) -> list[MCPResource]:
         return []
     try:
         resources = await _all_pages(session.list_resources, "resources")
-    except Exception as exc:  # noqa: BLE001 - a server without resources answers "method not found"
+    except Exception as exc:  # a server without resources answers "method not found"
         log.info("the MCP server listed no resources (%s: %s)", type(exc).__name__, exc)
         return []
     return [MCPResource.from_mcp(resource) for resource in resources]

@@ -28,7 +28,7 @@ def _field(obj: Any, *names: str, default: Any = None) -> Any:
     else:
         declared = getattr(type(obj), "model_fields", None)
         present = [n for n in names if n in declared] if declared else list(names)
-        read = lambda name: getattr(obj, name, None)  # noqa: E731
+        read = lambda name: getattr(obj, name, None)  # noqa: E731 - the other branch binds a method: one name for both
     for name in present:
         value = read(name)
         if value is not None:
@@ -46,14 +46,20 @@ class MCPTool:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> MCPTool:
-        return cls(name=data.get("name", ""), description=data.get("description") or "",
-                   parameters=data.get("parameters") or {})
+        return cls(
+            name=data.get("name", ""),
+            description=data.get("description") or "",
+            parameters=data.get("parameters") or {},
+        )
 
     @classmethod
     def from_mcp(cls, tool: Any) -> MCPTool:
         """From an MCP SDK `Tool` (or its dict): `parameters` is its input schema."""
-        return cls(name=_field(tool, "name", default=""), description=_field(tool, "description", default=""),
-                   parameters=dict(_field(tool, "input_schema", "inputSchema", "parameters", default={})))
+        return cls(
+            name=_field(tool, "name", default=""),
+            description=_field(tool, "description", default=""),
+            parameters=dict(_field(tool, "input_schema", "inputSchema", "parameters", default={})),
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "description": self.description, "parameters": self.parameters}
@@ -61,9 +67,14 @@ class MCPTool:
     def to_openai(self) -> dict[str, Any]:
         """The tool as an OpenAI chat-completions `tools` entry."""
         parameters = self.parameters or {"type": "object", "properties": {}}
-        return {"type": "function", "function": {"name": self.name,
-                                                 "description": self.description or f"MCP tool {self.name}",
-                                                 "parameters": parameters}}
+        return {
+            "type": "function",
+            "function": {
+                "name": self.name,
+                "description": self.description or f"MCP tool {self.name}",
+                "parameters": parameters,
+            },
+        }
 
 
 @dataclass
@@ -77,14 +88,21 @@ class MCPResource:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> MCPResource:
-        return cls(uri=str(data.get("uri", "")), name=data.get("name", ""), description=data.get("description") or "",
-                   mime_type=data.get("mimeType") or data.get("mime_type"))
+        return cls(
+            uri=str(data.get("uri", "")),
+            name=data.get("name", ""),
+            description=data.get("description") or "",
+            mime_type=data.get("mimeType") or data.get("mime_type"),
+        )
 
     @classmethod
     def from_mcp(cls, resource: Any) -> MCPResource:
-        return cls(uri=str(_field(resource, "uri", default="")), name=_field(resource, "name", default=""),
-                   description=_field(resource, "description", default=""),
-                   mime_type=_field(resource, "mime_type", "mimeType"))
+        return cls(
+            uri=str(_field(resource, "uri", default="")),
+            name=_field(resource, "name", default=""),
+            description=_field(resource, "description", default=""),
+            mime_type=_field(resource, "mime_type", "mimeType"),
+        )
 
     def to_dict(self) -> dict[str, Any]:
         data = {"uri": self.uri, "name": self.name, "description": self.description}
@@ -103,10 +121,15 @@ class GeneratedScenario:
     def __post_init__(self) -> None:
         if not isinstance(self.task, str) or not self.task.strip():
             raise ArtValueError(f"a scenario's task must be a non-empty string, got {self.task!r}", "task")
-        if (isinstance(self.difficulty, bool) or not isinstance(self.difficulty, int)
-                or not MIN_DIFFICULTY <= self.difficulty <= MAX_DIFFICULTY):
-            raise ArtValueError(f"difficulty must be an integer from {MIN_DIFFICULTY} to {MAX_DIFFICULTY}, "
-                                f"got {self.difficulty!r}", "difficulty")
+        if (
+            isinstance(self.difficulty, bool)
+            or not isinstance(self.difficulty, int)
+            or not MIN_DIFFICULTY <= self.difficulty <= MAX_DIFFICULTY
+        ):
+            raise ArtValueError(
+                f"difficulty must be an integer from {MIN_DIFFICULTY} to {MAX_DIFFICULTY}, got {self.difficulty!r}",
+                "difficulty",
+            )
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> GeneratedScenario:
@@ -162,15 +185,21 @@ class GeneratedScenarioCollection:
     def split(self, train_size: int) -> tuple[GeneratedScenarioCollection, GeneratedScenarioCollection]:
         """The first `train_size` scenarios and the rest (shuffle first for a random split)."""
         if not 0 <= train_size <= len(self.scenarios):
-            raise ArtValueError(f"train_size ({train_size}) must be between 0 and the number of scenarios "
-                                f"({len(self.scenarios)})", "train_size")
-        return (GeneratedScenarioCollection(self.scenarios[:train_size]),
-                GeneratedScenarioCollection(self.scenarios[train_size:]))
+            raise ArtValueError(
+                f"train_size ({train_size}) must be between 0 and the number of scenarios ({len(self.scenarios)})",
+                "train_size",
+            )
+        return (
+            GeneratedScenarioCollection(self.scenarios[:train_size]),
+            GeneratedScenarioCollection(self.scenarios[train_size:]),
+        )
 
-    def filter_by_difficulty(self, min_difficulty: int = MIN_DIFFICULTY,
-                             max_difficulty: int = MAX_DIFFICULTY) -> GeneratedScenarioCollection:
-        return GeneratedScenarioCollection([s for s in self.scenarios
-                                            if min_difficulty <= s.difficulty <= max_difficulty])
+    def filter_by_difficulty(
+        self, min_difficulty: int = MIN_DIFFICULTY, max_difficulty: int = MAX_DIFFICULTY
+    ) -> GeneratedScenarioCollection:
+        return GeneratedScenarioCollection(
+            [s for s in self.scenarios if min_difficulty <= s.difficulty <= max_difficulty]
+        )
 
     def get_difficulty_distribution(self) -> Counter:
         return Counter(s.difficulty for s in self.scenarios)
@@ -187,6 +216,9 @@ class GeneratedScenarioCollection:
 
     def get_summary(self) -> dict[str, Any]:
         n = len(self.scenarios)
-        return {"total_scenarios": n, "difficulty_distribution": dict(self.get_difficulty_distribution()),
-                "avg_difficulty": sum(s.difficulty for s in self.scenarios) / n if n else 0,
-                "avg_task_length": sum(len(s.task) for s in self.scenarios) / n if n else 0}
+        return {
+            "total_scenarios": n,
+            "difficulty_distribution": dict(self.get_difficulty_distribution()),
+            "avg_difficulty": sum(s.difficulty for s in self.scenarios) / n if n else 0,
+            "avg_task_length": sum(len(s.task) for s in self.scenarios) / n if n else 0,
+        }

@@ -64,7 +64,7 @@ class LineProgress(std_tqdm):
         postfix = f", {d['postfix']}" if d["postfix"] else ""
         return f"{prefix}{done} {unit} [{timing}{postfix}]"
 
-    def display(self, msg: str | None = None, pos: int | None = None) -> bool:  # noqa: ARG002
+    def display(self, msg: str | None = None, pos: int | None = None) -> bool:  # tqdm's signature; both unused
         if self._printed is None:  # tqdm's first draw at construction: nothing happened yet
             self._printed = self._state()
         elif self.n != self._printed[0]:
@@ -79,10 +79,10 @@ class LineProgress(std_tqdm):
         except (ValueError, OSError):  # the stream was closed under us
             pass
 
-    def clear(self, nolock: bool = False) -> None:  # noqa: ARG002 - a line once written stays
+    def clear(self, nolock: bool = False) -> None:  # a line once written stays
         return None
 
-    def moveto(self, n: int) -> None:  # noqa: ARG002 - lines are never redrawn in place
+    def moveto(self, n: int) -> None:  # lines are never redrawn in place
         return None
 
     def close(self) -> None:

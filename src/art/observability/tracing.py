@@ -41,6 +41,7 @@ def _trace_module():
     if _otel is None:
         try:
             from opentelemetry import trace
+
             _otel = trace
         except ImportError:
             _otel = False
@@ -51,8 +52,13 @@ def _disabled() -> bool:
     return os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true"
 
 
-def configure(endpoint: str | None = None, *, headers: Mapping[str, str] | None = None,
-              service_name: str | None = None, exporter: Any = None) -> None:
+def configure(
+    endpoint: str | None = None,
+    *,
+    headers: Mapping[str, str] | None = None,
+    service_name: str | None = None,
+    exporter: Any = None,
+) -> None:
     """Record spans and send them to `endpoint` (OTLP/HTTP, e.g. `http://127.0.0.1:6006/v1/traces`),
     or to `exporter` (any OpenTelemetry SpanExporter). Without either, the OTEL_* variables decide.
 
@@ -84,8 +90,14 @@ def configure(endpoint: str | None = None, *, headers: Mapping[str, str] | None 
         _tracer = provider.get_tracer(TRACER_NAME)
 
 
-def configure_langfuse(public_key: str | None = None, secret_key: str | None = None, host: str | None = None,
-                       *, service_name: str | None = None, client: Any = None) -> None:
+def configure_langfuse(
+    public_key: str | None = None,
+    secret_key: str | None = None,
+    host: str | None = None,
+    *,
+    service_name: str | None = None,
+    client: Any = None,
+) -> None:
     """Send spans to Langfuse, and each rollout's reward and numeric metrics as Langfuse scores.
 
     Keys and host default to LANGFUSE_PUBLIC_KEY, LANGFUSE_SECRET_KEY and LANGFUSE_HOST (or
@@ -100,16 +112,18 @@ def configure_langfuse(public_key: str | None = None, secret_key: str | None = N
     secret_key = secret_key or os.environ.get("LANGFUSE_SECRET_KEY")
     if client is None and (not public_key or not secret_key):
         raise ValueError("Langfuse needs a key pair: public_key/secret_key or LANGFUSE_PUBLIC_KEY/LANGFUSE_SECRET_KEY")
-    host = (host or os.environ.get("LANGFUSE_HOST") or os.environ.get("LANGFUSE_BASE_URL")
-            or "https://cloud.langfuse.com").rstrip("/")
+    host = (
+        host or os.environ.get("LANGFUSE_HOST") or os.environ.get("LANGFUSE_BASE_URL") or "https://cloud.langfuse.com"
+    ).rstrip("/")
     if client is None:
         try:
             from langfuse import Langfuse
         except ImportError:
             _configure_langfuse_otlp(public_key, secret_key, host, service_name)
             return
-        client = Langfuse(public_key=public_key, secret_key=secret_key, base_url=host,
-                          should_export_span=langfuse_should_export)
+        client = Langfuse(
+            public_key=public_key, secret_key=secret_key, base_url=host, should_export_span=langfuse_should_export
+        )
     _langfuse = client
 
 
@@ -127,8 +141,9 @@ def _configure_langfuse_otlp(public_key: str, secret_key: str, host: str, servic
     import base64
 
     token = base64.b64encode(f"{public_key}:{secret_key}".encode()).decode()
-    configure(f"{host}/api/public/otel/v1/traces", headers={"Authorization": f"Basic {token}"},
-              service_name=service_name)
+    configure(
+        f"{host}/api/public/otel/v1/traces", headers={"Authorization": f"Basic {token}"}, service_name=service_name
+    )
 
 
 def send_scores(current: Any, trajectory: Any) -> None:
@@ -140,8 +155,9 @@ def send_scores(current: Any, trajectory: Any) -> None:
     scores = {**(trajectory.metrics or {}), "reward": trajectory.reward}
     for name, value in scores.items():
         if isinstance(value, (int, float)) and math.isfinite(value):
-            _langfuse.create_score(name=name, value=float(value), trace_id=trace_id,
-                                   observation_id=observation_id, data_type="NUMERIC")
+            _langfuse.create_score(
+                name=name, value=float(value), trace_id=trace_id, observation_id=observation_id, data_type="NUMERIC"
+            )
 
 
 def flush(timeout_s: float = 10.0) -> None:
@@ -181,8 +197,14 @@ def enabled() -> bool:
 
 
 @contextlib.contextmanager
-def span(name: str, attributes: Mapping[str, Any] | None = None, *, context: Any = None,
-         kind: str = "INTERNAL", end_on_exit: bool = True) -> Iterator[Any]:
+def span(
+    name: str,
+    attributes: Mapping[str, Any] | None = None,
+    *,
+    context: Any = None,
+    kind: str = "INTERNAL",
+    end_on_exit: bool = True,
+) -> Iterator[Any]:
     """A span around the block (None when tracing is off). An exception ends it with an error
     status and is recorded, then raised on. With `end_on_exit=False` the caller ends it
     (`.end()`): a streamed response's span lasts until its last chunk."""
@@ -191,8 +213,13 @@ def span(name: str, attributes: Mapping[str, Any] | None = None, *, context: Any
         yield None
         return
     trace = _trace_module()
-    with tracer.start_as_current_span(name, context=context, kind=getattr(trace.SpanKind, kind),
-                                      attributes=_clean(attributes or {}), end_on_exit=end_on_exit) as current:
+    with tracer.start_as_current_span(
+        name,
+        context=context,
+        kind=getattr(trace.SpanKind, kind),
+        attributes=_clean(attributes or {}),
+        end_on_exit=end_on_exit,
+    ) as current:
         yield current
 
 

@@ -14,8 +14,7 @@ import logging
 import os
 from pathlib import Path
 
-from art.metrics_taxonomy import (SECTIONS, SFT_METRIC_PREFIX, SFT_WANDB_GRADIENT_STEP_KEY,
-                                  TRAINING_STEP_KEY)
+from art.metrics_taxonomy import SECTIONS, SFT_METRIC_PREFIX, SFT_WANDB_GRADIENT_STEP_KEY, TRAINING_STEP_KEY
 
 log = logging.getLogger(__name__)
 
@@ -67,11 +66,20 @@ def _run(model, run_dir: Path):
     user_config = model.config.model_dump() if hasattr(model.config, "model_dump") else model.config
     extra = dict(getattr(model, "wandb_config", None) or {})
     # Shown under ART's `run_name` (None: `name`); one run folder, one W&B run id: `name`.
-    run = wandb.init(project=model.project, name=getattr(model, "run_name", None) or model.name, id=model.name,
-                     resume="allow",
-                     dir=str(run_dir), config={"model": model.name, "base_model": getattr(model, "base_model", None),
-                                               "user_config": user_config, **extra},
-                     reinit="create_new")
+    run = wandb.init(
+        project=model.project,
+        name=getattr(model, "run_name", None) or model.name,
+        id=model.name,
+        resume="allow",
+        dir=str(run_dir),
+        config={
+            "model": model.name,
+            "base_model": getattr(model, "base_model", None),
+            "user_config": user_config,
+            **extra,
+        },
+        reinit="create_new",
+    )
     declare_taxonomy(run)
     if extra:
         run.config.update(extra)

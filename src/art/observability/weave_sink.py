@@ -32,7 +32,7 @@ def init_weave(project: str) -> bool:
     os.environ.setdefault("WEAVE_LOG_LEVEL", "CRITICAL")
     try:
         weave.init(project)
-    except Exception as exc:  # noqa: BLE001 - an unreachable W&B never stops training
+    except Exception as exc:  # an unreachable W&B never stops training
         log.warning("weave.init(%r) failed, rollouts are not traced in Weave: %s", project, exc)
         return False
     _projects.add(project)

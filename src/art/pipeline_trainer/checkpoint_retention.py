@@ -61,24 +61,36 @@ class CheckpointRetentionPlan(BaseModel):
 CheckpointRetentionStrategy = Callable[[CheckpointRetentionContext], CheckpointRetentionPlan]
 
 
-def plan_checkpoint_retention(*, current_step: int, checkpoints: list[CheckpointInfo], protected_steps: set[int],
-                              strategy: CheckpointRetentionStrategy) -> CheckpointRetentionPlan | None:
+def plan_checkpoint_retention(
+    *,
+    current_step: int,
+    checkpoints: list[CheckpointInfo],
+    protected_steps: set[int],
+    strategy: CheckpointRetentionStrategy,
+) -> CheckpointRetentionPlan | None:
     """The strategy's plan over `checkpoints` (those in `protected_steps` not deletable), with
     `retain_steps` every step that stays; None when nothing is to be deleted or archived."""
     known = {c.step for c in checkpoints}
     eligible = known - protected_steps
-    answer = strategy(CheckpointRetentionContext(current_step=current_step, checkpoints=[
-        c.model_copy(update={"deletion_eligible": c.step in eligible}) for c in checkpoints]))
+    answer = strategy(
+        CheckpointRetentionContext(
+            current_step=current_step,
+            checkpoints=[c.model_copy(update={"deletion_eligible": c.step in eligible}) for c in checkpoints],
+        )
+    )
     if not isinstance(answer, CheckpointRetentionPlan):
         raise ArtValueError(
             f"checkpoint_retention_strategy must return a CheckpointRetentionPlan(retain_steps=...), got "
             f"{type(answer).__name__}: bare steps are refused, since ART's releases read them as the steps "
-            "to keep in one and to delete in another", field="checkpoint_retention_strategy")
+            "to keep in one and to delete in another",
+            field="checkpoint_retention_strategy",
+        )
     plan = answer
     unknown = (plan.retain_steps | plan.archive_steps) - known
     if unknown:
-        raise ArtValueError(f"checkpoint retention selected unknown steps: {sorted(unknown)}",
-                            field="checkpoint_retention_strategy")
+        raise ArtValueError(
+            f"checkpoint retention selected unknown steps: {sorted(unknown)}", field="checkpoint_retention_strategy"
+        )
     delete = eligible - plan.retain_steps - plan.archive_steps
     if not delete and not plan.archive_steps:
         return None
@@ -98,17 +110,22 @@ def keep_recent_and_top(*, recent: int = 5, top: int = 2, metric: str = "val/rew
 
     def strategy(context: CheckpointRetentionContext) -> CheckpointRetentionPlan:
         by_step = sorted(context.checkpoints, key=lambda c: c.step)
-        keep = {c.step for c in by_step[len(by_step) - recent:]} if recent else set()
-        ranked = sorted((c for c in by_step if metric in c.metrics), key=lambda c: (c.metrics[metric], c.step),
-                        reverse=True)
+        keep = {c.step for c in by_step[len(by_step) - recent :]} if recent else set()
+        ranked = sorted(
+            (c for c in by_step if metric in c.metrics), key=lambda c: (c.metrics[metric], c.step), reverse=True
+        )
         keep |= {c.step for c in ranked[:top]}
         return CheckpointRetentionPlan(retain_steps=keep)
 
     return strategy
 
 
-def keep_recent_and_periodic(*, recent: int = 5, archive_interval: int = 25, archives: int = 2,
-                             ) -> CheckpointRetentionStrategy:
+def keep_recent_and_periodic(
+    *,
+    recent: int = 5,
+    archive_interval: int = 25,
+    archives: int = 2,
+) -> CheckpointRetentionStrategy:
     """Keep the `recent` newest checkpoints and archive the last `archives` steps that are
     multiples of `archive_interval` (step 0 never)."""
     _limit("recent", recent)
@@ -118,14 +135,17 @@ def keep_recent_and_periodic(*, recent: int = 5, archive_interval: int = 25, arc
     def strategy(context: CheckpointRetentionContext) -> CheckpointRetentionPlan:
         by_step = sorted(c.step for c in context.checkpoints)
         periodic = [step for step in by_step if step > 0 and step % archive_interval == 0]
-        return CheckpointRetentionPlan(retain_steps=set(by_step[len(by_step) - recent:]) if recent else set(),
-                                       archive_steps=set(periodic[len(periodic) - archives:]) if archives else set())
+        return CheckpointRetentionPlan(
+            retain_steps=set(by_step[len(by_step) - recent :]) if recent else set(),
+            archive_steps=set(periodic[len(periodic) - archives :]) if archives else set(),
+        )
 
     return strategy
 
 
-def checkpoint_infos(history: Iterable[Mapping[str, Any]], steps: list[int],
-                     completed_eval_steps: Iterable[int] = ()) -> list[CheckpointInfo]:
+def checkpoint_infos(
+    history: Iterable[Mapping[str, Any]], steps: list[int], completed_eval_steps: Iterable[int] = ()
+) -> list[CheckpointInfo]:
     """What a strategy knows of each step, from the run's history rows: every numeric metric
     averaged over the step's rows (ART's), when its checkpoint was written and whether an
     evaluation of it finished (`completed_eval_steps`, `checkpoint/*`, else a `val/` or `test/`
@@ -136,18 +156,30 @@ def checkpoint_infos(history: Iterable[Mapping[str, Any]], steps: list[int],
         at = row.get("step")
         if type(at) is int and at in steps:
             for key, value in row.items():
-                if (key not in ("step", "recorded_at") and isinstance(value, (int, float))
-                        and not isinstance(value, bool) and math.isfinite(value)):
+                if (
+                    key not in ("step", "recorded_at")
+                    and isinstance(value, (int, float))
+                    and not isinstance(value, bool)
+                    and math.isfinite(value)
+                ):
                     sums.setdefault(at, {}).setdefault(key, []).append(float(value))
     out = []
     for at in sorted(steps):
         metrics = {k: sum(v) / len(v) for k, v in sums.get(at, {}).items()}
         created = metrics.get(CHECKPOINT_CREATED_AT_METRIC)
-        out.append(CheckpointInfo(
-            step=at, path=f"checkpoints/{at:04d}",
-            created_at=datetime.fromtimestamp(created, timezone.utc) if created is not None
-            else datetime.now(timezone.utc),
-            is_eval_step=(at in evaluated or metrics.get(CHECKPOINT_EVAL_COMPLETED_METRIC, 0.0) > 0.0
-                          or any(k.startswith(("val/", "test/")) for k in metrics)),
-            metrics=metrics))
+        out.append(
+            CheckpointInfo(
+                step=at,
+                path=f"checkpoints/{at:04d}",
+                created_at=datetime.fromtimestamp(created, timezone.utc)
+                if created is not None
+                else datetime.now(timezone.utc),
+                is_eval_step=(
+                    at in evaluated
+                    or metrics.get(CHECKPOINT_EVAL_COMPLETED_METRIC, 0.0) > 0.0
+                    or any(k.startswith(("val/", "test/")) for k in metrics)
+                ),
+                metrics=metrics,
+            )
+        )
     return out

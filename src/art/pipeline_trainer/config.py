@@ -35,35 +35,58 @@ class PipelineRuntimeConfig(pydantic.BaseModel):
         return self
 
 
-def check_art_keywords(*, pipeline, autotune, rollout_executor, limit_mean_steps_off_policy, kl_penalty_coef,
-                       kl_penalty_step_lag, grad_accumulation_sequences, optimizer_save_interval,
-                       score_reference_groups_per_step, score_reference_rollouts_per_group) -> list[str]:
+def check_art_keywords(
+    *,
+    pipeline,
+    autotune,
+    rollout_executor,
+    limit_mean_steps_off_policy,
+    kl_penalty_coef,
+    kl_penalty_step_lag,
+    grad_accumulation_sequences,
+    optimizer_save_interval,
+    score_reference_groups_per_step,
+    score_reference_rollouts_per_group,
+) -> list[str]:
     """What is wrong with the `PipelineTrainer` keywords ART added in 2026, one line each, each
     starting with the keyword's name (ART's bounds and wording)."""
     problems = []
     if pipeline is not None and not isinstance(pipeline, PipelineRuntimeConfig):
         problems.append(f"pipeline must be a PipelineRuntimeConfig, got {type(pipeline).__name__}")
     if autotune is not None and getattr(autotune, "mode", "off") != "off":
-        problems.append(f"autotune: pipeline autotuning (mode {getattr(autotune, 'mode', None)!r}) is not available "
-                        "here; size the pipeline with pipeline=PipelineRuntimeConfig(...)")
+        problems.append(
+            f"autotune: pipeline autotuning (mode {getattr(autotune, 'mode', None)!r}) is not available "
+            "here; size the pipeline with pipeline=PipelineRuntimeConfig(...)"
+        )
     if rollout_executor is not None:
-        problems.append("rollout_executor: distributed rollout executors are not available here; rollouts run "
-                        "as tasks of the trainer's event loop")
-    for name, value, low, strict in (("limit_mean_steps_off_policy", limit_mean_steps_off_policy, 0, False),
-                                     ("score_reference_groups_per_step", score_reference_groups_per_step, 0, True),
-                                     ("score_reference_rollouts_per_group", score_reference_rollouts_per_group, 0,
-                                      True)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
-                                  or value < low or (strict and value == low)):
+        problems.append(
+            "rollout_executor: distributed rollout executors are not available here; rollouts run "
+            "as tasks of the trainer's event loop"
+        )
+    for name, value, low, strict in (
+        ("limit_mean_steps_off_policy", limit_mean_steps_off_policy, 0, False),
+        ("score_reference_groups_per_step", score_reference_groups_per_step, 0, True),
+        ("score_reference_rollouts_per_group", score_reference_rollouts_per_group, 0, True),
+    ):
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, (int, float)) or value < low or (strict and value == low)
+        ):
             problems.append(f"{name} must be {'>' if strict else '>='} {low}, got {value!r}")
-    for name, value, low in (("kl_penalty_step_lag", kl_penalty_step_lag, 1),
-                             ("grad_accumulation_sequences", grad_accumulation_sequences, 1)):
+    for name, value, low in (
+        ("kl_penalty_step_lag", kl_penalty_step_lag, 1),
+        ("grad_accumulation_sequences", grad_accumulation_sequences, 1),
+    ):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
             problems.append(f"{name} must be >= {low}, got {value!r}")
-    if isinstance(optimizer_save_interval, bool) or not isinstance(optimizer_save_interval, int) \
-            or optimizer_save_interval <= 0:
+    if (
+        isinstance(optimizer_save_interval, bool)
+        or not isinstance(optimizer_save_interval, int)
+        or optimizer_save_interval <= 0
+    ):
         problems.append(f"optimizer_save_interval must be > 0, got {optimizer_save_interval!r}")
     if isinstance(kl_penalty_coef, bool) or not isinstance(kl_penalty_coef, (int, float)) or kl_penalty_coef != 0:
-        problems.append(f"kl_penalty_coef must be 0.0 here, got {kl_penalty_coef!r}: the KL-penalised advantage "
-                        "is not available (use the loss's KL term, train option beta)")
+        problems.append(
+            f"kl_penalty_coef must be 0.0 here, got {kl_penalty_coef!r}: the KL-penalised advantage "
+            "is not available (use the loss's KL term, train option beta)"
+        )
     return problems

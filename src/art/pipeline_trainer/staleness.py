@@ -18,5 +18,10 @@ def mean_steps_off_policy(group: TrajectoryGroup, step: int, default_version: in
 
 def lag_weights(step: int, group: TrajectoryGroup, default_version: int) -> list[tuple[int, int]]:
     """(lag behind `step`, completion tokens) of each trajectory of a group."""
-    return [(step - (t.initial_policy_version if t.initial_policy_version is not None else default_version),
-             max(1, completion_tokens(t))) for t in group.trajectories]
+    return [
+        (
+            step - (t.initial_policy_version if t.initial_policy_version is not None else default_version),
+            max(1, completion_tokens(t)),
+        )
+        for t in group.trajectories
+    ]

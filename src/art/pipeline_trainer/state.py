@@ -34,7 +34,9 @@ class PipelineState:
         known = {f.name: f for f in fields(cls)}
         values = {}
         for key, value in (saved or {}).items():
-            if key in known and isinstance(value, list if key in ("used_after_offset", "completed_eval_steps") else int):
+            if key in known and isinstance(
+                value, list if key in ("used_after_offset", "completed_eval_steps") else int
+            ):
                 values[key] = value
         return cls(**values)
 

@@ -207,22 +207,39 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         refused by `backend.train`; ART's autotuner and distributed rollout executors are not
         available: `autotune` other than off and a `rollout_executor` are refused.)"""
         problems = check_art_keywords(
-            pipeline=pipeline, autotune=autotune, rollout_executor=rollout_executor,
-            limit_mean_steps_off_policy=limit_mean_steps_off_policy, kl_penalty_coef=kl_penalty_coef,
-            kl_penalty_step_lag=kl_penalty_step_lag, grad_accumulation_sequences=grad_accumulation_sequences,
+            pipeline=pipeline,
+            autotune=autotune,
+            rollout_executor=rollout_executor,
+            limit_mean_steps_off_policy=limit_mean_steps_off_policy,
+            kl_penalty_coef=kl_penalty_coef,
+            kl_penalty_step_lag=kl_penalty_step_lag,
+            grad_accumulation_sequences=grad_accumulation_sequences,
             optimizer_save_interval=optimizer_save_interval,
             score_reference_groups_per_step=score_reference_groups_per_step,
-            score_reference_rollouts_per_group=score_reference_rollouts_per_group)
-        aliases = {name: value for name, value in (("num_rollout_workers", num_rollout_workers),
-                                                   ("min_batch_size", min_batch_size),
-                                                   ("max_batch_size", max_batch_size),
-                                                   ("queue_maxsize", queue_maxsize)) if value is not None}
+            score_reference_rollouts_per_group=score_reference_rollouts_per_group,
+        )
+        aliases = {
+            name: value
+            for name, value in (
+                ("num_rollout_workers", num_rollout_workers),
+                ("min_batch_size", min_batch_size),
+                ("max_batch_size", max_batch_size),
+                ("queue_maxsize", queue_maxsize),
+            )
+            if value is not None
+        }
         if pipeline is not None and aliases:
-            problems.append(f"{', '.join(aliases)}: Use either pipeline=PipelineRuntimeConfig(...) or deprecated "
-                            "direct pipeline settings, not both.")
+            problems.append(
+                f"{', '.join(aliases)}: Use either pipeline=PipelineRuntimeConfig(...) or deprecated "
+                "direct pipeline settings, not both."
+            )
         elif aliases:
-            warnings.warn("Direct PipelineTrainer runtime settings are deprecated; pass "
-                          "pipeline=PipelineRuntimeConfig(...) instead.", DeprecationWarning, stacklevel=2)
+            warnings.warn(
+                "Direct PipelineTrainer runtime settings are deprecated; pass "
+                "pipeline=PipelineRuntimeConfig(...) instead.",
+                DeprecationWarning,
+                stacklevel=2,
+            )
         settings = pipeline if isinstance(pipeline, PipelineRuntimeConfig) else PipelineRuntimeConfig()
         num_rollout_workers = aliases.get("num_rollout_workers", settings.num_rollout_workers)
         min_batch_size = aliases.get("min_batch_size", settings.min_batch_size)
@@ -260,28 +277,49 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         if problems:
             field_name = problems[0].split(" ", 1)[0].rstrip(":,")
             raise ArtValueError("invalid PipelineTrainer settings: " + "; ".join(problems), field=field_name)
-        self.model, self.backend, self.rollout_fn, self.config, self.eval_fn = model, backend, rollout_fn, config, eval_fn
+        self.model, self.backend, self.rollout_fn, self.config, self.eval_fn = (
+            model,
+            backend,
+            rollout_fn,
+            config,
+            eval_fn,
+        )
         self.pipeline = PipelineRuntimeConfig(**{**settings.model_dump(exclude_unset=True), **aliases})
         self.num_rollout_workers = num_rollout_workers
         self.min_batch_size = min_batch_size
         self.max_batch_size = max_batch_size if max_batch_size is not None else 10 * min_batch_size
         self.max_steps_off_policy = max_steps_off_policy
         self.limit_mean_steps_off_policy = limit_mean_steps_off_policy
-        self._age_bound = (max_steps_off_policy if max_steps_off_policy is not None else
-                           math.ceil(limit_mean_steps_off_policy) if limit_mean_steps_off_policy is not None else None)
+        self._age_bound = (
+            max_steps_off_policy
+            if max_steps_off_policy is not None
+            else math.ceil(limit_mean_steps_off_policy)
+            if limit_mean_steps_off_policy is not None
+            else None
+        )
         """The lag the rollout gate plans for: the hard bound, else the mean limit rounded up."""
         self.stale_groups = stale_groups
         self.queue_maxsize = queue_maxsize or max(self.max_batch_size, (self._age_bound or 1) * self.max_batch_size)
         self.kl_penalty_step_lag = kl_penalty_step_lag
         self.optimizer_save_interval = optimizer_save_interval
-        self.score_reference_groups_per_step = (score_reference_groups_per_step if score_reference_groups_per_step
-                                                is not None else settings.score_reference_groups_per_step)
+        self.score_reference_groups_per_step = (
+            score_reference_groups_per_step
+            if score_reference_groups_per_step is not None
+            else settings.score_reference_groups_per_step
+        )
         self.score_reference_rollouts_per_group = (
-            score_reference_rollouts_per_group if score_reference_rollouts_per_group is not None
-            else settings.score_reference_rollouts_per_group)
-        self.train_kwargs = {"learning_rate": learning_rate, "loss_fn": loss_fn, "loss_fn_config": loss_fn_config,
-                             "normalize_advantages": normalize_advantages, "adam_params": adam_params,
-                             **dict(train_options or {})}
+            score_reference_rollouts_per_group
+            if score_reference_rollouts_per_group is not None
+            else settings.score_reference_rollouts_per_group
+        )
+        self.train_kwargs = {
+            "learning_rate": learning_rate,
+            "loss_fn": loss_fn,
+            "loss_fn_config": loss_fn_config,
+            "normalize_advantages": normalize_advantages,
+            "adam_params": adam_params,
+            **dict(train_options or {}),
+        }
         self.max_steps = max_steps
         self.collapse_after = discard_queue_multiplier * min_batch_size
         self.discard_queue_multiplier = discard_queue_multiplier
@@ -306,8 +344,11 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         saved = (self.model.read_state() or {}).get(STATE_KEY) if self.resume else None
         self.state = PipelineState.from_saved(saved)
         if saved and self.state.training_step != start:
-            log.warning("the saved pipeline state is at step %d and the model at step %d: resuming at the model's "
-                        "step", self.state.training_step, start)
+            log.warning(
+                "the saved pipeline state is at step %d and the model at step %d: resuming at the model's step",
+                self.state.training_step,
+                start,
+            )
         self.state.training_step = start
         self._done, self._failure = False, None
         self._changes = _Changes()
@@ -333,8 +374,9 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             self._schedule_eval(start)
         main = asyncio.current_task()
         restore = self._install_signals(main) if handle_signals else (lambda: None)
-        workers = self._workers = [asyncio.create_task(self._worker(), name=f"rollout-worker-{i}")
-                                   for i in range(self.num_rollout_workers)]
+        workers = self._workers = [
+            asyncio.create_task(self._worker(), name=f"rollout-worker-{i}") for i in range(self.num_rollout_workers)
+        ]
         evaluator = asyncio.create_task(self._evaluate_queued(), name="pipeline-eval")
         status = asyncio.create_task(self._status_lines(), name="pipeline-status")
         finished = False
@@ -506,12 +548,14 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             first = group.exceptions[0]
             self._failure = TooManyExceptionsError(
                 f"all {len(group.exceptions)} rollouts of scenario {index} failed; the first: {first.type}: "
-                f"{first.message}")
+                f"{first.message}"
+            )
             self._stop()
             return
         for trajectory in group.trajectories:
             trajectory.initial_policy_version, trajectory.final_policy_version = policy_versions(
-                trajectory, version, self._policy)
+                trajectory, version, self._policy
+            )
         group_version = min((t.initial_policy_version for t in group.trajectories), default=version)
         if has_signal(group):
             self._groups_with_signal += 1
@@ -550,8 +594,11 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         running = len(self._running)
         await _cancel(self._workers)
         if running:
-            log.info("last step: %d rollout(s) still running cancelled, as no step left could train them "
-                     "(their scenarios are not used up)", running)
+            log.info(
+                "last step: %d rollout(s) still running cancelled, as no step left could train them "
+                "(their scenarios are not used up)",
+                running,
+            )
 
     async def _next_batch(self, step: int) -> list[_Finished] | None:
         """The groups step `step` trains on (None: nothing more will come)."""
@@ -563,8 +610,9 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
                 return None
             self._set_aside_unusable(step)
             if self._zero_variance_in_a_row >= self.collapse_after:
-                tqdm.write(COLLAPSE_BANNER.format(count=self._zero_variance_in_a_row,
-                                                  multiplier=self.discard_queue_multiplier))
+                tqdm.write(
+                    COLLAPSE_BANNER.format(count=self._zero_variance_in_a_row, multiplier=self.discard_queue_multiplier)
+                )
                 self._stop()
                 return None
             everything_in = self._exhausted and not self._running
@@ -588,7 +636,8 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         bound, limit, keep = self.max_steps_off_policy, self.limit_mean_steps_off_policy, []
         for item in self._ready:
             if (bound is not None and item.version < step - bound) or (
-                    limit is not None and mean_steps_off_policy(item.group, step, item.version) > limit):
+                limit is not None and mean_steps_off_policy(item.group, step, item.version) > limit
+            ):
                 self._interval.stale += 1
                 self.state.discarded_stale_groups += 1
                 self.state.use_up(item.index)
@@ -605,7 +654,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         by_index = sorted(self._ready, key=lambda item: item.index)
         must = [i for i in by_index if self.stale_groups == "wait" and i.version <= step - bound]
         rest = [i for i in by_index if i not in must]
-        batch = sorted(must + rest[:max(0, self.max_batch_size - len(must))], key=lambda item: item.index)
+        batch = sorted(must + rest[: max(0, self.max_batch_size - len(must))], key=lambda item: item.index)
         taken = {id(item) for item in batch}
         self._ready = [item for item in self._ready if id(item) not in taken]
         self._interval.waited += sum(item.index in self._waited for item in batch)
@@ -636,8 +685,9 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         if "trained_tokens" in result.metrics:  # with time/step_trainer_s: throughput/avg_trainer_tok_per_s
             metrics["data/step_trainer_tokens"] = result.metrics["trained_tokens"]
         await self.model.log(groups, split="train", step=step, metrics=metrics)
-        await self._log_checkpoint(result.step, {CHECKPOINT_SAVED_METRIC: 1.0,
-                                                 CHECKPOINT_CREATED_AT_METRIC: time.time()})
+        await self._log_checkpoint(
+            result.step, {CHECKPOINT_SAVED_METRIC: 1.0, CHECKPOINT_CREATED_AT_METRIC: time.time()}
+        )
         if self._set_aside:
             aside, self._set_aside = self._set_aside, []
             await self.model.log(aside[:50], split="discarded", step=step)
@@ -651,8 +701,9 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         self._idle_since = time.monotonic()
         return result.step
 
-    def _step_metrics(self, step: int, batch: list[_Finished], interval: _Interval, idle_s: float,
-                      train_s: float) -> dict[str, float]:
+    def _step_metrics(
+        self, step: int, batch: list[_Finished], interval: _Interval, idle_s: float, train_s: float
+    ) -> dict[str, float]:
         lags = [step - item.version for item in batch]
         weights = [pair for item in batch for pair in lag_weights(step, item.group, item.version)]
         wall = time.monotonic() - interval.started
@@ -684,23 +735,32 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
 
     def _postfix(self, batch: list[_Finished], metrics: dict[str, float]) -> dict[str, Any]:
         rewards = [t.reward for item in batch for t in item.group.trajectories]
-        return {"reward": round(sum(rewards) / len(rewards), 3), "off_policy": round(
-            metrics["offpolicy/steps_off_policy_mean"], 2), "dropped": self.state.discarded_stale_groups,
-            "running": len(self._running), "ready": len(self._ready)}
+        return {
+            "reward": round(sum(rewards) / len(rewards), 3),
+            "off_policy": round(metrics["offpolicy/steps_off_policy_mean"], 2),
+            "dropped": self.state.discarded_stale_groups,
+            "running": len(self._running),
+            "ready": len(self._ready),
+        }
 
     async def _status_lines(self) -> None:
         while True:
             await asyncio.sleep(self.log_interval_seconds)
             total = f"/{self.total_scenarios}" if self.total_scenarios is not None else ""
-            tqdm.write(f"[art] pipeline at step {self._policy}: {len(self._running)} rollouts running, "
-                       f"{len(self._ready)} groups waiting, scenarios {self.state.total_scenarios_consumed}{total}, "
-                       f"dropped {self.state.discarded_stale_groups} stale and "
-                       f"{self.state.discarded_zero_variance_groups} without signal")
+            tqdm.write(
+                f"[art] pipeline at step {self._policy}: {len(self._running)} rollouts running, "
+                f"{len(self._ready)} groups waiting, scenarios {self.state.total_scenarios_consumed}{total}, "
+                f"dropped {self.state.discarded_stale_groups} stale and "
+                f"{self.state.discarded_zero_variance_groups} without signal"
+            )
 
     # -- evaluation -----------------------------------------------------------------------------
     def _should_eval(self, step: int) -> bool:
-        return (self.eval_fn is not None and self.eval_every_n_steps > 0
-                and step - self.state.last_eval_step >= self.eval_every_n_steps)
+        return (
+            self.eval_fn is not None
+            and self.eval_every_n_steps > 0
+            and step - self.state.last_eval_step >= self.eval_every_n_steps
+        )
 
     def _schedule_eval(self, step: int) -> None:
         if step not in self._evaluating:
@@ -766,8 +826,9 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         keep = set(steps) - set(eligible)
         if self.save_checkpoint:  # ART's contract: the strategy's plan names the steps to keep
             infos = checkpoint_infos(await self.backend.get_history(self.model), steps, self.state.completed_eval_steps)
-            plan = plan_checkpoint_retention(current_step=step, checkpoints=infos,
-                                             protected_steps=protected, strategy=strategy)
+            plan = plan_checkpoint_retention(
+                current_step=step, checkpoints=infos, protected_steps=protected, strategy=strategy
+            )
             if plan is None:
                 return
             keep = plan.retain_steps | plan.archive_steps
@@ -785,8 +846,7 @@ def _as_groups(items, split: str) -> list[TrajectoryGroup]:
     groups = [item for item in items if isinstance(item, TrajectoryGroup)]
     loose = [item for item in items if isinstance(item, Trajectory)]
     if len(groups) + len(loose) != len(items):
-        raise ArtValueError(f"eval_fn's {split!r} items must be Trajectory or TrajectoryGroup objects",
-                            field="eval_fn")
+        raise ArtValueError(f"eval_fn's {split!r} items must be Trajectory or TrajectoryGroup objects", field="eval_fn")
     return groups + ([TrajectoryGroup(loose)] if loose else [])
 
 

@@ -41,8 +41,15 @@ class JudgeAnswerError(ValueError):
     `duplicate` and `unexpected` (trajectory ids) say what was wrong, so a retry can tell the
     judge; they are None for any other problem."""
 
-    def __init__(self, message: str, *, got: int | None = None, missing: list[str] | None = None,
-                 duplicate: list[str] | None = None, unexpected: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        got: int | None = None,
+        missing: list[str] | None = None,
+        duplicate: list[str] | None = None,
+        unexpected: list[str] | None = None,
+    ) -> None:
         super().__init__(message)
         self.got, self.missing, self.duplicate, self.unexpected = got, missing, duplicate, unexpected
 
@@ -56,6 +63,7 @@ def answer_schema(n: int) -> dict:
     """The JSON schema of an answer for `n` trajectories: exactly one entry per id, "1".."n" in
     order (prefixItems), so a constrained judge cannot skip or repeat one. A judge that refuses
     the schema is asked for a plain JSON object instead (`ruler`)."""
+
     def entry(i: int) -> dict:
         return {
             "type": "object",
@@ -71,8 +79,15 @@ def answer_schema(n: int) -> dict:
 
     return {
         "type": "object",
-        "properties": {"scores": {"type": "array", "prefixItems": [entry(i) for i in range(1, n + 1)],
-                                  "items": False, "minItems": n, "maxItems": n}},
+        "properties": {
+            "scores": {
+                "type": "array",
+                "prefixItems": [entry(i) for i in range(1, n + 1)],
+                "items": False,
+                "minItems": n,
+                "maxItems": n,
+            }
+        },
         "required": ["scores"],
         "additionalProperties": False,
     }
@@ -93,8 +108,10 @@ def parse_answer(content: str | None, n: int) -> tuple[list[TrajectoryScore], in
     try:
         answer = Response.model_validate(data)
     except ValidationError as exc:
-        raise JudgeAnswerError(f"the answer does not match the schema: {exc.errors()[0]['msg']} "
-                               f"at {'.'.join(map(str, exc.errors()[0]['loc']))}") from exc
+        raise JudgeAnswerError(
+            f"the answer does not match the schema: {exc.errors()[0]['msg']} "
+            f"at {'.'.join(map(str, exc.errors()[0]['loc']))}"
+        ) from exc
     expected = [str(i) for i in range(1, n + 1)]
     ids = [score.trajectory_id.strip() for score in answer.scores]
     _check_ids(ids, expected)
@@ -148,8 +165,10 @@ def _score_text(text: str, key: str) -> float:
     try:
         return float(text)
     except ValueError:
-        raise JudgeAnswerError(f"trajectory {key!r} has score {text!r}: not a number, a fraction such as '8/10' "
-                               "or a percentage such as '40%'") from None
+        raise JudgeAnswerError(
+            f"trajectory {key!r} has score {text!r}: not a number, a fraction such as '8/10' "
+            "or a percentage such as '40%'"
+        ) from None
 
 
 def _check_ids(ids: list[str], expected: list[str]) -> None:
@@ -161,12 +180,19 @@ def _check_ids(ids: list[str], expected: list[str]) -> None:
     unexpected = [i for i in counts if i not in set(expected)]
     if not (missing or duplicate or unexpected):
         return
-    head = (f"Expected {len(expected)} scores, but got {len(ids)}" if len(ids) != len(expected)
-            else f"Expected one score for each trajectory ID {', '.join(expected)}")
+    head = (
+        f"Expected {len(expected)} scores, but got {len(ids)}"
+        if len(ids) != len(expected)
+        else f"Expected one score for each trajectory ID {', '.join(expected)}"
+    )
     raise JudgeAnswerError(
         f"{head} (missing trajectory IDs: {listed(missing)}; duplicate trajectory IDs: {listed(duplicate)}; "
         f"unexpected trajectory IDs: {listed(unexpected)})",
-        got=len(ids), missing=missing, duplicate=duplicate, unexpected=unexpected)
+        got=len(ids),
+        missing=missing,
+        duplicate=duplicate,
+        unexpected=unexpected,
+    )
 
 
 def listed(ids: list[str]) -> str:

@@ -61,8 +61,7 @@ def _text(content: Any) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):  # OpenAI content parts
-        return " ".join(p.get("text", f"<{p.get('type', 'part')}>") if isinstance(p, dict) else str(p)
-                        for p in content)
+        return " ".join(p.get("text", f"<{p.get('type', 'part')}>") if isinstance(p, dict) else str(p) for p in content)
     return json.dumps(content, ensure_ascii=False, default=str)
 
 
@@ -77,8 +76,9 @@ def truncate(text: str, max_tokens: int) -> str:
     return f"{text[:head]}\n[... {cut} characters cut to fit the judge's budget ...]\n{text[-tail:]}"
 
 
-def judge_messages(message_lists: list[list[dict[str, Any]]], rubric: str,
-                   max_trajectory_tokens: int, tools: list[Any] | None = None) -> list[dict[str, str]]:
+def judge_messages(
+    message_lists: list[list[dict[str, Any]]], rubric: str, max_trajectory_tokens: int, tools: list[Any] | None = None
+) -> list[dict[str, str]]:
     """The judge's system and user messages for one group (ids "1".."n" in order). `tools`, the
     tool definitions the agent was given, are shown once in `<available_tools>` (as ART shows
     them), so the judge can tell a valid call from an invented one."""
@@ -96,20 +96,26 @@ def judge_messages(message_lists: list[list[dict[str, Any]]], rubric: str,
     for i, messages in enumerate(message_lists, start=1):
         body = "\n".join(render_message(m) for m in messages[shared:])
         parts.append(f'<trajectory id="{i}">\n{truncate(body, max_trajectory_tokens)}\n</trajectory>')
-    system = dedent(
-        """
+    system = (
+        dedent(
+            """
         All of the trajectories below have been given the same goal. Your job is to consider each of them and give them a score between 0 and 1. Take into consideration your best judgement of the agent's goal.
 
         Grading standards:
         {rubric}
         Answer with a JSON object {{"scores": [{{"trajectory_id": "1", "explanation": "...", "score": 0.5}}, ...]}} holding exactly {n} score objects, one for each trajectory ID ({ids}), in order.
         """
-    ).strip().format(rubric=rubric.strip(), n=len(message_lists), ids=_ids(len(message_lists)))
+        )
+        .strip()
+        .format(rubric=rubric.strip(), n=len(message_lists), ids=_ids(len(message_lists)))
+    )
     intro = "The messages shared by every trajectory are in <context>.\n\n" if shared else ""
     if tools:
         intro += "The tools the agent could call are in <available_tools>.\n\n"
-    return [{"role": "system", "content": system},
-            {"role": "user", "content": intro + "Trajectories:\n\n" + "\n\n".join(parts)}]
+    return [
+        {"role": "system", "content": system},
+        {"role": "user", "content": intro + "Trajectories:\n\n" + "\n\n".join(parts)},
+    ]
 
 
 def correction(bad_answer: str, problem: ValueError, n: int) -> list[dict[str, str]]:
@@ -117,16 +123,23 @@ def correction(bad_answer: str, problem: ValueError, n: int) -> list[dict[str, s
     with it (for a wrong set of ids: which are missing, repeated or unexpected) and what to send."""
     got = getattr(problem, "got", None)
     if got is not None:
-        what = (f"Your previous answer had {got} score object{'' if got == 1 else 's'}, but there "
-                f"{'is 1 trajectory' if n == 1 else f'are {n} trajectories'}.\n"
-                f"Missing trajectory IDs: {listed(problem.missing)}\n"
-                f"Duplicate trajectory IDs: {listed(problem.duplicate)}\n"
-                f"Unexpected trajectory IDs: {listed(problem.unexpected)}")
+        what = (
+            f"Your previous answer had {got} score object{'' if got == 1 else 's'}, but there "
+            f"{'is 1 trajectory' if n == 1 else f'are {n} trajectories'}.\n"
+            f"Missing trajectory IDs: {listed(problem.missing)}\n"
+            f"Duplicate trajectory IDs: {listed(problem.duplicate)}\n"
+            f"Unexpected trajectory IDs: {listed(problem.unexpected)}"
+        )
     else:
         what = f"Your previous answer could not be used: {problem}"
-    return [{"role": "assistant", "content": bad_answer},
-            {"role": "user", "content": f"{what}\n\nAnswer again with exactly {n} score object"
-                                        f"{'' if n == 1 else 's'}, using each trajectory ID exactly once: {_ids(n)}."}]
+    return [
+        {"role": "assistant", "content": bad_answer},
+        {
+            "role": "user",
+            "content": f"{what}\n\nAnswer again with exactly {n} score object"
+            f"{'' if n == 1 else 's'}, using each trajectory ID exactly once: {_ids(n)}.",
+        },
+    ]
 
 
 def _ids(n: int) -> str:

@@ -114,8 +114,10 @@ def _get_response_format_for_ollama(answer_model: type[BaseModel]) -> dict[str, 
     ART asks an Ollama judge (`Response` for RULER's answer). Ollama's grammar takes this plain
     schema; the per-group one (`answer_schema`) uses keywords such as `prefixItems` that a
     converter may not implement, and `parse_answer` checks ids and scores either way."""
-    return {"type": "json_schema",
-            "json_schema": {"name": answer_model.__name__, "schema": answer_model.model_json_schema()}}
+    return {
+        "type": "json_schema",
+        "json_schema": {"name": answer_model.__name__, "schema": answer_model.model_json_schema()},
+    }
 
 
 def _ollama_base_url() -> str:
@@ -134,24 +136,38 @@ def _judge(judge: Any, judge_model: str, api_key: str | None) -> _Judge:
         judge = os.environ.get("OPENROUTER_API_BASE", DEFAULT_OPENROUTER_BASE)
         api_key = api_key or os.environ.get("OPENROUTER_API_KEY")
         if not api_key:
-            raise ArtValueError(f"no key for the OpenRouter judge {judge_model!r}: set OPENROUTER_API_KEY "
-                                "or pass judge_api_key", "judge_api_key")
+            raise ArtValueError(
+                f"no key for the OpenRouter judge {judge_model!r}: set OPENROUTER_API_KEY or pass judge_api_key",
+                "judge_api_key",
+            )
     if judge is None or isinstance(judge, str):
         try:
-            client = AsyncOpenAI(base_url=judge, api_key=api_key or os.environ.get("OPENAI_API_KEY")
-                                 or (None if judge is None else "none"))
+            client = AsyncOpenAI(
+                base_url=judge,
+                api_key=api_key or os.environ.get("OPENAI_API_KEY") or (None if judge is None else "none"),
+            )
         except OpenAIError as exc:
-            raise ArtValueError("no judge: set OPENAI_API_KEY for OpenAI, or pass judge= (an AsyncOpenAI "
-                                "client, a base URL or a registered art.Model)", "judge") from exc
+            raise ArtValueError(
+                "no judge: set OPENAI_API_KEY for OpenAI, or pass judge= (an AsyncOpenAI "
+                "client, a base URL or a registered art.Model)",
+                "judge",
+            ) from exc
     elif isinstance(judge, AsyncOpenAI):
         client = judge
     elif hasattr(judge, "openai_client"):  # an art.Model registered with a backend
         client = judge.openai_client()
     else:
-        raise ArtValueError(f"judge must be an AsyncOpenAI client, a base URL or an art.Model, got "
-                            f"{type(judge).__name__}", "judge")
-    return _Judge(client, model, str(client.base_url), owned=judge is None or isinstance(judge, str), ollama=ollama,
-                  priced_as=judge_model)
+        raise ArtValueError(
+            f"judge must be an AsyncOpenAI client, a base URL or an art.Model, got {type(judge).__name__}", "judge"
+        )
+    return _Judge(
+        client,
+        model,
+        str(client.base_url),
+        owned=judge is None or isinstance(judge, str),
+        ollama=ollama,
+        priced_as=judge_model,
+    )
 
 
 def _message_list(item: Any) -> list[dict[str, Any]]:
@@ -204,10 +220,19 @@ async def ruler(
     stats = stats if stats is not None else RulerStats()
     target = _judge(judge, judge_model, judge_api_key)
     try:
-        scores = await _score(lists, target, rubric=rubric, tools=tools,
-                              params={**(extra_litellm_params or {}), **(extra_params or {})},
-                              max_retries=max_retries, max_trajectory_tokens=max_trajectory_tokens,
-                              store=_cache(cache), structured=structured, debug=debug, stats=stats)
+        scores = await _score(
+            lists,
+            target,
+            rubric=rubric,
+            tools=tools,
+            params={**(extra_litellm_params or {}), **(extra_params or {})},
+            max_retries=max_retries,
+            max_trajectory_tokens=max_trajectory_tokens,
+            store=_cache(cache),
+            structured=structured,
+            debug=debug,
+            stats=stats,
+        )
     finally:
         if target.owned:
             await target.client.close()
@@ -226,15 +251,32 @@ def _check_uniform(scores: list[TrajectoryScore], lists: list[list[dict]], targe
     if where in _warned_uniform or all(messages == lists[0] for messages in lists):
         return
     _warned_uniform.add(where)
-    log.warning("RULER: the judge %s (%s) gave all %d different trajectories of a group the same score (%.3f), so "
-                "that group trains nothing. If it keeps doing so, use a stronger judge model or a rubric that "
-                "separates better answers from worse ones; ruler/uniform_groups counts such groups (this warning "
-                "is shown once per judge).", target.model, target.endpoint, len(scores), scores[0].score)
+    log.warning(
+        "RULER: the judge %s (%s) gave all %d different trajectories of a group the same score (%.3f), so "
+        "that group trains nothing. If it keeps doing so, use a stronger judge model or a rubric that "
+        "separates better answers from worse ones; ruler/uniform_groups counts such groups (this warning "
+        "is shown once per judge).",
+        target.model,
+        target.endpoint,
+        len(scores),
+        scores[0].score,
+    )
 
 
-async def _score(lists: list[list[dict]], target: _Judge, *, rubric: str, tools: list[Any] | None, params: dict,
-                 max_retries: int, max_trajectory_tokens: int, store: JudgeCache | None, structured: bool | None,
-                 debug: bool, stats: RulerStats) -> list[TrajectoryScore]:
+async def _score(
+    lists: list[list[dict]],
+    target: _Judge,
+    *,
+    rubric: str,
+    tools: list[Any] | None,
+    params: dict,
+    max_retries: int,
+    max_trajectory_tokens: int,
+    store: JudgeCache | None,
+    structured: bool | None,
+    debug: bool,
+    stats: RulerStats,
+) -> list[TrajectoryScore]:
     """Ask the judge until an answer parses (at most 1 + max_retries tries), using the cache.
     A retry after an unusable answer shows the judge that answer and what was wrong with it."""
     base = judge_messages(lists, rubric, max_trajectory_tokens, tools)
@@ -259,8 +301,12 @@ async def _score(lists: list[list[dict]], target: _Judge, *, rubric: str, tools:
                 content = await _ask(target, request, stats)
             except BadRequestError as exc:
                 if structured is None and level < 2 and _about_format(exc):
-                    log.info("judge %s refused response_format %s; asking for %s", where, FORMATS[level],
-                             FORMATS[level + 1] or "plain text")
+                    log.info(
+                        "judge %s refused response_format %s; asking for %s",
+                        where,
+                        FORMATS[level],
+                        FORMATS[level + 1] or "plain text",
+                    )
                     level += 1
                     _format_of[where] = level
                     continue
@@ -300,8 +346,10 @@ def _request(target: _Judge, messages: list[dict], params: dict, response_format
     if response_format == "json_schema" and target.ollama:
         request["response_format"] = _get_response_format_for_ollama(Response)
     elif response_format == "json_schema":
-        request["response_format"] = {"type": "json_schema", "json_schema": {
-            "name": "ruler_scores", "schema": answer_schema(n), "strict": True}}
+        request["response_format"] = {
+            "type": "json_schema",
+            "json_schema": {"name": "ruler_scores", "schema": answer_schema(n), "strict": True},
+        }
     elif response_format == "json_object":
         request["response_format"] = {"type": "json_object"}
     return request
@@ -393,8 +441,16 @@ async def ruler_score_group(
         return group
     stats = RulerStats()
     try:
-        scores = await ruler(list(group.trajectories), judge_model, extra_litellm_params, rubric,
-                             options.pop("tools", group.trajectories[0].tools), debug=debug, stats=stats, **options)
+        scores = await ruler(
+            list(group.trajectories),
+            judge_model,
+            extra_litellm_params,
+            rubric,
+            options.pop("tools", group.trajectories[0].tools),
+            debug=debug,
+            stats=stats,
+            **options,
+        )
     except Exception as exc:
         if not swallow_exceptions:
             raise
@@ -407,5 +463,10 @@ async def ruler_score_group(
         judged.logs = [*trajectory.logs, f"RULER explanation: {score.explanation}"]
         judged.reward = score.score
         trajectories.append(judged)
-    return TrajectoryGroup(trajectories, exceptions=group.exceptions, metadata=group.metadata,
-                           metrics={**group.metrics, **stats.as_metrics()}, logs=group.logs)
+    return TrajectoryGroup(
+        trajectories,
+        exceptions=group.exceptions,
+        metadata=group.metadata,
+        metrics={**group.metrics, **stats.as_metrics()},
+        logs=group.logs,
+    )

@@ -43,13 +43,14 @@ from fastapi.responses import StreamingResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from art import messages_format
 from art.chat_template import prompt_ids, template_messages, tools_active
 from art.engine.base import SamplingParams, ServedModel
 from art.errors import ArtError, ArtValueError, ModelNotFoundError
+from art.messages_format import MessagesFormatError
 from art.observability import tracing
 from art.responses_format import ResponseEvents, ResponsesFormatError, chat_request, response_object
 from art.responses_format import sse as responses_sse  # the Anthropic one is messages_format.sse
-from art import messages_format
 from art.server import completions_format
 from art.server.errors import (
     AsciiJSONResponse,
@@ -59,16 +60,33 @@ from art.server.errors import (
     install_error_handlers,
     stream_error_event,
 )
-from art.messages_format import MessagesFormatError
-from art.server.openai_format import (ChunkWriter, TokenText, request_attributes, response_attributes,
-                                      response_choice, response_head, token_usage)
+from art.server.openai_format import (
+    ChunkWriter,
+    TokenText,
+    request_attributes,
+    response_attributes,
+    response_choice,
+    response_head,
+    token_usage,
+)
 from art.server.registry import ModelRegistry
-from art.server.schemas import (ChatCompletionRequest, CompletionRequest, MessagesCountRequest, MessagesRequest,
-                                ResponsesRequest)
+from art.server.schemas import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    MessagesCountRequest,
+    MessagesRequest,
+    ResponsesRequest,
+)
 from art.server.structured_output import grammar_for
 
-def create_app(registry: ModelRegistry, *, default_max_tokens: int = 1024,
-               recover: Callable[[str], Awaitable[bool]] | None = None, watchdog=None) -> FastAPI:
+
+def create_app(
+    registry: ModelRegistry,
+    *,
+    default_max_tokens: int = 1024,
+    recover: Callable[[str], Awaitable[bool]] | None = None,
+    watchdog=None,
+) -> FastAPI:
     """Build the app. `default_max_tokens` caps completions whose request sets no limit.
     `recover(model)`: loads a model the registry does not know yet, True if it did.
     `watchdog`: anything with `stuck() -> list[dict]`, shown by /health."""
@@ -79,14 +97,22 @@ def create_app(registry: ModelRegistry, *, default_max_tokens: int = 1024,
     @app.get("/health")
     async def health(request: Request) -> dict[str, Any]:
         """Liveness ("ok", or "degraded" while the watchdog sees something stuck, an engine
-        replica is out of rotation or an engine cannot serve, such as a vLLM process that died). With the API key (or on a server without one) also each
-        engine's load, what is stuck, where, and which replicas are down and why."""
+        replica is out of rotation or an engine cannot serve, such as a vLLM process that died).
+        With the API key (or on a server without one) also each engine's load, what is stuck,
+        where, and which replicas are down and why."""
         stuck = watchdog.stuck() if watchdog is not None else []
         engines = registry.stats() if hasattr(registry, "stats") else {}
-        down = [{"model": model, **replica} for model, stats in engines.items()
-                for replica in stats.get("replicas", []) if not replica["serving"]]
-        engines_down = [{"model": model, "down": stats["engine_down"]} for model, stats in engines.items()
-                        if stats.get("engine_down")]
+        down = [
+            {"model": model, **replica}
+            for model, stats in engines.items()
+            for replica in stats.get("replicas", [])
+            if not replica["serving"]
+        ]
+        engines_down = [
+            {"model": model, "down": stats["engine_down"]}
+            for model, stats in engines.items()
+            if stats.get("engine_down")
+        ]
         body: dict[str, Any] = {"status": "degraded" if stuck or down or engines_down else "ok"}
         if not request.scope.get("state", {}).get("authorized", True):
             return body  # no key: model names and stacks are not for anyone who can reach the port
@@ -115,16 +141,25 @@ def create_app(registry: ModelRegistry, *, default_max_tokens: int = 1024,
                 raise
             return registry.resolve(model)  # stored on disk, loaded again just now
 
-    async def serve(what: str, body: ChatCompletionRequest | CompletionRequest, request: Request,
-                    answer: Callable[[ServedModel, Any], Awaitable[Any]], attributes=request_attributes):
+    async def serve(
+        what: str,
+        body: ChatCompletionRequest | CompletionRequest,
+        request: Request,
+        answer: Callable[[ServedModel, Any], Awaitable[Any]],
+        attributes=request_attributes,
+    ):
         """Resolve the model and `answer(served, span)` inside the request's span. The caller's
         trace (a rollout's span) continues here: the completion hangs under it. A stream's span
         ends with its last chunk; every other answer ends it here. `attributes(body)`: the span's
         request attributes."""
         response = current = None
         try:
-            with tracing.span(f"{what.split()[0]} {body.model}", kind="SERVER", end_on_exit=False,
-                              context=tracing.extract_context(request.headers)) as current:
+            with tracing.span(
+                f"{what.split()[0]} {body.model}",
+                kind="SERVER",
+                end_on_exit=False,
+                context=tracing.extract_context(request.headers),
+            ) as current:
                 if current is not None:
                     tracing.set_attributes(current, attributes(body))
                 try:
@@ -141,16 +176,21 @@ def create_app(registry: ModelRegistry, *, default_max_tokens: int = 1024,
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request):
-        return await serve("chat completion", body, request,
-                           lambda served, span: _complete(served, body, default_max_tokens, span))
+        return await serve(
+            "chat completion", body, request, lambda served, span: _complete(served, body, default_max_tokens, span)
+        )
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
         """OpenAI's legacy Completions: a prompt (text or token ids) without a chat template
         (`art.server.completions_format`)."""
-        return await serve("completion", body, request,
-                           lambda served, span: completions_format.complete(served, body, default_max_tokens, span),
-                           completions_format.request_attributes)
+        return await serve(
+            "completion",
+            body,
+            request,
+            lambda served, span: completions_format.complete(served, body, default_max_tokens, span),
+            completions_format.request_attributes,
+        )
 
     @app.post("/v1/responses")
     async def responses(body: ResponsesRequest, request: Request):
@@ -167,8 +207,10 @@ def create_app(registry: ModelRegistry, *, default_max_tokens: int = 1024,
                 exc.field = _RESPONSES_FIELDS.get(exc.field, exc.field)
                 raise
             if isinstance(result, StreamingResponse):
-                return StreamingResponse(_chat_stream_as(result.body_iterator, ResponseEvents(wire), responses_sse),
-                                         media_type="text/event-stream")
+                return StreamingResponse(
+                    _chat_stream_as(result.body_iterator, ResponseEvents(wire), responses_sse),
+                    media_type="text/event-stream",
+                )
             # ASCII JSON: the Response repeats request text (instructions, tools), which may hold a lone surrogate.
             return AsciiJSONResponse(response_object(result, wire))
 
@@ -189,9 +231,10 @@ def create_app(registry: ModelRegistry, *, default_max_tokens: int = 1024,
                 exc.field = messages_format.FIELDS.get(exc.field, exc.field)
                 raise
             if isinstance(result, StreamingResponse):
-                return StreamingResponse(_chat_stream_as(result.body_iterator, messages_format.MessageEvents(),
-                                                         messages_format.sse),
-                                         media_type="text/event-stream")
+                return StreamingResponse(
+                    _chat_stream_as(result.body_iterator, messages_format.MessageEvents(), messages_format.sse),
+                    media_type="text/event-stream",
+                )
             return AsciiJSONResponse(messages_format.message_object(result))
 
         return as_anthropic(await serve("message", chat, request, answer))
@@ -240,8 +283,15 @@ async def _complete(served: ServedModel, body: ChatCompletionRequest, default_ma
     return {**head, "object": "chat.completion", "choices": choices, "usage": usage, "prompt_token_ids": prompt}
 
 
-async def _stream(served: ServedModel, body: ChatCompletionRequest, prompt: list[int], params: SamplingParams,
-                  tokens: TokenText, parse_tools: bool, span) -> StreamingResponse:
+async def _stream(
+    served: ServedModel,
+    body: ChatCompletionRequest,
+    prompt: list[int],
+    params: SamplingParams,
+    tokens: TokenText,
+    parse_tools: bool,
+    span,
+) -> StreamingResponse:
     """The SSE response, sent as the engine samples. Until the first token nothing is sent, so
     a failure is still an ordinary error response; a later one ends the stream with an error
     event (OpenAI's `{"error": ...}` data line, which the `openai` client raises). The span,
@@ -279,8 +329,12 @@ async def _stream(served: ServedModel, body: ChatCompletionRequest, prompt: list
     return StreamingResponse(chunks(), media_type="text/event-stream")
 
 
-_RESPONSES_FIELDS = {"messages": "input", "response_format": "text.format", "max_tokens": "max_output_tokens",
-                     "max_completion_tokens": "max_output_tokens"}
+_RESPONSES_FIELDS = {
+    "messages": "input",
+    "response_format": "text.format",
+    "max_tokens": "max_output_tokens",
+    "max_completion_tokens": "max_output_tokens",
+}
 """Chat request fields -> the Responses fields they came from (for the 400s that name them)."""
 
 
@@ -304,7 +358,7 @@ async def _chat_stream_as(chunks, events, sse):
     them. Closing this closes the chat stream, which ends the request's span."""
     try:
         async for line in chunks:
-            for data in (part[len("data: "):] for part in line.split("\n") if part.startswith("data: ")):
+            for data in (part[len("data: ") :] for part in line.split("\n") if part.startswith("data: ")):
                 if data.strip() == "[DONE]":
                     continue
                 chunk = json.loads(data)
@@ -323,9 +377,13 @@ async def _chat_stream_as(chunks, events, sse):
 def _prompt_and_grammar(engine, tokenizer, body: ChatCompletionRequest) -> tuple[list[int], str | None]:
     """The prompt's token ids and the completion's grammar (checked), off the event loop."""
     constraint = body.vllm_constraint()
-    grammar = grammar_for(body.response_format.as_dict() if body.response_format else None,
-                          body.tools, body.tool_choice, body.parallel_tool_calls,
-                          constraint[:2] if constraint else None)
+    grammar = grammar_for(
+        body.response_format.as_dict() if body.response_format else None,
+        body.tools,
+        body.tool_choice,
+        body.parallel_tool_calls,
+        constraint[:2] if constraint else None,
+    )
     if grammar is not None:
         forced_field = "response_format" if body.response_format and body.response_format.type != "text" else "tools"
         engine.grammars.check(grammar, constraint[2] if constraint else forced_field)
@@ -336,11 +394,17 @@ def _prompt_ids(tokenizer, body: ChatCompletionRequest) -> list[int]:
     messages, tools = template_messages(
         tokenizer, [m.for_template() for m in body.messages], body.tools, body.tool_choice
     )
-    return prompt_ids(tokenizer, messages, tools, add_generation_prompt=True, where="messages",
-                      template_kwargs=body.chat_template_kwargs)
+    return prompt_ids(
+        tokenizer,
+        messages,
+        tools,
+        add_generation_prompt=True,
+        where="messages",
+        template_kwargs=body.chat_template_kwargs,
+    )
 
 
 def _max_tokens(body: ChatCompletionRequest, prompt_len: int, max_model_len: int, default: int) -> int:
-    return completions_format.completion_tokens(body.requested_max_tokens, prompt_len, max_model_len, default,
-                                                where="messages", prompt_name="messages")
-
+    return completions_format.completion_tokens(
+        body.requested_max_tokens, prompt_len, max_model_len, default, where="messages", prompt_name="messages"
+    )

@@ -41,12 +41,21 @@ from art.server.schemas import CompletionRequest
 
 def request_attributes(body: CompletionRequest) -> dict[str, Any]:
     """GenAI semantic-convention attributes of a completions request."""
-    return {"gen_ai.operation.name": "text_completion", "gen_ai.provider.name": "art",
-            "gen_ai.request.model": body.model, "gen_ai.request.temperature": body.temperature,
-            "gen_ai.request.top_p": body.top_p, "gen_ai.request.max_tokens": body.max_tokens,
-            "gen_ai.request.choice.count": body.n, "gen_ai.request.seed": body.seed,
-            "openinference.span.kind": "LLM", "llm.model_name": body.model, "langfuse.observation.type": "generation",
-            "input.value": json.dumps(body.prompt, ensure_ascii=False), "input.mime_type": "application/json"}
+    return {
+        "gen_ai.operation.name": "text_completion",
+        "gen_ai.provider.name": "art",
+        "gen_ai.request.model": body.model,
+        "gen_ai.request.temperature": body.temperature,
+        "gen_ai.request.top_p": body.top_p,
+        "gen_ai.request.max_tokens": body.max_tokens,
+        "gen_ai.request.choice.count": body.n,
+        "gen_ai.request.seed": body.seed,
+        "openinference.span.kind": "LLM",
+        "llm.model_name": body.model,
+        "langfuse.observation.type": "generation",
+        "input.value": json.dumps(body.prompt, ensure_ascii=False),
+        "input.mime_type": "application/json",
+    }
 
 
 def prompt_token_ids(tokenizer, prompt: str | list[int], add_special_tokens: bool, where: str) -> list[int]:
@@ -58,15 +67,17 @@ def prompt_token_ids(tokenizer, prompt: str | list[int], add_special_tokens: boo
         vocab = len(tokenizer)
         outside = next((t for t in ids if t >= vocab), None)
         if outside is not None:
-            raise ArtValueError(f"{where} holds the token id {outside}, outside the vocabulary (ids 0 to {vocab - 1})",
-                                where)
+            raise ArtValueError(
+                f"{where} holds the token id {outside}, outside the vocabulary (ids 0 to {vocab - 1})", where
+            )
     if not ids:
         raise ArtValueError(f"{where} is empty: give at least one token of text", where)
     return ids
 
 
-def completion_tokens(asked: int | None, prompt_len: int, max_model_len: int, default: int, where: str,
-                      prompt_name: str = "prompt") -> int:
+def completion_tokens(
+    asked: int | None, prompt_len: int, max_model_len: int, default: int, where: str, prompt_name: str = "prompt"
+) -> int:
     """`max_tokens` for one prompt: what was asked if it fits the context (None: as much as the
     context and the server's default allow). The error is OpenAI's, the prompt called `prompt_name`
     (chat says "messages")."""
@@ -77,7 +88,9 @@ def completion_tokens(asked: int | None, prompt_len: int, max_model_len: int, de
         raise ContextLengthError(
             f"This model's maximum context length is {max_model_len} tokens. However, you requested "
             f"{prompt_len + (asked or 1)} tokens ({prompt_len} in the {prompt_name}, {asked or 1} in the completion). "
-            f"Please reduce the length of the {prompt_name} or completion.", where)
+            f"Please reduce the length of the {prompt_name} or completion.",
+            where,
+        )
     return asked
 
 
@@ -91,8 +104,12 @@ class Logprobs:
         return f"token_id:{token_id}" if self.as_ids else self.tokens.text(token_id)
 
     def block(self, sampled: Completion | SampledTokens, start: int = 0, end: int | None = None) -> dict[str, Any]:
-        out: dict[str, Any] = {"tokens": [], "token_logprobs": [], "top_logprobs": None if self.top is None else [],
-                               "text_offset": []}
+        out: dict[str, Any] = {
+            "tokens": [],
+            "token_logprobs": [],
+            "top_logprobs": None if self.top is None else [],
+            "text_offset": [],
+        }
         for k in range(start, len(sampled.token_ids) if end is None else end):
             token_id, logprob = sampled.token_ids[k], sampled.logprobs[k]
             name = self.name(token_id)
@@ -101,7 +118,7 @@ class Logprobs:
             out["text_offset"].append(self.offset)
             self.offset += len(self.tokens.text(token_id))
             if self.top is not None:
-                alternatives = sampled.top_logprobs[k][:self.top] if k < len(sampled.top_logprobs) else []
+                alternatives = sampled.top_logprobs[k][: self.top] if k < len(sampled.top_logprobs) else []
                 out["top_logprobs"].append({**{self.name(t): lp for t, lp in alternatives}, name: logprob})
         return out
 
@@ -115,14 +132,28 @@ class Batch:
         prompts = body.prompts
         where = ["prompt"] if len(prompts) == 1 else [f"prompt[{i}]" for i in range(len(prompts))]
         self.ids = [prompt_token_ids(engine.tokenizer, p, body.add_special_tokens, at) for p, at in zip(prompts, where)]
-        self.echoes = [(p if isinstance(p, str) else engine.tokenizer.decode(ids)) if body.echo else ""
-                       for p, ids in zip(prompts, self.ids)]
-        base = SamplingParams(n=body.n, temperature=body.temperature, top_p=body.top_p, top_k=max(body.top_k, 0),
-                              min_p=body.min_p, stop=body.stop_strings, seed=body.seed, ignore_eos=body.ignore_eos,
-                              top_logprobs=body.logprobs or 0)
-        self.params = [dataclasses.replace(base, max_tokens=completion_tokens(
-            body.max_tokens, len(ids), engine.max_model_len, default_max_tokens, at))
-            for ids, at in zip(self.ids, where)]
+        self.echoes = [
+            (p if isinstance(p, str) else engine.tokenizer.decode(ids)) if body.echo else ""
+            for p, ids in zip(prompts, self.ids)
+        ]
+        base = SamplingParams(
+            n=body.n,
+            temperature=body.temperature,
+            top_p=body.top_p,
+            top_k=max(body.top_k, 0),
+            min_p=body.min_p,
+            stop=body.stop_strings,
+            seed=body.seed,
+            ignore_eos=body.ignore_eos,
+            top_logprobs=body.logprobs or 0,
+        )
+        self.params = [
+            dataclasses.replace(
+                base,
+                max_tokens=completion_tokens(body.max_tokens, len(ids), engine.max_model_len, default_max_tokens, at),
+            )
+            for ids, at in zip(self.ids, where)
+        ]
 
     def logprobs(self, p: int) -> Logprobs | None:
         if self.body.echo:
@@ -143,10 +174,15 @@ class Batch:
 
     def choice(self, p: int, i: int, c: Completion) -> dict[str, Any]:
         logprobs = self.logprobs(p)
-        choice = {"index": p * self.body.n + i, "text": self.echoes[p] + c.text,
-                  "logprobs": logprobs.block(c) if logprobs else None, "finish_reason": c.finish_reason,
-                  "stop_reason": matched_stop(self.tokens.tokenizer, c, self.params[p].stop),
-                  "token_ids": c.token_ids, "prompt_token_ids": self.ids[p]}
+        choice = {
+            "index": p * self.body.n + i,
+            "text": self.echoes[p] + c.text,
+            "logprobs": logprobs.block(c) if logprobs else None,
+            "finish_reason": c.finish_reason,
+            "stop_reason": matched_stop(self.tokens.tokenizer, c, self.params[p].stop),
+            "token_ids": c.token_ids,
+            "prompt_token_ids": self.ids[p],
+        }
         if c.step is not None:
             choice["step"] = c.step
         return choice
@@ -159,12 +195,15 @@ async def complete(served: ServedModel, body: CompletionRequest, default_max_tok
     batch = await asyncio.to_thread(Batch, served, body, default_max_tokens)
     if body.stream:
         return await _stream(served, batch, span)
-    results = await asyncio.gather(*(engine.generate(ids, params, served.adapter)
-                                     for ids, params in zip(batch.ids, batch.params)))
+    results = await asyncio.gather(
+        *(engine.generate(ids, params, served.adapter) for ids, params in zip(batch.ids, batch.params))
+    )
     head = batch.head(served, [c for cs in results for c in cs])
     if span is not None:
-        tracing.set_attributes(span, response_attributes(served, [c for cs in results for c in cs],
-                                                         [t for ids in batch.ids for t in ids], head))
+        tracing.set_attributes(
+            span,
+            response_attributes(served, [c for cs in results for c in cs], [t for ids in batch.ids for t in ids], head),
+        )
     choices = [batch.choice(p, i, c) for p, cs in enumerate(results) for i, c in enumerate(cs)]
     return {**head, "object": "text_completion", "choices": choices, "usage": batch.usage(results), **batch.prompt()}
 
@@ -186,10 +225,14 @@ class Chunks:
 
     def start(self) -> str:
         n = self.batch.body.n
-        return self.sse([{"index": p * n + i, "text": echo, "logprobs": None, "finish_reason": None,
-                          "prompt_token_ids": ids}
-                         for p, (ids, echo) in enumerate(zip(self.batch.ids, self.batch.echoes)) for i in range(n)],
-                        **self.batch.prompt())
+        return self.sse(
+            [
+                {"index": p * n + i, "text": echo, "logprobs": None, "finish_reason": None, "prompt_token_ids": ids}
+                for p, (ids, echo) in enumerate(zip(self.batch.ids, self.batch.echoes))
+                for i in range(n)
+            ],
+            **self.batch.prompt(),
+        )
 
     def sampled(self, p: int, sampled: SampledTokens) -> Iterator[str]:
         index = p * self.batch.body.n + sampled.index
@@ -198,17 +241,34 @@ class Chunks:
             self.logprobs[index] = self.batch.logprobs(p)
         text, logprobs = self.texts[index], self.logprobs[index]
         for k, token_id in enumerate(sampled.token_ids):
-            yield self.sse([{"index": index, "text": text.add(token_id),
-                             "logprobs": logprobs.block(sampled, k, k + 1) if logprobs else None,
-                             "finish_reason": None, "token_ids": [token_id]}])
+            yield self.sse(
+                [
+                    {
+                        "index": index,
+                        "text": text.add(token_id),
+                        "logprobs": logprobs.block(sampled, k, k + 1) if logprobs else None,
+                        "finish_reason": None,
+                        "token_ids": [token_id],
+                    }
+                ]
+            )
 
     def finish(self, p: int, completions: list[Completion]) -> Iterator[str]:
         for i, c in enumerate(completions):
             index = p * self.batch.body.n + i
             text = self.texts.get(index)
             rest = text.rest(c.text) if text is not None else c.text
-            yield self.sse([{"index": index, "text": rest, "logprobs": None, "finish_reason": c.finish_reason,
-                             "stop_reason": matched_stop(self.batch.tokens.tokenizer, c, self.batch.params[p].stop)}])
+            yield self.sse(
+                [
+                    {
+                        "index": index,
+                        "text": rest,
+                        "logprobs": None,
+                        "finish_reason": c.finish_reason,
+                        "stop_reason": matched_stop(self.batch.tokens.tokenizer, c, self.batch.params[p].stop),
+                    }
+                ]
+            )
 
     def end(self, usage: dict[str, int]) -> Iterator[str]:
         if self.include_usage:
@@ -249,8 +309,12 @@ async def _stream(served: ServedModel, batch: Batch, span) -> StreamingResponse:
                 for line in chunks.finish(p, item):
                     yield line
             if span is not None:
-                tracing.set_attributes(span, response_attributes(served, [c for cs in results for c in cs],
-                                                                 [t for ids in batch.ids for t in ids], chunks.head))
+                tracing.set_attributes(
+                    span,
+                    response_attributes(
+                        served, [c for cs in results for c in cs], [t for ids in batch.ids for t in ids], chunks.head
+                    ),
+                )
             for line in chunks.end(batch.usage(results)):
                 yield line
         except Exception as exc:  # the 200 has left: the stream ends with the error instead

@@ -31,8 +31,7 @@ class AsciiJSONResponse(JSONResponse):
         return json.dumps(content, ensure_ascii=True, allow_nan=False).encode()
 
 
-def _error(status: int, message: str, type_: str, param: str | None = None,
-           code: str | None = None) -> JSONResponse:
+def _error(status: int, message: str, type_: str, param: str | None = None, code: str | None = None) -> JSONResponse:
     body = {"error": {"message": message, "type": type_, "param": param, "code": code}}
     return AsciiJSONResponse(body, status_code=status)
 
@@ -50,9 +49,14 @@ def internal_error(exc: BaseException, what: str = "request") -> dict[str, Any]:
     `request_id` is the one on the server's log line, which has the traceback."""
     request_id = uuid.uuid4().hex[:16]
     log.error("%s failed [request_id %s]: %s: %s", what, request_id, type(exc).__name__, exc, exc_info=exc)
-    return {"message": f"internal error (request_id {request_id}): the server's log has the details",
-            "type": "server_error", "param": None, "code": "internal_error", "request_id": request_id,
-            "status": 500}
+    return {
+        "message": f"internal error (request_id {request_id}): the server's log has the details",
+        "type": "server_error",
+        "param": None,
+        "code": "internal_error",
+        "request_id": request_id,
+        "status": 500,
+    }
 
 
 def error_object(exc: BaseException, what: str = "request") -> dict[str, Any]:
@@ -78,9 +82,16 @@ def stream_error_event(exc: BaseException, what: str) -> str:
     return f"data: {json.dumps({'error': error})}\n\n"
 
 
-ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-                   404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
-                   503: "overloaded_error", 529: "overloaded_error"}
+ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+    529: "overloaded_error",
+}
 """HTTP status -> Anthropic's error `type` (any other 4xx: invalid_request_error, 5xx: api_error)."""
 ANTHROPIC_PATH = "/v1/messages"
 """Routes under this path answer errors in Anthropic's shape (the `anthropic` SDK reads them)."""
@@ -102,8 +113,9 @@ def as_anthropic(response: Any) -> Any:
     if param and param not in message:
         message = f"{param}: {message}"
     headers = {k: v for k, v in response.headers.items() if k.lower() == "retry-after"}
-    return AsciiJSONResponse(anthropic_error(response.status_code, message), status_code=response.status_code,
-                             headers=headers or None)
+    return AsciiJSONResponse(
+        anthropic_error(response.status_code, message), status_code=response.status_code, headers=headers or None
+    )
 
 
 def _loc(loc: tuple) -> str | None:
@@ -117,10 +129,12 @@ def _loc(loc: tuple) -> str | None:
 def install_error_handlers(app: FastAPI) -> None:
     """Answer every failure of `app`'s routes in OpenAI's error shape (Anthropic's under
     `ANTHROPIC_PATH`)."""
+
     def shaped(handler):
         async def answer(request: Request, exc: Exception) -> JSONResponse:
             response = await handler(request, exc)
             return as_anthropic(response) if request.url.path.startswith(ANTHROPIC_PATH) else response
+
         return answer
 
     @app.exception_handler(RequestValidationError)
@@ -130,8 +144,9 @@ def install_error_handlers(app: FastAPI) -> None:
         if any(e.get("type") == "json_invalid" for e in errors):
             detail = next(e for e in errors if e.get("type") == "json_invalid")
             ctx = (detail.get("ctx") or {}).get("error", "")
-            return _error(400, f"malformed JSON body: {ctx}".rstrip(": "),
-                          "invalid_request_error", None, "invalid_json")
+            return _error(
+                400, f"malformed JSON body: {ctx}".rstrip(": "), "invalid_request_error", None, "invalid_json"
+            )
         if any(tuple(e.get("loc", ())) == ("body",) for e in errors):
             return _error(400, "the request body must be a JSON object", "invalid_request_error")
         parts = []

@@ -27,9 +27,22 @@ from art.errors import ArtError, ArtValueError, BackendUnavailableError, StepCan
 from art.naming import MAX_METRIC_NAME, echo
 from art.observability import tracing
 from art.server.errors import error_object, error_response
-from art.server.schemas import (Cancelled, Checkpoints, DeletedCheckpoints, Forked, ForkRequest, Logged, LogRequest,
-                                ModelInfo, RegisterRequest, RestartedReplicas, StepInfo, TrainRequest,
-                                TrainSFTRequest, TrajectoryGroupPayload)
+from art.server.schemas import (
+    Cancelled,
+    Checkpoints,
+    DeletedCheckpoints,
+    Forked,
+    ForkRequest,
+    Logged,
+    LogRequest,
+    ModelInfo,
+    RegisterRequest,
+    RestartedReplicas,
+    StepInfo,
+    TrainRequest,
+    TrainSFTRequest,
+    TrajectoryGroupPayload,
+)
 from art.server.security import check_base_model
 from art.service import ModelKey, ModelSpec, Progress, Service, TrainEvent, TrainResult, resolve_train_options
 from art.storage.history import rows_for_split
@@ -131,12 +144,15 @@ class RunningSteps:
             reported.add(key)
             stays = await service.step(key)
             if task.done():
-                log.warning("shutting down: training step of %s/%s abandoned; the model stays at step %d",
-                            *key, stays)
+                log.warning("shutting down: training step of %s/%s abandoned; the model stays at step %d", *key, stays)
             else:
-                log.warning("shutting down: training step of %s/%s did not stop within %g s; abandoned, the model "
-                            "stays at step %d unless the step's checkpoint lands before the process ends",
-                            *key, self.settle_wait_s, stays)
+                log.warning(
+                    "shutting down: training step of %s/%s did not stop within %g s; abandoned, the model "
+                    "stays at step %d unless the step's checkpoint lands before the process ends",
+                    *key,
+                    self.settle_wait_s,
+                    stays,
+                )
 
     def refuse_if_shutting_down(self) -> None:
         if self.shutting_down:
@@ -151,13 +167,23 @@ def _stopped(task: asyncio.Task) -> bool:
 def _abandoned(key: ModelKey, step: int, *, stopped: bool) -> BackendUnavailableError:
     """What the client of a step abandoned at shutdown is told."""
     how = "was abandoned and rolled back" if stopped else "is being abandoned (it rolls back at its next micro-batch)"
-    return BackendUnavailableError(f"the server is shutting down: the training step of {key[0]}/{key[1]} {how}; "
-                                   f"the model stays at step {step}. Send the step again once the server is back")
+    return BackendUnavailableError(
+        f"the server is shutting down: the training step of {key[0]}/{key[1]} {how}; "
+        f"the model stays at step {step}. Send the step again once the server is back"
+    )
 
 
-async def train_stream(service: Service, key: ModelKey, run: Callable[[Progress], Awaitable[TrainResult]],
-                       *, body: TrainRequest | TrainSFTRequest, request: Request, accepted: dict[str, Any],
-                       heartbeat_s: float, running: RunningSteps) -> StreamingResponse:
+async def train_stream(
+    service: Service,
+    key: ModelKey,
+    run: Callable[[Progress], Awaitable[TrainResult]],
+    *,
+    body: TrainRequest | TrainSFTRequest,
+    request: Request,
+    accepted: dict[str, Any],
+    heartbeat_s: float,
+    running: RunningSteps,
+) -> StreamingResponse:
     """Start `run(progress)` (a service update of `key`) as its own task and stream its TrainEvents
     as NDJSON lines: `accepted` (with `accepted`'s counts), progress, heartbeats every
     `heartbeat_s` of silence, and the result or the error."""
@@ -173,8 +199,7 @@ async def train_stream(service: Service, key: ModelKey, run: Callable[[Progress]
     caller = tracing.extract_context(request.headers)  # the client's trace continues in the step
 
     async def train_step():
-        with tracing.span("art.train_request", {"art.model": f"{key[0]}/{key[1]}"}, kind="SERVER",
-                          context=caller):
+        with tracing.span("art.train_request", {"art.model": f"{key[0]}/{key[1]}"}, kind="SERVER", context=caller):
             return await run(progress)
 
     running.refuse_if_shutting_down()  # no await from here to `add`: a step is either refused or abandoned
@@ -209,16 +234,21 @@ async def train_stream(service: Service, key: ModelKey, run: Callable[[Progress]
             if event is _SHUTDOWN:
                 await asyncio.wait([task], timeout=running.stream_wait_s)  # ends at its next micro-batch
                 if not task.done():
-                    yield _line({"type": "error", "error": error_object(
-                        _abandoned(key, await service.step(key), stopped=False))})
+                    yield _line(
+                        {
+                            "type": "error",
+                            "error": error_object(_abandoned(key, await service.step(key), stopped=False)),
+                        }
+                    )
                     return
                 break
             if event is None:
                 break
             yield _line(event)
         if running.shutting_down and _stopped(task):
-            yield _line({"type": "error", "error": error_object(_abandoned(key, await service.step(key),
-                                                                           stopped=True))})
+            yield _line(
+                {"type": "error", "error": error_object(_abandoned(key, await service.step(key), stopped=True))}
+            )
         elif task.cancelled():
             cancelled = BackendUnavailableError("the step was cancelled (server shutdown)")
             yield _line({"type": "error", "error": error_object(cancelled)})
@@ -234,8 +264,9 @@ async def train_stream(service: Service, key: ModelKey, run: Callable[[Progress]
 # -- the routes ------------------------------------------------------------------------------
 
 
-def management_router(service: Service, *, heartbeat_s: float = 10.0, model_roots: list | None = None,
-                      running: RunningSteps | None = None) -> APIRouter:
+def management_router(
+    service: Service, *, heartbeat_s: float = 10.0, model_roots: list | None = None, running: RunningSteps | None = None
+) -> APIRouter:
     """Routes under `/art` over `service`. `model_roots`: the server folders a registered
     `base_model` path may point into (None: any). `running`: where the training steps are kept
     (the server abandons them when it shuts down)."""
@@ -244,8 +275,13 @@ def management_router(service: Service, *, heartbeat_s: float = 10.0, model_root
     uploads: dict[ModelKey, tuple[str, list[TrajectoryGroup]]] = {}  # each model's last train groups, for its log
 
     async def info(spec: ModelSpec) -> ModelInfo:
-        return ModelInfo(project=spec.project, name=spec.name, trainable=spec.trainable,
-                         base_model=spec.base_model, step=await service.step(spec.key))
+        return ModelInfo(
+            project=spec.project,
+            name=spec.name,
+            trainable=spec.trainable,
+            base_model=spec.base_model,
+            step=await service.step(spec.key),
+        )
 
     @router.post("/models", response_model=ModelInfo, summary="Register a model")
     @_answer_errors
@@ -270,8 +306,12 @@ def management_router(service: Service, *, heartbeat_s: float = 10.0, model_root
         "/models/{project}/{name}/train",
         summary="Train one step (streams NDJSON progress)",
         response_class=StreamingResponse,
-        responses={200: {"description": "One JSON object per line; see `TrainEvent`.",
-                         "content": {"application/x-ndjson": {"schema": TRAIN_EVENT_SCHEMA}}}},
+        responses={
+            200: {
+                "description": "One JSON object per line; see `TrainEvent`.",
+                "content": {"application/x-ndjson": {"schema": TRAIN_EVENT_SCHEMA}},
+            }
+        },
     )
     @_answer_errors
     async def train(body: TrainRequest, request: Request, key: ModelKey = Depends(model_key)) -> StreamingResponse:
@@ -286,32 +326,49 @@ def management_router(service: Service, *, heartbeat_s: float = 10.0, model_root
         def run(progress):
             return service.train(key, groups, options, expected_step=body.expected_step, progress=progress)
 
-        return await train_stream(service, key, run, body=body, request=request, accepted=accepted,
-                                  heartbeat_s=heartbeat_s, running=running)
+        return await train_stream(
+            service, key, run, body=body, request=request, accepted=accepted, heartbeat_s=heartbeat_s, running=running
+        )
 
     @router.post(
         "/models/{project}/{name}/train_sft",
         summary="Supervised fine-tuning, one checkpoint (streams NDJSON progress)",
         response_class=StreamingResponse,
-        responses={200: {"description": "One JSON object per line; see `TrainEvent` (one `gradient_step` per batch).",
-                         "content": {"application/x-ndjson": {"schema": TRAIN_EVENT_SCHEMA}}}},
+        responses={
+            200: {
+                "description": "One JSON object per line; see `TrainEvent` (one `gradient_step` per batch).",
+                "content": {"application/x-ndjson": {"schema": TRAIN_EVENT_SCHEMA}},
+            }
+        },
     )
     @_answer_errors
-    async def train_sft(body: TrainSFTRequest, request: Request,
-                        key: ModelKey = Depends(model_key)) -> StreamingResponse:
+    async def train_sft(
+        body: TrainSFTRequest, request: Request, key: ModelKey = Depends(model_key)
+    ) -> StreamingResponse:
         options = resolve_sft_options(body.config, body.dev_config, body.options)  # a 400 naming where
         trajectories = await asyncio.to_thread(
-            lambda: [t.to_trajectory(f"trajectories[{i}]") for i, t in enumerate(body.trajectories)])
+            lambda: [t.to_trajectory(f"trajectories[{i}]") for i, t in enumerate(body.trajectories)]
+        )
 
         def run(progress):
             return service.train_sft(key, trajectories, options, expected_step=body.expected_step, progress=progress)
 
-        return await train_stream(service, key, run, body=body, request=request,
-                                  accepted={"trajectories": len(trajectories)}, heartbeat_s=heartbeat_s,
-                                  running=running)
+        return await train_stream(
+            service,
+            key,
+            run,
+            body=body,
+            request=request,
+            accepted={"trajectories": len(trajectories)},
+            heartbeat_s=heartbeat_s,
+            running=running,
+        )
 
-    @router.delete("/models/{project}/{name}/train", response_model=Cancelled,
-                   summary="Cancel the running training step (it rolls back)")
+    @router.delete(
+        "/models/{project}/{name}/train",
+        response_model=Cancelled,
+        summary="Cancel the running training step (it rolls back)",
+    )
     @_answer_errors
     async def cancel(key: ModelKey = Depends(model_key)) -> Cancelled:
         return Cancelled(cancelled=await service.cancel_training(key))
@@ -322,60 +379,91 @@ def management_router(service: Service, *, heartbeat_s: float = 10.0, model_root
         if body.trajectory_groups_from is None:
             groups = await asyncio.to_thread(_groups, body.trajectory_groups)
         elif body.trajectory_groups:
-            raise ArtValueError("send trajectory_groups or trajectory_groups_from, not both",
-                                field="trajectory_groups_from")
+            raise ArtValueError(
+                "send trajectory_groups or trajectory_groups_from, not both", field="trajectory_groups_from"
+            )
         else:
             upload_id, groups = uploads.get(key, (None, []))
             if upload_id != body.trajectory_groups_from:
-                raise ArtValueError(f"no train upload {echo(body.trajectory_groups_from)} of {key[0]}/{key[1]} is held "
-                                    "here (another train call replaced it, or the server restarted): send "
-                                    "trajectory_groups", field="trajectory_groups_from")
+                raise ArtValueError(
+                    f"no train upload {echo(body.trajectory_groups_from)} of {key[0]}/{key[1]} is held "
+                    "here (another train call replaced it, or the server restarted): send "
+                    "trajectory_groups",
+                    field="trajectory_groups_from",
+                )
             del uploads[key]
-        row = await service.log(key, split=body.split, step=body.step, metrics=body.metrics, groups=groups,
-                                scenario_ids=body.scenario_ids)
-        return Logged(split=body.split, step=body.step, trajectories=sum(len(g.trajectories) for g in groups),
-                      row=row)
+        row = await service.log(
+            key, split=body.split, step=body.step, metrics=body.metrics, groups=groups, scenario_ids=body.scenario_ids
+        )
+        return Logged(split=body.split, step=body.step, trajectories=sum(len(g.trajectories) for g in groups), row=row)
 
     @router.get("/models/{project}/{name}/checkpoints", response_model=Checkpoints, summary="Saved steps")
     @_answer_errors
     async def list_checkpoints(key: ModelKey = Depends(model_key)) -> Checkpoints:
         return Checkpoints(steps=await service.checkpoints(key), latest=await service.step(key))
 
-    @router.delete("/models/{project}/{name}/checkpoints", response_model=DeletedCheckpoints,
-                   summary="Keep the latest and the best step (or the steps named); delete the rest")
+    @router.delete(
+        "/models/{project}/{name}/checkpoints",
+        response_model=DeletedCheckpoints,
+        summary="Keep the latest and the best step (or the steps named); delete the rest",
+    )
     @_answer_errors
     async def delete_checkpoints(
         key: ModelKey = Depends(model_key),
-        best_checkpoint_metric: str = Query("val/reward", min_length=1, max_length=MAX_METRIC_NAME,
-                                           description="History metric whose best step is kept."),
-        keep_step: list[int] | None = Query(None, description="Steps to keep instead of the best one (repeat "
-                                                              "the parameter); the latest step is always kept."),
+        best_checkpoint_metric: str = Query(
+            "val/reward",
+            min_length=1,
+            max_length=MAX_METRIC_NAME,
+            description="History metric whose best step is kept.",
+        ),
+        keep_step: list[int] | None = Query(
+            None,
+            description="Steps to keep instead of the best one (repeat the parameter); the latest step is always kept.",
+        ),
     ) -> DeletedCheckpoints:
         deleted = await service.delete_checkpoints(key, best_checkpoint_metric, keep_steps=keep_step)
         return DeletedCheckpoints(deleted=deleted, kept=await service.checkpoints(key))
 
-    @router.post("/models/{project}/{name}/replicas/restart", response_model=RestartedReplicas,
-                 summary="Start the engine replicas that left the rotation again")
+    @router.post(
+        "/models/{project}/{name}/replicas/restart",
+        response_model=RestartedReplicas,
+        summary="Start the engine replicas that left the rotation again",
+    )
     @_answer_errors
     async def restart_replicas(key: ModelKey = Depends(model_key)) -> RestartedReplicas:
         return RestartedReplicas(restarted=await service.restart_replicas(key))
 
-    @router.post("/models/{project}/{name}/fork", response_model=Forked,
-                 summary="Start the model from another model's checkpoint")
+    @router.post(
+        "/models/{project}/{name}/fork",
+        response_model=Forked,
+        summary="Start the model from another model's checkpoint",
+    )
     @_answer_errors
     async def fork(body: ForkRequest, key: ModelKey = Depends(model_key)) -> Forked:
         check_base_model(body.base_model, model_roots)
-        spec = ModelSpec(project=key[0], name=key[1], trainable=True, base_model=body.base_model, config=body.config,
-                         internal_config=body.internal_config)
-        step = await service.fork_checkpoint(spec, (body.from_project, body.from_model),
-                                             not_after_step=body.not_after_step)
+        spec = ModelSpec(
+            project=key[0],
+            name=key[1],
+            trainable=True,
+            base_model=body.base_model,
+            config=body.config,
+            internal_config=body.internal_config,
+        )
+        step = await service.fork_checkpoint(
+            spec, (body.from_project, body.from_model), not_after_step=body.not_after_step
+        )
         return Forked(step=step)
 
-    @router.get("/models/{project}/{name}/metrics", summary="History rows (history.jsonl)",
-                responses={200: {"description": "`{\"rows\": [...]}`, oldest first"}})
+    @router.get(
+        "/models/{project}/{name}/metrics",
+        summary="History rows (history.jsonl)",
+        responses={200: {"description": '`{"rows": [...]}`, oldest first'}},
+    )
     @_answer_errors
-    async def metrics(key: ModelKey = Depends(model_key),
-                      split: str | None = Query(None, description="Only rows logged for this split.")) -> Response:
+    async def metrics(
+        key: ModelKey = Depends(model_key),
+        split: str | None = Query(None, description="Only rows logged for this split."),
+    ) -> Response:
         rows = await service.history(key)
         if split is not None:
             rows = rows_for_split(rows, split)

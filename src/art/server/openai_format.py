@@ -22,8 +22,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from art.chat_template import CLOSE, OPEN
-from art.engine.base import Completion, SampledTokens
-from art.engine.base import ServedModel
+from art.engine.base import Completion, SampledTokens, ServedModel
 from art.server.schemas import ChatCompletionRequest
 
 log = logging.getLogger(__name__)
@@ -36,25 +35,38 @@ _FENCE = re.compile(r"\A```(?:json)?\s*(.*?)\s*```\Z", re.DOTALL)
 
 def request_attributes(body: ChatCompletionRequest) -> dict[str, Any]:
     """GenAI semantic-convention attributes of a chat request (and what Phoenix reads)."""
-    return {"gen_ai.operation.name": "chat", "gen_ai.provider.name": "art", "gen_ai.request.model": body.model,
-            "gen_ai.request.temperature": body.temperature, "gen_ai.request.top_p": body.top_p,
-            "gen_ai.request.max_tokens": body.requested_max_tokens, "gen_ai.request.choice.count": body.n,
-            "gen_ai.request.seed": body.seed, "openinference.span.kind": "LLM", "llm.model_name": body.model,
-            "langfuse.observation.type": "generation",
-            "input.value": json.dumps([m.for_template() for m in body.messages], default=str, ensure_ascii=False),
-            "input.mime_type": "application/json"}
+    return {
+        "gen_ai.operation.name": "chat",
+        "gen_ai.provider.name": "art",
+        "gen_ai.request.model": body.model,
+        "gen_ai.request.temperature": body.temperature,
+        "gen_ai.request.top_p": body.top_p,
+        "gen_ai.request.max_tokens": body.requested_max_tokens,
+        "gen_ai.request.choice.count": body.n,
+        "gen_ai.request.seed": body.seed,
+        "openinference.span.kind": "LLM",
+        "llm.model_name": body.model,
+        "langfuse.observation.type": "generation",
+        "input.value": json.dumps([m.for_template() for m in body.messages], default=str, ensure_ascii=False),
+        "input.mime_type": "application/json",
+    }
 
 
-def response_attributes(served: ServedModel, completions: list[Completion], prompt: list[int],
-                        head: dict) -> dict[str, Any]:
+def response_attributes(
+    served: ServedModel, completions: list[Completion], prompt: list[int], head: dict
+) -> dict[str, Any]:
     first = completions[0] if completions else None
     prompt_tokens, generated = len(prompt), sum(len(c.token_ids) for c in completions)
     return {
-        "gen_ai.response.id": head["id"], "gen_ai.response.model": served.name,
+        "gen_ai.response.id": head["id"],
+        "gen_ai.response.model": served.name,
         "gen_ai.response.finish_reasons": [c.finish_reason for c in completions],
-        "gen_ai.usage.input_tokens": prompt_tokens, "gen_ai.usage.output_tokens": generated,
-        "llm.token_count.prompt": prompt_tokens, "llm.token_count.completion": generated,
-        "art.step": head["step"], "art.adapter": served.adapter.key if served.adapter else None,
+        "gen_ai.usage.input_tokens": prompt_tokens,
+        "gen_ai.usage.output_tokens": generated,
+        "llm.token_count.prompt": prompt_tokens,
+        "llm.token_count.completion": generated,
+        "art.step": head["step"],
+        "art.adapter": served.adapter.key if served.adapter else None,
         "art.queue_time_s": first.queue_s if first else None,
         "art.time_to_first_token_s": first.time_to_first_token_s if first else None,
         "output.value": json.dumps([c.text for c in completions], ensure_ascii=False),
@@ -65,13 +77,18 @@ def response_attributes(served: ServedModel, completions: list[Completion], prom
 # -- responses ----------------------------------------------------------------------------
 
 
-def response_head(body: ChatCompletionRequest, served: ServedModel,
-                  sampled: list[Completion] | list[SampledTokens]) -> dict:
+def response_head(
+    body: ChatCompletionRequest, served: ServedModel, sampled: list[Completion] | list[SampledTokens]
+) -> dict:
     """The fields every response and chunk starts with. `sampled`: the completions, or a
     stream's first tokens; they say which weights sampled (a training step may have landed
     meanwhile) and, with several engine replicas, which one."""
-    head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": body.model,
-            "step": next((c.step for c in sampled if c.step is not None), served.step)}
+    head = {
+        "id": f"chatcmpl-{uuid.uuid4().hex}",
+        "created": int(time.time()),
+        "model": body.model,
+        "step": next((c.step for c in sampled if c.step is not None), served.step),
+    }
     replica = next((c.replica for c in sampled if c.replica is not None), None)
     if replica is not None:
         head["replica"] = replica
@@ -95,18 +112,23 @@ def matched_stop(tokenizer, c: Completion, stop: tuple[str, ...]) -> str | None:
     return min(hits, key=len) if hits else None
 
 
-def response_choice(index: int, c: Completion, prompt: list[int], tokens: TokenText,
-                    parse_tools: bool, stop: tuple[str, ...] = ()) -> dict[str, Any]:
+def response_choice(
+    index: int, c: Completion, prompt: list[int], tokens: TokenText, parse_tools: bool, stop: tuple[str, ...] = ()
+) -> dict[str, Any]:
     """One non-streamed choice; with `parse_tools`, `<tool_call>` blocks become `tool_calls`."""
     content, calls = split_completion(c.text, parse_tools)
     message: dict[str, Any] = {"role": "assistant", "content": content}
     if calls:
         message["tool_calls"] = calls
-    choice = {"index": index, "message": message,
-              "finish_reason": "tool_calls" if calls else c.finish_reason,
-              "stop_reason": None if calls else matched_stop(tokens.tokenizer, c, stop),
-              "logprobs": {"content": [tokens.entry(c, k) for k in range(len(c.token_ids))]},
-              "token_ids": c.token_ids, "prompt_token_ids": prompt}
+    choice = {
+        "index": index,
+        "message": message,
+        "finish_reason": "tool_calls" if calls else c.finish_reason,
+        "stop_reason": None if calls else matched_stop(tokens.tokenizer, c, stop),
+        "logprobs": {"content": [tokens.entry(c, k) for k in range(len(c.token_ids))]},
+        "token_ids": c.token_ids,
+        "prompt_token_ids": prompt,
+    }
     if c.step is not None:  # the choice itself says which weights sampled it: a trajectory keeps only choices
         choice["step"] = c.step
     return choice
@@ -142,8 +164,7 @@ class TokenText:
 
     def entry(self, c: Completion | SampledTokens, k: int) -> dict[str, Any]:
         top = c.top_logprobs[k] if k < len(c.top_logprobs) else []
-        return {**self.item(c.token_ids[k], c.logprobs[k]),
-                "top_logprobs": [self.item(t, lp) for t, lp in top]}
+        return {**self.item(c.token_ids[k], c.logprobs[k]), "top_logprobs": [self.item(t, lp) for t, lp in top]}
 
 
 def _byte_level_alphabet() -> dict[str, int]:
@@ -185,10 +206,10 @@ class IncrementalText:
         """The delta this token releases (often empty while characters or stop strings wait)."""
         ids = self.ids
         ids.append(token_id)
-        prefix = self.tokenizer.decode(ids[self.prefix_offset:self.read_offset], skip_special_tokens=True)
-        new = self.tokenizer.decode(ids[self.prefix_offset:], skip_special_tokens=True)
+        prefix = self.tokenizer.decode(ids[self.prefix_offset : self.read_offset], skip_special_tokens=True)
+        new = self.tokenizer.decode(ids[self.prefix_offset :], skip_special_tokens=True)
         if len(new) > len(prefix) and not new.endswith("\ufffd"):
-            self.decoded += new[len(prefix):]
+            self.decoded += new[len(prefix) :]
             self.prefix_offset, self.read_offset = self.read_offset, len(ids)
         source = self.decoded if self.final is None else self.final
         end = len(self.decoded) - self.hold
@@ -197,7 +218,7 @@ class IncrementalText:
         if hits:
             end = min(hits)
         end = max(len(self.sent), min(end, len(source)))
-        delta = source[len(self.sent):end]
+        delta = source[len(self.sent) : end]
         self.sent += delta
         return delta
 
@@ -205,7 +226,7 @@ class IncrementalText:
         """What is left to send of the engine's final `text`."""
         if not text.startswith(self.sent):
             log.warning("streamed text %r is not a prefix of the completion's text %r", self.sent, text)
-        return text[len(self.sent):]
+        return text[len(self.sent) :]
 
 
 class ChunkWriter:
@@ -218,8 +239,17 @@ class ChunkWriter:
     usage and `[DONE]` follow the completions.
     """
 
-    def __init__(self, head: dict, prompt: list[int], n: int, tokens: TokenText, stop: tuple[str, ...],
-                 parse_tools: bool, include_usage: bool, finals: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        head: dict,
+        prompt: list[int],
+        n: int,
+        tokens: TokenText,
+        stop: tuple[str, ...],
+        parse_tools: bool,
+        include_usage: bool,
+        finals: list[str] | None = None,
+    ) -> None:
         self.head, self.prompt, self.n, self.tokens, self.stop = head, prompt, n, tokens, stop
         self.parse_tools, self.include_usage = parse_tools, include_usage
         self.texts = [IncrementalText(tokens.tokenizer, stop, finals[i] if finals else None) for i in range(n)]
@@ -231,17 +261,33 @@ class ChunkWriter:
         return f"data: {json.dumps(chunk)}\n\n"
 
     def start(self) -> str:
-        first = [{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                  "finish_reason": None, "prompt_token_ids": self.prompt} for i in range(self.n)]
+        first = [
+            {
+                "index": i,
+                "delta": {"role": "assistant", "content": ""},
+                "logprobs": None,
+                "finish_reason": None,
+                "prompt_token_ids": self.prompt,
+            }
+            for i in range(self.n)
+        ]
         return self.sse(first, prompt_token_ids=self.prompt)
 
     def sampled(self, sampled: SampledTokens) -> Iterator[str]:
         text = self.texts[sampled.index]
         for k, token_id in enumerate(sampled.token_ids):
             delta = "" if self.parse_tools else text.add(token_id)
-            yield self.sse([{"index": sampled.index, "delta": {"content": delta},
-                             "logprobs": {"content": [self.tokens.entry(sampled, k)]},
-                             "finish_reason": None, "token_ids": [token_id]}])
+            yield self.sse(
+                [
+                    {
+                        "index": sampled.index,
+                        "delta": {"content": delta},
+                        "logprobs": {"content": [self.tokens.entry(sampled, k)]},
+                        "finish_reason": None,
+                        "token_ids": [token_id],
+                    }
+                ]
+            )
 
     def finish(self, completions: list[Completion], usage: dict[str, int]) -> Iterator[str]:
         for i, c in enumerate(completions):
@@ -255,8 +301,9 @@ class ChunkWriter:
                 yield self.sse([{"index": i, "delta": delta, "logprobs": None, "finish_reason": None}])
             finish = "tool_calls" if calls else c.finish_reason
             stop_reason = None if calls else matched_stop(self.tokens.tokenizer, c, self.stop)
-            yield self.sse([{"index": i, "delta": {}, "logprobs": None, "finish_reason": finish,
-                             "stop_reason": stop_reason}])
+            yield self.sse(
+                [{"index": i, "delta": {}, "logprobs": None, "finish_reason": finish, "stop_reason": stop_reason}]
+            )
         if self.include_usage:
             yield self.sse([], usage=usage)
         yield "data: [DONE]\n\n"
@@ -278,7 +325,7 @@ def parse_tool_calls(text: str) -> tuple[str | None, list[dict[str, Any]]]:
     """
     try:
         return _parse(text)
-    except Exception:  # noqa: BLE001 - a parsing bug must not lose the completion
+    except Exception:  # a parsing bug must not lose the completion
         log.exception("tool call parsing failed; the completion is returned as content")
         return (text.strip() or None) if isinstance(text, str) else None, []
 

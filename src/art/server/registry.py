@@ -18,4 +18,3 @@ class ModelRegistry(Protocol):
     def resolve(self, model: str) -> ServedModel:
         """Map a request's `model` to weights; raises art.errors.ModelNotFoundError."""
         ...
-

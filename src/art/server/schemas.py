@@ -65,7 +65,7 @@ from __future__ import annotations
 
 import json
 from datetime import datetime
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
@@ -75,7 +75,6 @@ from art.naming import MAX_METRIC_NAME, MAX_STEP, echo
 from art.storage.layout import validate_name
 from art.trajectories import ExceptionRecord, MetadataValue, MetricValue, Trajectory, TrajectoryGroup
 from art.types import TrainConfig, TrainSFTConfig
-
 
 # -- chat completions ------------------------------------------------------------------------
 
@@ -140,8 +139,13 @@ class StructuredOutputs(BaseModel):
 
     @model_validator(mode="after")
     def _exactly_one(self) -> StructuredOutputs:
-        if sum(value is not None for value in (self.json_, self.regex, self.choice, self.grammar,
-                                               self.json_object or None)) != 1:
+        if (
+            sum(
+                value is not None
+                for value in (self.json_, self.regex, self.choice, self.grammar, self.json_object or None)
+            )
+            != 1
+        ):
             raise ValueError("give exactly one of json, regex, choice, grammar or json_object")
         return self
 
@@ -149,19 +153,41 @@ class StructuredOutputs(BaseModel):
         """(kind, value, its field name) of the one constraint given."""
         if self.json_object:
             return "json", {"type": "object"}, "json_object"
-        return next((kind, value, kind) for kind, value in (
-            ("json", self.json_), ("regex", self.regex), ("choice", self.choice), ("grammar", self.grammar))
-            if value is not None)
+        return next(
+            (kind, value, kind)
+            for kind, value in (
+                ("json", self.json_),
+                ("regex", self.regex),
+                ("choice", self.choice),
+                ("grammar", self.grammar),
+            )
+            if value is not None
+        )
 
 
 GUIDED_FIELDS = ("guided_json", "guided_regex", "guided_choice", "guided_grammar")
 """vLLM's older names of the same constraints, each a request field of its own."""
 
 
-TEMPLATE_ARGUMENTS = frozenset({
-    "conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt",
-    "continue_final_message", "tokenize", "padding", "truncation", "max_length", "return_tensors",
-    "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs"})
+TEMPLATE_ARGUMENTS = frozenset(
+    {
+        "conversation",
+        "messages",
+        "tools",
+        "documents",
+        "chat_template",
+        "add_generation_prompt",
+        "continue_final_message",
+        "tokenize",
+        "padding",
+        "truncation",
+        "max_length",
+        "return_tensors",
+        "return_dict",
+        "return_assistant_tokens_mask",
+        "tokenizer_kwargs",
+    }
+)
 """`apply_chat_template`'s own arguments: a request's template variables may not name them."""
 
 
@@ -291,13 +317,14 @@ class ChatCompletionRequest(SamplingFields):
     @classmethod
     def _tool_choice_shape(cls, value: Any, info: ValidationInfo) -> Any:
         named = (
-            isinstance(value, dict) and value.get("type") == "function"
-            and isinstance(value.get("function"), dict) and isinstance(value["function"].get("name"), str)
+            isinstance(value, dict)
+            and value.get("type") == "function"
+            and isinstance(value.get("function"), dict)
+            and isinstance(value["function"].get("name"), str)
         )
         if value is not None and value not in ("none", "auto", "required") and not named:
             raise ValueError(
-                "tool_choice must be 'none', 'auto', 'required' or "
-                "{'type': 'function', 'function': {'name': ...}}"
+                "tool_choice must be 'none', 'auto', 'required' or {'type': 'function', 'function': {'name': ...}}"
             )
         if "tools" not in info.data:  # tools itself was invalid; that error is reported
             return value
@@ -305,7 +332,9 @@ class ChatCompletionRequest(SamplingFields):
         if (value == "required" or named) and not names:
             raise ValueError(f"tool_choice {echo(value)} requires tools")
         if named and value["function"]["name"] not in names:
-            raise ValueError(f"tool_choice names {echo(value['function']['name'])}, which is not among the tools {names}")
+            raise ValueError(
+                f"tool_choice names {echo(value['function']['name'])}, which is not among the tools {names}"
+            )
         return value
 
     @field_validator("top_logprobs")
@@ -326,18 +355,27 @@ class ChatCompletionRequest(SamplingFields):
         grammar), None when there is none. One beside another constraint on the completion (a
         second one, a `response_format` other than text, a forced tool choice) is an
         ArtValueError. (OpenAI's own two may come together: the forced call wins.)"""
-        given = [(name.removeprefix("guided_"), getattr(self, name), name)
-                 for name in GUIDED_FIELDS if getattr(self, name) is not None]
+        given = [
+            (name.removeprefix("guided_"), getattr(self, name), name)
+            for name in GUIDED_FIELDS
+            if getattr(self, name) is not None
+        ]
         if self.structured_outputs is not None:
             kind, value, name = self.structured_outputs.constraint()
             given.append((kind, value, f"structured_outputs.{name}"))
-        others = [name for name, on in (
-            ("response_format", self.response_format is not None and self.response_format.type != "text"),
-            ("tool_choice", self.tool_choice == "required" or isinstance(self.tool_choice, dict))) if on]
+        others = [
+            name
+            for name, on in (
+                ("response_format", self.response_format is not None and self.response_format.type != "text"),
+                ("tool_choice", self.tool_choice == "required" or isinstance(self.tool_choice, dict)),
+            )
+            if on
+        ]
         if given and len(given) + len(others) > 1:
             names = others + [field for _, _, field in given]
-            raise ArtValueError(f"{' and '.join(names)} each constrain the completion: give one of them",
-                                field=names[-1])
+            raise ArtValueError(
+                f"{' and '.join(names)} each constrain the completion: give one of them", field=names[-1]
+            )
         return given[0] if given else None
 
     @property
@@ -414,8 +452,10 @@ class ResponsesRequest(BaseModel):
     @classmethod
     def _no_stored_state(cls, value: Any, info: ValidationInfo) -> Any:
         if value is not None:
-            raise ValueError(f"unsupported: this server stores no responses, conversations or prompts; send the "
-                             f"whole conversation as input items instead of {info.field_name}")
+            raise ValueError(
+                f"unsupported: this server stores no responses, conversations or prompts; send the "
+                f"whole conversation as input items instead of {info.field_name}"
+            )
         return value
 
     @field_validator("background")
@@ -431,8 +471,14 @@ MAX_PROMPTS = 64
 MAX_CHOICES = 128
 """Choices in one legacy completions request: prompts times n (chat's bound on n)."""
 
-REFUSED_ON_COMPLETIONS = ("response_format", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
-                          "structured_outputs")
+REFUSED_ON_COMPLETIONS = (
+    "response_format",
+    "guided_json",
+    "guided_regex",
+    "guided_choice",
+    "guided_grammar",
+    "structured_outputs",
+)
 """Constraints chat completions honour and /v1/completions does not: refused rather than ignored."""
 
 
@@ -470,8 +516,11 @@ class CompletionRequest(SamplingFields):
     @classmethod
     def _prompt_shape(cls, value: Any, info: ValidationInfo) -> Any:
         def ids(item: Any) -> bool:
-            return isinstance(item, list) and bool(item) and all(
-                isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in item)
+            return (
+                isinstance(item, list)
+                and bool(item)
+                and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in item)
+            )
 
         if isinstance(value, str) or ids(value):
             return value
@@ -481,8 +530,9 @@ class CompletionRequest(SamplingFields):
             if len(value) * info.data.get("n", 1) > MAX_CHOICES:
                 raise ValueError(f"prompts times n may be at most {MAX_CHOICES} choices in one request")
             return value
-        raise ValueError("must be a string, a non-empty list of token ids (integers >= 0), or a non-empty list "
-                         "of either (a batch)")
+        raise ValueError(
+            "must be a string, a non-empty list of token ids (integers >= 0), or a non-empty list of either (a batch)"
+        )
 
     @field_validator("suffix")
     @classmethod
@@ -509,16 +559,19 @@ class CompletionRequest(SamplingFields):
     @classmethod
     def _echo_without_logprobs(cls, value: bool, info: ValidationInfo) -> bool:
         if value and info.data.get("logprobs") is not None:
-            raise ValueError("unsupported with logprobs: echo's logprobs cover the prompt, whose logprobs this "
-                             "server does not compute; leave out logprobs (token ids are still returned)")
+            raise ValueError(
+                "unsupported with logprobs: echo's logprobs cover the prompt, whose logprobs this "
+                "server does not compute; leave out logprobs (token ids are still returned)"
+            )
         return value
 
     @field_validator(*REFUSED_ON_COMPLETIONS)
     @classmethod
     def _no_constraints(cls, value: Any, info: ValidationInfo) -> Any:
         if value is not None:
-            raise ValueError(f"unsupported on /v1/completions: {info.field_name} is honoured on "
-                             "/v1/chat/completions only")
+            raise ValueError(
+                f"unsupported on /v1/completions: {info.field_name} is honoured on /v1/chat/completions only"
+            )
         return value
 
     @property
@@ -607,13 +660,19 @@ class RegisterRequest(_Strict):
     name: str = Field(description="Model name: 1-128 letters, digits, '.', '_' or '-'.")
     project: str = Field(description="Project name, same rules as `name`.")
     trainable: bool = Field(False, description="True for an `art.TrainableModel`.")
-    base_model: str | None = Field(None, validate_default=True, max_length=MAX_BASE_MODEL,
-                                   description="Hugging Face id or server-side path; required when trainable.")
+    base_model: str | None = Field(
+        None,
+        validate_default=True,
+        max_length=MAX_BASE_MODEL,
+        description="Hugging Face id or server-side path; required when trainable.",
+    )
     config: Any = Field(None, description="The user's config object, stored with the run.")
     internal_config: dict[str, Any] | None = Field(
-        None, description="`TrainableModel(_internal_config=...)`: engine_args, peft_args, seed.")
+        None, description="`TrainableModel(_internal_config=...)`: engine_args, peft_args, seed."
+    )
     inference_base_url: str | None = Field(
-        None, description="A non-trainable model served elsewhere (a prompted baseline); only its logs live here.")
+        None, description="A non-trainable model served elsewhere (a prompted baseline); only its logs live here."
+    )
     inference_model_name: str | None = None
 
     @field_validator("name", "project")
@@ -646,8 +705,10 @@ class TrajectoryPayload(_Strict):
     """`Trajectory.for_logging()`: messages are dicts with `role`; Choices are full dumps."""
 
     messages_and_choices: list[dict[str, Any]] = Field(
-        [], description="Message dicts (with `role`) and dumped `Choice` objects (with `message`, "
-                        "`logprobs`, `token_ids`, `prompt_token_ids`).")
+        [],
+        description="Message dicts (with `role`) and dumped `Choice` objects (with `message`, "
+        "`logprobs`, `token_ids`, `prompt_token_ids`).",
+    )
     tools: list[dict[str, Any]] | None = None
     reward: float = Field(0.0, allow_inf_nan=False)
     metrics: dict[str, MetricValue] = {}
@@ -660,8 +721,9 @@ class TrajectoryPayload(_Strict):
     final_policy_version: int | None = Field(None, description="The step whose weights sampled its newest turn.")
 
     def to_trajectory(self, where: str) -> Trajectory:
-        return Trajectory.from_logging(self.model_dump(exclude={"start_time"} if self.start_time is None else set()),
-                                       where)
+        return Trajectory.from_logging(
+            self.model_dump(exclude={"start_time"} if self.start_time is None else set()), where
+        )
 
 
 class TrajectoryGroupPayload(_Strict):
@@ -675,8 +737,9 @@ class TrajectoryGroupPayload(_Strict):
 
     def to_group(self, where: str) -> TrajectoryGroup:
         trajectories = [t.to_trajectory(f"{where}.trajectories[{i}]") for i, t in enumerate(self.trajectories)]
-        return TrajectoryGroup(trajectories, exceptions=self.exceptions, metadata=self.metadata,
-                               metrics=self.metrics, logs=self.logs)
+        return TrajectoryGroup(
+            trajectories, exceptions=self.exceptions, metadata=self.metadata, metrics=self.metrics, logs=self.logs
+        )
 
 
 class TrainRequest(_Strict):
@@ -687,13 +750,22 @@ class TrainRequest(_Strict):
     dev_config: dict[str, Any] = Field({}, description="`art.dev.TrainConfig` options (the `_config` argument).")
     options: dict[str, Any] = Field({}, description="Keyword options of `backend.train`; they override both.")
     expected_step: int | None = Field(
-        None, ge=0, le=MAX_STEP, description="The step the client trains from; another step on the server gets a 409 "
-                                "(`step_conflict`) and trains nothing. None skips the check.")
+        None,
+        ge=0,
+        le=MAX_STEP,
+        description="The step the client trains from; another step on the server gets a 409 "
+        "(`step_conflict`) and trains nothing. None skips the check.",
+    )
     cancel_on_disconnect: bool = Field(
-        False, description="Cancel (and roll back) the step when the client disconnects; by default it completes.")
+        False, description="Cancel (and roll back) the step when the client disconnects; by default it completes."
+    )
     upload_id: str | None = Field(
-        None, min_length=1, max_length=128, description="A name for these groups (the client's digest of them): the "
-        "next log call may send it as `trajectory_groups_from` instead of the groups.")
+        None,
+        min_length=1,
+        max_length=128,
+        description="A name for these groups (the client's digest of them): the "
+        "next log call may send it as `trajectory_groups_from` instead of the groups.",
+    )
 
 
 class TrainSFTRequest(_Strict):
@@ -701,9 +773,11 @@ class TrainSFTRequest(_Strict):
     server renders the chats with the model's chat template (`art.training.chat_tokens`)."""
 
     trajectories: list[TrajectoryPayload] = Field(
-        description="`Trajectory.for_logging()` dicts: messages with `role` (assistant turns are trained) and tools.")
-    config: TrainSFTConfig | None = Field(None, description="`art.TrainSFTConfig` (learning_rate, batch_size, "
-                                                              "assistant_turns).")
+        description="`Trajectory.for_logging()` dicts: messages with `role` (assistant turns are trained) and tools."
+    )
+    config: TrainSFTConfig | None = Field(
+        None, description="`art.TrainSFTConfig` (learning_rate, batch_size, assistant_turns)."
+    )
     dev_config: dict[str, Any] = Field({}, description="`art.dev.TrainSFTConfig` options (the `_config` argument).")
     options: dict[str, Any] = Field({}, description="Keyword options of `backend.train_sft`; they override both.")
     expected_step: int | None = Field(None, ge=0, le=MAX_STEP, description="As for `train`.")
@@ -715,14 +789,19 @@ class LogRequest(_Strict):
 
     split: str
     step: int = Field(ge=0, le=MAX_STEP)
-    metrics: dict[str, Union[float, int, bool, str, None]] = {}
+    metrics: dict[str, float | int | bool | str | None] = {}
     trajectory_groups: list[TrajectoryGroupPayload] = []
     scenario_ids: list[Annotated[str, Field(max_length=MAX_METRIC_NAME)]] = Field(
-        [], max_length=100_000, description="The step's scenarios, for `data/cum/num_unique_scenarios`.")
+        [], max_length=100_000, description="The step's scenarios, for `data/cum/num_unique_scenarios`."
+    )
     trajectory_groups_from: str | None = Field(
-        None, min_length=1, max_length=128, description="The `upload_id` of this model's last train call: log the "
+        None,
+        min_length=1,
+        max_length=128,
+        description="The `upload_id` of this model's last train call: log the "
         "groups it uploaded without sending them again. A 400 naming this field when the server no longer holds "
-        "them (send `trajectory_groups` then).")
+        "them (send `trajectory_groups` then).",
+    )
 
     @field_validator("split")
     @classmethod
@@ -747,8 +826,10 @@ class Checkpoints(BaseModel):
 
 
 class Cancelled(BaseModel):
-    cancelled: bool = Field(description="True when a running step was told to stop; it rolls back and its "
-                                        "train stream ends with a 409 `step_cancelled` error line.")
+    cancelled: bool = Field(
+        description="True when a running step was told to stop; it rolls back and its "
+        "train stream ends with a 409 `step_cancelled` error line."
+    )
 
 
 class ForkRequest(_Strict):
@@ -757,10 +838,12 @@ class ForkRequest(_Strict):
 
     from_model: str = Field(description="The model whose checkpoint is copied; its run is stored on this server.")
     from_project: str = Field(description="Its project.")
-    not_after_step: int | None = Field(None, ge=0, le=MAX_STEP,
-                                       description="Copy the last checkpoint at or before this step (None: the latest).")
-    base_model: str = Field(max_length=MAX_BASE_MODEL, description="The forked model's base model; it must be the "
-                                                                   "source's.")
+    not_after_step: int | None = Field(
+        None, ge=0, le=MAX_STEP, description="Copy the last checkpoint at or before this step (None: the latest)."
+    )
+    base_model: str = Field(
+        max_length=MAX_BASE_MODEL, description="The forked model's base model; it must be the source's."
+    )
     config: Any = Field(None, description="The forked model's config object, stored with its run.")
     internal_config: dict[str, Any] | None = Field(None, description="Its `TrainableModel(_internal_config=...)`.")
 
@@ -771,8 +854,10 @@ class ForkRequest(_Strict):
 
 
 class Forked(BaseModel):
-    step: int = Field(description="The forked model's step now: the source step copied (or, for a fork made "
-                                  "before, the step it has trained to since).")
+    step: int = Field(
+        description="The forked model's step now: the source step copied (or, for a fork made "
+        "before, the step it has trained to since)."
+    )
 
 
 class RestartedReplicas(BaseModel):

@@ -29,18 +29,41 @@ OPEN_PATHS = frozenset({"/health"})
 
 
 async def _send_error(send, status: int, message: str, code: str, headers: list | None = None) -> None:
-    body = json.dumps({"error": {"message": message, "type": "invalid_request_error", "param": None,
-                                 "code": code}}).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                            *(headers or [])]})
+    body = json.dumps(
+        {"error": {"message": message, "type": "invalid_request_error", "param": None, "code": code}}
+    ).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                *(headers or []),
+            ],
+        }
+    )
     await send({"type": "http.response.body", "body": body})
 
 
-CREDENTIAL_PARAMS = frozenset({"api_key", "apikey", "api-key", "key", "token", "access_token", "auth",
-                               "authorization", "password", "secret", "bearer"})
+CREDENTIAL_PARAMS = frozenset(
+    {
+        "api_key",
+        "apikey",
+        "api-key",
+        "key",
+        "token",
+        "access_token",
+        "auth",
+        "authorization",
+        "password",
+        "secret",
+        "bearer",
+    }
+)
 _CREDENTIAL_IN_QUERY = re.compile(
-    r"(?i)([?&](?:" + "|".join(re.escape(p) for p in sorted(CREDENTIAL_PARAMS)) + r")=)[^&#\s]*")
+    r"(?i)([?&](?:" + "|".join(re.escape(p) for p in sorted(CREDENTIAL_PARAMS)) + r")=)[^&#\s]*"
+)
 
 
 def redact_query(path: str) -> str:
@@ -76,8 +99,13 @@ class RefuseQueryCredentials:
         if scope["type"] == "http" and scope.get("query_string"):
             names = {k.lower() for k, _ in parse_qsl(scope["query_string"].decode("latin-1"), keep_blank_values=True)}
             if names & CREDENTIAL_PARAMS:
-                await _send_error(send, 400, "credentials in the URL are refused (URLs are logged and shared): send "
-                                  "the key as `Authorization: Bearer <key>`", "credentials_in_url")
+                await _send_error(
+                    send,
+                    400,
+                    "credentials in the URL are refused (URLs are logged and shared): send "
+                    "the key as `Authorization: Bearer <key>`",
+                    "credentials_in_url",
+                )
                 return
         await self.app(scope, receive, send)
 
@@ -93,9 +121,15 @@ class BearerAuth:
     answers it instead of the JSON 401 (the login form), or None.
     """
 
-    def __init__(self, app, *, api_key: str, open_paths: frozenset[str] = frozenset(),
-                 session: Callable[[dict[str, Any]], bool] | None = None,
-                 login_form: Callable[[dict[str, Any]], Any] | None = None) -> None:
+    def __init__(
+        self,
+        app,
+        *,
+        api_key: str,
+        open_paths: frozenset[str] = frozenset(),
+        session: Callable[[dict[str, Any]], bool] | None = None,
+        login_form: Callable[[dict[str, Any]], Any] | None = None,
+    ) -> None:
         if not api_key:
             raise ValueError("BearerAuth needs a non-empty api_key")
         self.app = app
@@ -126,9 +160,12 @@ class BearerAuth:
         if form is not None:
             await form(scope, receive, send)
             return
-        message = ("Incorrect API key provided." if header else
-                   "Missing API key: send `Authorization: Bearer <key>` (art.RemoteBackend(api_key=...) "
-                   "or the ART_API_KEY environment variable).")
+        message = (
+            "Incorrect API key provided."
+            if header
+            else "Missing API key: send `Authorization: Bearer <key>` (art.RemoteBackend(api_key=...) "
+            "or the ART_API_KEY environment variable)."
+        )
         await _send_error(send, 401, message, "invalid_api_key", [(b"www-authenticate", b"Bearer")])
 
 
@@ -180,9 +217,14 @@ class BodyLimit:
         await self.app(scope, replay, send)
 
     async def _too_large(self, send, limit: int) -> None:
-        await _send_error(send, 413, f"request body larger than {limit / 2**20:g} MiB; start the server with a "
-                          "larger --max-body-mb (trajectory uploads) or --max-chat-body-mb (chat requests), or send "
-                          "less per call", "request_too_large")
+        await _send_error(
+            send,
+            413,
+            f"request body larger than {limit / 2**20:g} MiB; start the server with a "
+            "larger --max-body-mb (trajectory uploads) or --max-chat-body-mb (chat requests), or send "
+            "less per call",
+            "request_too_large",
+        )
 
 
 def default_model_roots(models_dirs: list[str] = ()) -> list[Path]:
@@ -191,7 +233,8 @@ def default_model_roots(models_dirs: list[str] = ()) -> list[Path]:
     from art.base_models import cache_root
 
     hub = os.environ.get("HF_HUB_CACHE") or os.path.join(
-        os.environ.get("HF_HOME", os.path.join(os.path.expanduser("~"), ".cache", "huggingface")), "hub")
+        os.environ.get("HF_HOME", os.path.join(os.path.expanduser("~"), ".cache", "huggingface")), "hub"
+    )
     return [Path(p).expanduser().resolve() for p in (*models_dirs, hub, cache_root())]
 
 
@@ -206,10 +249,12 @@ def check_base_model(value: str, roots: list[Path] | None) -> None:
     if value.startswith(("/", ".", "~", "\\")) or value.count("/") > 1 or _exists(value):
         real = _resolved(value)
         if real is None or not any(real == root or root in real.parents for root in roots):
-            raise ArtValueError("base_model names a path on the server outside the folders models may be loaded "
-                                "from (--models-dir, the Hugging Face cache, art's cache); use a Hugging Face id, put "
-                                "the model under a --models-dir, or start the server with --allow-any-model-path",
-                                field="base_model")
+            raise ArtValueError(
+                "base_model names a path on the server outside the folders models may be loaded "
+                "from (--models-dir, the Hugging Face cache, art's cache); use a Hugging Face id, put "
+                "the model under a --models-dir, or start the server with --allow-any-model-path",
+                field="base_model",
+            )
 
 
 def _exists(value: str) -> bool:

@@ -24,7 +24,6 @@ import json
 from typing import Any
 
 from art.chat_template import CLOSE, OPEN
-from art.errors import ArtValueError
 
 COMPACT = {"whitespace_flexible": False}
 """llguidance's JSON options: no optional whitespace between tokens of the JSON."""
@@ -34,9 +33,13 @@ the next turn's prompt (json.dumps' separators), so that prompt extends the samp
 multi-turn trajectory trains as one sequence."""
 
 
-def grammar_for(response_format: dict[str, Any] | None, tools: list[dict[str, Any]] | None,
-                tool_choice: str | dict[str, Any] | None, parallel_tool_calls: bool | None = None,
-                vllm_constraint: tuple[str, Any] | None = None) -> str | None:
+def grammar_for(
+    response_format: dict[str, Any] | None,
+    tools: list[dict[str, Any]] | None,
+    tool_choice: str | dict[str, Any] | None,
+    parallel_tool_calls: bool | None = None,
+    vllm_constraint: tuple[str, Any] | None = None,
+) -> str | None:
     """The grammar a request's completions must follow, or None for free text.
     `vllm_constraint`: (kind, value) of a vLLM extension, kind json, regex, choice or grammar
     (the request allows it only alone)."""
@@ -85,16 +88,20 @@ def _forced_tools(tools, tool_choice) -> list[dict[str, Any]]:
 
 def _tool_call_grammar(functions: list[dict[str, Any]], several: bool) -> str:
     """Lark: `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`, once or `several`."""
-    calls = [{
-        "type": "object",
-        "properties": {"name": {"const": f["name"]},
-                       "arguments": f.get("parameters") or {"type": "object"}},
-        "required": ["name", "arguments"],
-        "additionalProperties": False,
-    } for f in functions]
+    calls = [
+        {
+            "type": "object",
+            "properties": {"name": {"const": f["name"]}, "arguments": f.get("parameters") or {"type": "object"}},
+            "required": ["name", "arguments"],
+            "additionalProperties": False,
+        }
+        for f in functions
+    ]
     schema = {"anyOf": calls} if len(calls) > 1 else calls[0]
     start = 'start: block ("\\n" block)*' if several else "start: block"
-    lark = (f"{start}\n"
-            f"block: {json.dumps(OPEN + chr(10))} call {json.dumps(chr(10) + CLOSE)}\n"
-            f"call: %json {json.dumps({**schema, 'x-guidance': AS_WRITTEN_BACK})}\n")
+    lark = (
+        f"{start}\n"
+        f"block: {json.dumps(OPEN + chr(10))} call {json.dumps(chr(10) + CLOSE)}\n"
+        f"call: %json {json.dumps({**schema, 'x-guidance': AS_WRITTEN_BACK})}\n"
+    )
     return json.dumps({"grammars": [{"lark_grammar": lark}]})

@@ -80,13 +80,14 @@ class ServerThread:
         except OSError as exc:
             raise BackendError(f"cannot bind {self.host}:{self.port}: {exc}") from exc
         config = uvicorn.Config(
-            self.app, log_level="warning", timeout_graceful_shutdown=5, lifespan="auto",
+            self.app,
+            log_level="warning",
+            timeout_graceful_shutdown=5,
+            lifespan="auto",
             timeout_keep_alive=KEEP_ALIVE_S,
         )
         self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(
-            target=self._run, args=(sock,), name=f"art-server-{self.port}", daemon=True
-        )
+        self._thread = threading.Thread(target=self._run, args=(sock,), name=f"art-server-{self.port}", daemon=True)
         self._thread.start()
         _RUNNING.add(self)
         deadline = time.monotonic() + self.start_timeout

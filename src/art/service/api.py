@@ -13,8 +13,9 @@ options reach a service resolved once (`resolve_train_options`).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Literal, Mapping, Protocol
+from typing import Any, Literal, Protocol
 
 from typing_extensions import TypedDict  # pydantic reads its schema (the train stream's) on Python < 3.12
 
@@ -50,11 +51,16 @@ class ModelSpec:
         """The spec of an `art.Model` or `art.TrainableModel`."""
         config = model.config.model_dump() if hasattr(model.config, "model_dump") else model.config
         trainable = bool(getattr(model, "trainable", False))
-        return cls(project=model.project, name=model.name, trainable=trainable,
-                   base_model=getattr(model, "base_model", None), config=config,
-                   internal_config=getattr(model, "_internal_config", None),
-                   inference_base_url=None if trainable else model.inference_base_url,
-                   inference_model_name=None if trainable else model.inference_model_name)
+        return cls(
+            project=model.project,
+            name=model.name,
+            trainable=trainable,
+            base_model=getattr(model, "base_model", None),
+            config=config,
+            internal_config=getattr(model, "_internal_config", None),
+            inference_base_url=None if trainable else model.inference_base_url,
+            inference_model_name=None if trainable else model.inference_model_name,
+        )
 
 
 @dataclass
@@ -83,8 +89,10 @@ class TrainEvent(TypedDict, total=False):
 
 Progress = Callable[[TrainEvent], None]
 
-def resolve_train_options(config=None, dev_config: Mapping[str, Any] | None = None,
-                          options: Mapping[str, Any] | None = None) -> TrainOptions:
+
+def resolve_train_options(
+    config=None, dev_config: Mapping[str, Any] | None = None, options: Mapping[str, Any] | None = None
+) -> TrainOptions:
     """The one place training options are merged and checked (`merge_option_sources`)."""
     return merge_option_sources(lambda merged: TrainOptions.build(None, merged), config, dev_config, options)
 
@@ -101,17 +109,30 @@ class Service(Protocol):
         """The models registered so far (on a server, the stored runs it loaded again included)."""
         ...
 
-    async def step(self, key: ModelKey) -> int:
-        ...
+    async def step(self, key: ModelKey) -> int: ...
 
-    async def train(self, key: ModelKey, groups: list, options: TrainOptions, *, expected_step: int | None = None,
-                    progress: Progress | None = None) -> TrainResult:
+    async def train(
+        self,
+        key: ModelKey,
+        groups: list,
+        options: TrainOptions,
+        *,
+        expected_step: int | None = None,
+        progress: Progress | None = None,
+    ) -> TrainResult:
         """One update. With `expected_step`, a model at another step raises StepConflictError
         and trains nothing."""
         ...
 
-    async def train_sft(self, key: ModelKey, trajectories: list, options: SFTOptions, *,
-                        expected_step: int | None = None, progress: Progress | None = None) -> TrainResult:
+    async def train_sft(
+        self,
+        key: ModelKey,
+        trajectories: list,
+        options: SFTOptions,
+        *,
+        expected_step: int | None = None,
+        progress: Progress | None = None,
+    ) -> TrainResult:
         """Supervised fine-tuning on chat trajectories (`art.training.sft`): one optimizer step
         per batch, one checkpoint per call (the step advances by one). `progress` and
         `expected_step` as for `train`."""
@@ -125,17 +146,18 @@ class Service(Protocol):
         """Stop the running update (it rolls back); False when none was running."""
         ...
 
-    async def log(self, key: ModelKey, *, split: str, step: int, metrics: dict, groups: list,
-                  scenario_ids: list[str] = ()) -> dict:
+    async def log(
+        self, key: ModelKey, *, split: str, step: int, metrics: dict, groups: list, scenario_ids: list[str] = ()
+    ) -> dict:
         """Write the step's trajectories and append a history row (with what the run's running
         totals derive from it, counting `scenario_ids` as seen); the row as written."""
         ...
 
-    async def checkpoints(self, key: ModelKey) -> list[int]:
-        ...
+    async def checkpoints(self, key: ModelKey) -> list[int]: ...
 
-    async def delete_checkpoints(self, key: ModelKey, best_checkpoint_metric: str,
-                                 keep_steps: list[int] | None = None) -> list[int]:
+    async def delete_checkpoints(
+        self, key: ModelKey, best_checkpoint_metric: str, keep_steps: list[int] | None = None
+    ) -> list[int]:
         """Keep the latest step and the best by the metric (or, given `keep_steps`, those
         steps); returns the deleted steps."""
         ...
@@ -155,5 +177,4 @@ class Service(Protocol):
         model's step afterwards. A registered model serves the forked weights at once."""
         ...
 
-    async def close(self) -> None:
-        ...
+    async def close(self) -> None: ...

@@ -55,9 +55,12 @@ def _serves_while_training(settings, engine: LLMEngine) -> bool:
         return True
     if settings.serve_while_training:
         engine.stop()
-        raise ArtValueError("serve_while_training=True needs a model the engine decodes itself (the Llama family); "
-                            "this one is served through transformers' forward, which reads the trained weights: "
-                            "leave serve_while_training unset", field="serve_while_training")
+        raise ArtValueError(
+            "serve_while_training=True needs a model the engine decodes itself (the Llama family); "
+            "this one is served through transformers' forward, which reads the trained weights: "
+            "leave serve_while_training unset",
+            field="serve_while_training",
+        )
     return False
 
 
@@ -76,8 +79,7 @@ def load_model(root, spec: ModelSpec, placement: str = "processes", default_engi
     lora = settings.lora  # None under full fine-tuning
     on_ray = (settings.placement or placement) == "ray"
     torch.manual_seed(settings.seed)  # reproducible adapter init at step 0
-    model, tokenizer = load_policy(base_model, lora, dtype=dtype, device=device,
-                                               trainable=not settings.fsdp)
+    model, tokenizer = load_policy(base_model, lora, dtype=dtype, device=device, trainable=not settings.fsdp)
     lock = threading.RLock()
     if kind == "vllm":  # vLLM serves from a process of its own, started once a checkpoint exists
         adapters, serve_while_training = None, settings.serve_while_training is not False
@@ -98,8 +100,9 @@ def load_model(root, spec: ModelSpec, placement: str = "processes", default_engi
         if on_ray:
             from art.ray_cluster import RayReplica as replica_class
         replica_spec = ReplicaSpec(base_model, lora, engine.config, process_threads(REPLICA_THREADS))
-        replicas = ReplicaSet(engine, replica_spec, settings.engine_replicas, replica_class,
-                              dedicated=settings.dedicated_samplers)
+        replicas = ReplicaSet(
+            engine, replica_spec, settings.engine_replicas, replica_class, dedicated=settings.dedicated_samplers
+        )
     peers = None
     if settings.trainer_ranks > 1 or settings.fsdp:  # ranks 1..N-1 (sharded: all N) are processes of their own
         from art.training.ranks import RankPeers, RankSpec
@@ -107,16 +110,24 @@ def load_model(root, spec: ModelSpec, placement: str = "processes", default_engi
         transport = None
         if on_ray:
             from art.ray_cluster import RayRanks as transport
-        peers = RankPeers(settings.trainer_ranks, RankSpec(base_model, lora, str(device),
-                                                           str(dtype).removeprefix("torch."), settings.fsdp),
-                          transport)
+        peers = RankPeers(
+            settings.trainer_ranks,
+            RankSpec(base_model, lora, str(device), str(dtype).removeprefix("torch."), settings.fsdp),
+            transport,
+        )
     if settings.fsdp:
         from art.training.ranks import ShardedTrainer
 
         trainer = ShardedTrainer(model, peers, lock=lock, device=device, dtype=dtype)
     else:
-        trainer = Trainer(model, tokenizer, lock=trainer_lock, device=device, dtype=dtype,
-                          load_reference=reference_loader(base_model, lora, dtype=dtype, device=device))
+        trainer = Trainer(
+            model,
+            tokenizer,
+            lock=trainer_lock,
+            device=device,
+            dtype=dtype,
+            load_reference=reference_loader(base_model, lora, dtype=dtype, device=device),
+        )
         if peers is not None:
             from art.training.ranks import LeadTrainer
 
@@ -131,22 +142,52 @@ def load_model(root, spec: ModelSpec, placement: str = "processes", default_engi
     else:
         trainer.restore(store.path(latest))
     if kind == "vllm":
-        engine = start_vllm(settings, base_model=base_model, name=name, model=model, tokenizer=tokenizer,
-                            device=str(device), lora=lora, step=latest, checkpoint=store.path(latest),
-                            log_path=directory.path / "vllm.log")
+        engine = start_vllm(
+            settings,
+            base_model=base_model,
+            name=name,
+            model=model,
+            tokenizer=tokenizer,
+            device=str(device),
+            lora=lora,
+            step=latest,
+            checkpoint=store.path(latest),
+            log_path=directory.path / "vllm.log",
+        )
     else:
         adapters.live_step = latest
     model_json = {
-        "name": name, "project": project, "base_model": base_model, "config": spec.config,
-        "internal_config": internal, "lora": lora, "engine": engine_record(engine), "updated_at": time.time(),
+        "name": name,
+        "project": project,
+        "base_model": base_model,
+        "config": spec.config,
+        "internal_config": internal,
+        "lora": lora,
+        "engine": engine_record(engine),
+        "updated_at": time.time(),
     }
-    loaded = LoadedModel(name=name, project=project, base_model=base_model, dir=directory,
-                         full_finetune=settings.full_finetune, device=device, model=model, tokenizer=tokenizer,
-                         lock=lock, adapters=adapters, engine=engine, replicas=replicas, trainer=trainer,
-                         store=store, step=latest, model_json=model_json,
-                         serve_while_training=serve_while_training,
-                         thread_split=(cpu_split(str(device), settings.training_threads)
-                                       if serve_while_training and kind == "ours" else None))
+    loaded = LoadedModel(
+        name=name,
+        project=project,
+        base_model=base_model,
+        dir=directory,
+        full_finetune=settings.full_finetune,
+        device=device,
+        model=model,
+        tokenizer=tokenizer,
+        lock=lock,
+        adapters=adapters,
+        engine=engine,
+        replicas=replicas,
+        trainer=trainer,
+        store=store,
+        step=latest,
+        model_json=model_json,
+        serve_while_training=serve_while_training,
+        thread_split=(
+            cpu_split(str(device), settings.training_threads) if serve_while_training and kind == "ours" else None
+        ),
+    )
     if replicas is not None:
         replicas.restart(latest, loaded.live_weights())  # all start, on the weights of `latest`
     forked_from = (directory.read_model_json() or {}).get("forked_from")  # a fork made before registering

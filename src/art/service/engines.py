@@ -32,7 +32,7 @@ OWNED_ARGS = frozenset({"model", "served_model_name", "enable_lora", "host", "po
 
 
 def choose_engine(kind: str | None, vllm_python: str | None = None) -> str:
-    """"ours" or "vllm" for a model's `engine` setting ("auto" or None: by device, above)."""
+    """ "ours" or "vllm" for a model's `engine` setting ("auto" or None: by device, above)."""
     if kind in ("ours", "vllm"):
         return kind
     import torch
@@ -40,27 +40,43 @@ def choose_engine(kind: str | None, vllm_python: str | None = None) -> str:
     return "vllm" if torch.cuda.is_available() and (vllm_python or vllm_importable()) else "ours"
 
 
-def vllm_args(settings, base_model: str, *, device: str, lora_rank: int | None, served_name: str,
-              checkpoint: Path | None, engine_args: frozenset[str], version: str) -> dict:
+def vllm_args(
+    settings,
+    base_model: str,
+    *,
+    device: str,
+    lora_rank: int | None,
+    served_name: str,
+    checkpoint: Path | None,
+    engine_args: frozenset[str],
+    version: str,
+) -> dict:
     """The vLLM engine args for a model: the user's, checked against what this vLLM knows, on
     top of the ones the backend needs (runtime LoRA, guidance grammars, the token route)."""
     given = dict(settings.engine_args or {})
     unknown = sorted(k for k in given if k not in engine_args and k not in OWNED_ARGS)
     if unknown:
-        raise ArtValueError(f"unknown engine_args {', '.join(map(repr, unknown))}: vLLM {version} has no such engine "
-                            "argument (engine='vllm' passes engine_args to vLLM as they are)",
-                            field=f"engine_args.{unknown[0]}")
+        raise ArtValueError(
+            f"unknown engine_args {', '.join(map(repr, unknown))}: vLLM {version} has no such engine "
+            "argument (engine='vllm' passes engine_args to vLLM as they are)",
+            field=f"engine_args.{unknown[0]}",
+        )
     if given.get("logprobs_mode", "raw_logprobs") != "raw_logprobs":
-        raise ArtValueError(f"engine_args.logprobs_mode must be 'raw_logprobs' (got {given['logprobs_mode']!r}): "
-                            "training compares the sampler's logprobs of the raw distribution with the trainer's",
-                            field="engine_args.logprobs_mode")
+        raise ArtValueError(
+            f"engine_args.logprobs_mode must be 'raw_logprobs' (got {given['logprobs_mode']!r}): "
+            "training compares the sampler's logprobs of the raw distribution with the trainer's",
+            field="engine_args.logprobs_mode",
+        )
     ignored = sorted(k for k in given if k in OWNED_ARGS)
     if ignored:
         log.warning("ignoring engine_args %s: the backend sets them for vLLM", ", ".join(ignored))
     args = {k: v for k, v in given.items() if k not in OWNED_ARGS}
     folder = resolve(base_model)
-    args.update(model=str(checkpoint) if checkpoint is not None else folder, served_model_name=served_name,
-                enable_scale_out=True)
+    args.update(
+        model=str(checkpoint) if checkpoint is not None else folder,
+        served_model_name=served_name,
+        enable_scale_out=True,
+    )
     if checkpoint is not None:  # a fully fine-tuned model: the weights are the checkpoint's, the tokenizer the base's
         args.setdefault("tokenizer", folder)
         # vLLM restarts on each step's folder, and compiles the model again for each (48 of a
@@ -79,14 +95,32 @@ def vllm_args(settings, base_model: str, *, device: str, lora_rank: int | None, 
     return args
 
 
-def start_vllm(settings, *, base_model: str, name: str, model, tokenizer, device: str, lora: dict | None,
-               step: int, checkpoint: Path, log_path: Path) -> VLLMEngine:
+def start_vllm(
+    settings,
+    *,
+    base_model: str,
+    name: str,
+    model,
+    tokenizer,
+    device: str,
+    lora: dict | None,
+    step: int,
+    checkpoint: Path,
+    log_path: Path,
+) -> VLLMEngine:
     """A vLLM server for one model, serving `step` (saved in `checkpoint`) as the live weights."""
     install = find_vllm(settings.vllm_python)
     full = lora is None
-    args = vllm_args(settings, base_model, device=device, lora_rank=None if full else int(lora["r"]),
-                     served_name=base_model, checkpoint=checkpoint if full else None,
-                     engine_args=install.engine_args, version=install.version)
+    args = vllm_args(
+        settings,
+        base_model,
+        device=device,
+        lora_rank=None if full else int(lora["r"]),
+        served_name=base_model,
+        checkpoint=checkpoint if full else None,
+        engine_args=install.engine_args,
+        version=install.version,
+    )
     env = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
     sleep_mode = bool(args.get("enable_sleep_mode"))
     if sleep_mode:
@@ -94,10 +128,17 @@ def start_vllm(settings, *, base_model: str, name: str, model, tokenizer, device
     server = VLLMServer(install, args, log_path, env=env)
     server.start()
     limit = getattr(model.config, "max_position_embeddings", None) or 2048
-    engine = VLLMEngine(server, tokenizer, base_name=base_model, adapter_name=None if full else name,
-                        max_model_len=min(int(args.get("max_model_len") or limit), limit),
-                        vocab_size=model.config.vocab_size, eos_ids=eos_token_ids(model, tokenizer),
-                        keep_adapters=int(args.get("max_cpu_loras") or DEFAULT_KEEP_ADAPTERS), sleep_mode=sleep_mode)
+    engine = VLLMEngine(
+        server,
+        tokenizer,
+        base_name=base_model,
+        adapter_name=None if full else name,
+        max_model_len=min(int(args.get("max_model_len") or limit), limit),
+        vocab_size=model.config.vocab_size,
+        eos_ids=eos_token_ids(model, tokenizer),
+        keep_adapters=int(args.get("max_cpu_loras") or DEFAULT_KEEP_ADAPTERS),
+        sleep_mode=sleep_mode,
+    )
     try:
         engine.weights_updated(step, checkpoint)
     except BaseException:
@@ -110,8 +151,12 @@ def engine_record(engine) -> dict:
     """What model.json keeps of the engine that served the run."""
     if isinstance(engine, VLLMEngine):
         server = engine.server
-        return {"kind": "vllm", "vllm_version": server.install.version, "python": server.install.python,
-                "log": str(server.log_path)}
+        return {
+            "kind": "vllm",
+            "vllm_version": server.install.version,
+            "python": server.install.python,
+            "log": str(server.log_path),
+        }
     return {"kind": engine.kind, "device": engine.config.device, "dtype": engine.config.dtype}
 
 
@@ -119,6 +164,8 @@ def describe(engine) -> str:
     """The line printed once when a model is ready: which engine serves it, and where."""
     record = engine_record(engine)
     if record["kind"] == "vllm":
-        return (f"served by vLLM {record['vllm_version']} on {engine.server.url} (Python {record['python']}; "
-                f"log {record['log']})")
+        return (
+            f"served by vLLM {record['vllm_version']} on {engine.server.url} (Python {record['python']}; "
+            f"log {record['log']})"
+        )
     return f"served by our engine on {record['device']} ({record['dtype']})"

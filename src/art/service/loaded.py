@@ -32,10 +32,28 @@ class LoadedModel:
     training_thread: int | None = None
     """The thread running that update."""
 
-    def __init__(self, *, name: str, project: str, base_model: str, dir: ModelDir, full_finetune: bool, device,
-                 model, tokenizer, lock: threading.RLock, adapters, engine, replicas, trainer,
-                 store: CheckpointStore, step: int, model_json: dict, serve_while_training: bool = False,
-                 thread_split: tuple[int, int] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        name: str,
+        project: str,
+        base_model: str,
+        dir: ModelDir,
+        full_finetune: bool,
+        device,
+        model,
+        tokenizer,
+        lock: threading.RLock,
+        adapters,
+        engine,
+        replicas,
+        trainer,
+        store: CheckpointStore,
+        step: int,
+        model_json: dict,
+        serve_while_training: bool = False,
+        thread_split: tuple[int, int] | None = None,
+    ) -> None:
         self.name, self.project, self.base_model = name, project, base_model
         self.dir = dir
         self.full_finetune = full_finetune
@@ -65,8 +83,10 @@ class LoadedModel:
         """`name` -> latest step, `name@N` -> step N, the base model id -> no adapter."""
         if requested == self.base_model:
             if self.full_finetune:
-                raise ModelNotFoundError(f"model {echo(requested)}: a fully fine-tuned model keeps no separate base "
-                                         f"weights; ask for {self.name!r}")
+                raise ModelNotFoundError(
+                    f"model {echo(requested)}: a fully fine-tuned model keeps no separate base "
+                    f"weights; ask for {self.name!r}"
+                )
             return ServedModel(requested, self.serving, None, 0)
         if model_part(requested) != self.name:
             raise ModelNotFoundError(f"model {echo(requested)} not found")
@@ -74,11 +94,13 @@ class LoadedModel:
         if step is None:  # the engine picks the live weights when sampling starts
             return ServedModel(requested, self.serving, AdapterRef(self.name, None, None), self.step)
         if self.full_finetune and step != self.step:
-            raise ModelNotFoundError(f"model {echo(requested)}: only the latest step ({self.step}) of a fully "
-                                     "fine-tuned model is served")
+            raise ModelNotFoundError(
+                f"model {echo(requested)}: only the latest step ({self.step}) of a fully fine-tuned model is served"
+            )
         if step not in self.store.steps():
             raise ModelNotFoundError(
-                f"model {echo(requested)}: no checkpoint for step {step} (available: {self.store.steps()})")
+                f"model {echo(requested)}: no checkpoint for step {step} (available: {self.store.steps()})"
+            )
         return ServedModel(requested, self.serving, AdapterRef(requested, self.store.path(step), step), step)
 
     @property
@@ -115,8 +137,7 @@ class LoadedModel:
     # -- training input ---------------------------------------------------------------------
     def check_groups(self, groups) -> None:
         """Refuse malformed training input (`art.training.validate`) with a TrajectoryError."""
-        check_groups(groups, vocab_size=self.model.get_input_embeddings().num_embeddings,
-                     context=self.context_length())
+        check_groups(groups, vocab_size=self.model.get_input_embeddings().num_embeddings, context=self.context_length())
 
     def context_length(self) -> int:
         return getattr(self.model.config, "max_position_embeddings", None) or self.engine.max_model_len
@@ -125,8 +146,9 @@ class LoadedModel:
         """Render SFT trajectories (`art.training.sft`), so bad input is refused before anything moves."""
         from art.training import sft
 
-        return sft.prepare(trajectories, options, self.tokenizer, stop_ids=self.engine.eos_ids,
-                           max_tokens=self.context_length())
+        return sft.prepare(
+            trajectories, options, self.tokenizer, stop_ids=self.engine.eos_ids, max_tokens=self.context_length()
+        )
 
     def fit_sft(self, plan, options, **kwargs) -> dict:
         """The SFT update (`art.training.sft.fit`), the step function `run_update` calls for SFT."""

@@ -56,21 +56,29 @@ class LocalService:
     async def _register(self, spec: ModelSpec) -> int:
         if spec.trainable and spec.key not in self._loaded:
             if not spec.base_model:
-                raise ArtValueError(f"{spec.project}/{spec.name}: a trainable model needs a base_model",
-                                    field="base_model")
+                raise ArtValueError(
+                    f"{spec.project}/{spec.name}: a trainable model needs a base_model", field="base_model"
+                )
             from art.service.build import load_model  # heavy: torch, transformers
 
             try:
-                self._loaded[spec.key] = await asyncio.to_thread(load_model, self.root, spec, self.placement, self.engine)
+                self._loaded[spec.key] = await asyncio.to_thread(
+                    load_model, self.root, spec, self.placement, self.engine
+                )
             except ArtValueError:
                 raise
             except OSError as exc:  # mostly transformers' "no such model": name what was asked for
-                raise ArtValueError(f"registering {spec.project}/{spec.name} failed; check base_model "
-                                    f"{echo(spec.base_model)}: {echo(str(exc))}", field="base_model") from exc
+                raise ArtValueError(
+                    f"registering {spec.project}/{spec.name} failed; check base_model "
+                    f"{echo(spec.base_model)}: {echo(str(exc))}",
+                    field="base_model",
+                ) from exc
             except (TypeError, ValueError) as exc:  # what peft, the engine or torch refused in it
-                raise ArtValueError(f"registering {spec.project}/{spec.name} failed; check internal_config "
-                                    f"{echo(spec.internal_config)}: {echo(str(exc))}",
-                                    field="internal_config") from exc
+                raise ArtValueError(
+                    f"registering {spec.project}/{spec.name} failed; check internal_config "
+                    f"{echo(spec.internal_config)}: {echo(str(exc))}",
+                    field="internal_config",
+                ) from exc
         self._specs[spec.key] = spec
         return self._loaded[spec.key].step if spec.key in self._loaded else 0
 
@@ -90,15 +98,22 @@ class LocalService:
             if not stored or not isinstance(stored.get("base_model"), str):
                 return None
             internal = stored.get("internal_config")
-            spec = ModelSpec(project=key[0], name=key[1], trainable=True, base_model=stored["base_model"],
-                             config=stored.get("config"),
-                             internal_config=internal if isinstance(internal, dict) else None)
+            spec = ModelSpec(
+                project=key[0],
+                name=key[1],
+                trainable=True,
+                base_model=stored["base_model"],
+                config=stored.get("config"),
+                internal_config=internal if isinstance(internal, dict) else None,
+            )
             log.warning("%s/%s was not registered in this process: loading it from its stored run (a restart?)", *key)
             try:
                 await self._register(spec)
             except Exception as exc:
-                raise BackendError(f"{key[0]}/{key[1]} is stored under {self.root} but could not be loaded again "
-                                   f"({type(exc).__name__}: {exc}); register it again") from exc
+                raise BackendError(
+                    f"{key[0]}/{key[1]} is stored under {self.root} but could not be loaded again "
+                    f"({type(exc).__name__}: {exc}); register it again"
+                ) from exc
             return spec
 
     async def recover_served(self, requested: str) -> bool:
@@ -109,12 +124,15 @@ class LocalService:
             validate_name(name, "model")
         except ArtValueError:
             return False
-        keys = [key for key in await asyncio.to_thread(stored_runs, self.root)
-                if key[1] == name and key not in self._specs]
+        keys = [
+            key for key in await asyncio.to_thread(stored_runs, self.root) if key[1] == name and key not in self._specs
+        ]
         if len(keys) > 1:
             raise ModelNotFoundError(
                 f"The model {echo(requested)} is not loaded, and runs named {echo(name)} are stored in several "
-                f"projects ({', '.join(p for p, _ in keys)}): register the one you mean with `await model.register(backend)`")
+                f"projects ({', '.join(p for p, _ in keys)}): register the one you mean with "
+                "`await model.register(backend)`"
+            )
         return bool(keys) and await self.spec(keys[0]) is not None
 
     def loaded(self, key: ModelKey) -> LoadedModel:
@@ -127,8 +145,10 @@ class LocalService:
     async def _trainable(self, key: ModelKey) -> LoadedModel:
         spec = await self.spec(key)
         if spec is None:
-            raise ModelNotFoundError(f"model {key[0]}/{key[1]} is not registered and no run of it is stored under "
-                                     f"{self.root}: call `await model.register(backend)`")
+            raise ModelNotFoundError(
+                f"model {key[0]}/{key[1]} is not registered and no run of it is stored under "
+                f"{self.root}: call `await model.register(backend)`"
+            )
         if not spec.trainable:
             raise ArtValueError(f"model {key[0]}/{key[1]} was registered as not trainable", field="trainable")
         return self._loaded[key]
@@ -139,18 +159,33 @@ class LocalService:
         loaded = self._loaded.get(key)
         return loaded.step if loaded is not None else 0
 
-    async def train(self, key: ModelKey, groups: list, options: TrainOptions, *, expected_step: int | None = None,
-                    progress: Progress | None = None) -> TrainResult:
+    async def train(
+        self,
+        key: ModelKey,
+        groups: list,
+        options: TrainOptions,
+        *,
+        expected_step: int | None = None,
+        progress: Progress | None = None,
+    ) -> TrainResult:
         from art.service.update import run_update
 
         loaded = await self._trainable(key)
         groups = list(groups)
         loaded.check_groups(groups)  # a 400 naming the trajectory before anything moves
-        return await run_update(loaded, groups, loaded.trainer.step, options, expected_step=expected_step,
-                                progress=progress)
+        return await run_update(
+            loaded, groups, loaded.trainer.step, options, expected_step=expected_step, progress=progress
+        )
 
-    async def train_sft(self, key: ModelKey, trajectories: list, options: SFTOptions, *,
-                        expected_step: int | None = None, progress: Progress | None = None) -> TrainResult:
+    async def train_sft(
+        self,
+        key: ModelKey,
+        trajectories: list,
+        options: SFTOptions,
+        *,
+        expected_step: int | None = None,
+        progress: Progress | None = None,
+    ) -> TrainResult:
         """Supervised fine-tuning (`art.training.sft`) in the same transaction as `train`: one
         call, one optimizer step per batch, one checkpoint (the step counter advances by one,
         as in ART), then the weight-sync probe. The trajectories are rendered first, so bad
@@ -162,8 +197,7 @@ class LocalService:
         plan = await asyncio.to_thread(loaded.prepare_sft, list(trajectories), options)
         if not plan.batches:
             return TrainResult(loaded.step, plan.counts())
-        return await run_update(loaded, plan, loaded.fit_sft, options, expected_step=expected_step,
-                                progress=progress)
+        return await run_update(loaded, plan, loaded.fit_sft, options, expected_step=expected_step, progress=progress)
 
     async def check_training_input(self, key: ModelKey, groups: list) -> None:
         loaded = await self._trainable(key)
@@ -172,17 +206,26 @@ class LocalService:
     async def cancel_training(self, key: ModelKey) -> bool:
         return (await self._trainable(key)).cancel()
 
-    async def log(self, key: ModelKey, *, split: str, step: int, metrics: dict, groups: list,
-                  scenario_ids: list[str] = ()) -> dict:
+    async def log(
+        self, key: ModelKey, *, split: str, step: int, metrics: dict, groups: list, scenario_ids: list[str] = ()
+    ) -> dict:
         """Any model's logs, registered or not (a prompted baseline only logs)."""
-        return await asyncio.to_thread(write_log, ModelDir(self.root, *key), split=split, step=step,
-                                       metrics=metrics, groups=groups, scenario_ids=scenario_ids)
+        return await asyncio.to_thread(
+            write_log,
+            ModelDir(self.root, *key),
+            split=split,
+            step=step,
+            metrics=metrics,
+            groups=groups,
+            scenario_ids=scenario_ids,
+        )
 
     async def checkpoints(self, key: ModelKey) -> list[int]:
         return await asyncio.to_thread((await self._trainable(key)).store.steps)
 
-    async def delete_checkpoints(self, key: ModelKey, best_checkpoint_metric: str,
-                                 keep_steps: list[int] | None = None) -> list[int]:
+    async def delete_checkpoints(
+        self, key: ModelKey, best_checkpoint_metric: str, keep_steps: list[int] | None = None
+    ) -> list[int]:
         loaded = await self._trainable(key)
         if keep_steps is not None:
             return await asyncio.to_thread(loaded.delete_checkpoints, set(keep_steps))
@@ -206,8 +249,10 @@ class LocalService:
         from art.storage.fork import plan_fork
 
         if not spec.trainable or not spec.base_model:
-            raise ArtValueError(f"{spec.project}/{spec.name}: only a trainable model (with a base_model) can start "
-                                "from a checkpoint", field="model")
+            raise ArtValueError(
+                f"{spec.project}/{spec.name}: only a trainable model (with a base_model) can start from a checkpoint",
+                field="model",
+            )
         source = validate_name(source[0], "from_project"), validate_name(source[1], "from_model")
         async with self._locks.setdefault(spec.key, asyncio.Lock()):  # not while it registers
             loaded = self._loaded.get(spec.key)
@@ -220,10 +265,12 @@ class LocalService:
                 except ArtValueError:
                     raise
                 except (TypeError, ValueError) as exc:  # a mis-shaped value the parser did not name
-                    raise ArtValueError(f"check internal_config {echo(spec.internal_config)}: {echo(str(exc))}",
-                                        field="internal_config") from exc
-            plan = await asyncio.to_thread(plan_fork, self.root, source, spec.key, base_model=base_model, lora=lora,
-                                           not_after_step=not_after_step)
+                    raise ArtValueError(
+                        f"check internal_config {echo(spec.internal_config)}: {echo(str(exc))}", field="internal_config"
+                    ) from exc
+            plan = await asyncio.to_thread(
+                plan_fork, self.root, source, spec.key, base_model=base_model, lora=lora, not_after_step=not_after_step
+            )
             if loaded is not None:
                 from art.service.update import load_fork
 
@@ -297,8 +344,13 @@ def _fork_on_disk(dest: ModelDir, spec: ModelSpec, plan) -> int:
     if plan.done_already:
         return store.latest_step()
     copy_checkpoint(plan, store)
-    stored = dest.read_model_json() or {"name": spec.name, "project": spec.project, "base_model": spec.base_model,
-                                        "config": spec.config, "internal_config": spec.internal_config or {}}
+    stored = dest.read_model_json() or {
+        "name": spec.name,
+        "project": spec.project,
+        "base_model": spec.base_model,
+        "config": spec.config,
+        "internal_config": spec.internal_config or {},
+    }
     try:
         dest.write_model_json({**stored, "forked_from": plan.record, "updated_at": time.time()})
     except BaseException:

@@ -43,8 +43,13 @@ METRIC = "weight_sync_max_abs_diff"
 def probe_prompt(tokenizer) -> list[int]:
     """The chat template on a fixed user message, or plain text for a model without one."""
     try:
-        return prompt_ids(tokenizer, [{"role": "user", "content": PROBE_MESSAGE}], None,
-                          add_generation_prompt=True, where="the probe message")
+        return prompt_ids(
+            tokenizer,
+            [{"role": "user", "content": PROBE_MESSAGE}],
+            None,
+            add_generation_prompt=True,
+            where="the probe message",
+        )
     except ArtValueError:  # no chat template
         return [int(i) for i in tokenizer.encode(PROBE_MESSAGE)]
 
@@ -70,15 +75,18 @@ async def check(service, via=None, known: dict | None = None) -> dict[str, float
     label_ok = completion.step == service.step
     tolerance = tolerance_for(service.trainer.dtype, service.engine.kind)
     if not (diff <= tolerance and label_ok):  # `not <=` also catches NaN
-        stale = "" if label_ok else (f"; the engine says the weights of step {completion.step} sampled it, "
-                                     f"not step {service.step}")
+        stale = (
+            ""
+            if label_ok
+            else (f"; the engine says the weights of step {completion.step} sampled it, not step {service.step}")
+        )
         where = "" if via is None else f" (engine replica {via.index})"
-        then = ("The step is rolled back to the last checkpoint." if via is None
-                else "The replica leaves the rotation.")
+        then = "The step is rolled back to the last checkpoint." if via is None else "The replica leaves the rotation."
         raise WeightSyncError(
             f"weight-sync check failed for {service.project}/{service.name}{where} step {service.step}: on the probe "
             f"tokens {completion.token_ids} the engine served logprobs {_fmt(served_lp)} but the trainer "
-            f"computes {_fmt(trained)} (max abs diff {diff:.3g}, tolerance {tolerance:g}){stale}. {then}")
+            f"computes {_fmt(trained)} (max abs diff {diff:.3g}, tolerance {tolerance:g}){stale}. {then}"
+        )
     return {METRIC: diff}
 
 

@@ -18,13 +18,29 @@ from art.errors import ArtValueError
 from art.training.options import LORA_DEFAULTS
 
 # ART's InternalModelConfig keys with no meaning for this backend.
-IGNORED_KEYS = frozenset({
-    "trainer_args", "torchtune_args", "_decouple_vllm_and_unsloth", "trainer_gpu_ids", "inference_gpu_ids",
-    "rollout_weights_mode", "rollout_weight_update_mode", "chat_template_kwargs", "chat_template",
-    "chat_template_path", "chat_template_content_format", "chat_template_tool_schema_format", "vllm_runtime",
-    "allow_unvalidated_arch", "megatron_model_initialization", "tinker_args", "tinker_native_args",
-    "_log_vllm_metrics", "_use_pipeline_rl",
-})
+IGNORED_KEYS = frozenset(
+    {
+        "trainer_args",
+        "torchtune_args",
+        "_decouple_vllm_and_unsloth",
+        "trainer_gpu_ids",
+        "inference_gpu_ids",
+        "rollout_weights_mode",
+        "rollout_weight_update_mode",
+        "chat_template_kwargs",
+        "chat_template",
+        "chat_template_path",
+        "chat_template_content_format",
+        "chat_template_tool_schema_format",
+        "vllm_runtime",
+        "allow_unvalidated_arch",
+        "megatron_model_initialization",
+        "tinker_args",
+        "tinker_native_args",
+        "_log_vllm_metrics",
+        "_use_pipeline_rl",
+    }
+)
 PLACEMENTS = ("processes", "ray")
 ENGINES = ("auto", "ours", "vllm")
 """Which engine serves: "ours" (`art.engine.llm_engine`), "vllm" (`art.engine.vllm_engine`), or
@@ -32,9 +48,17 @@ ENGINES = ("auto", "ours", "vllm")
 MAX_PROCESSES = 64
 """Trainer ranks or engine replicas of one model at most; far above the GPUs of one machine."""
 # ART's newer `lora_config` names -> peft's LoraConfig names.
-LORA_CONFIG_NAMES = {"rank": "r", "alpha": "lora_alpha", "dropout": "lora_dropout", "target_modules": "target_modules",
-                     "bias": "bias", "use_rslora": "use_rslora", "layers_to_transform": "layers_to_transform",
-                     "modules_to_save": "modules_to_save", "init_weights": "init_lora_weights"}
+LORA_CONFIG_NAMES = {
+    "rank": "r",
+    "alpha": "lora_alpha",
+    "dropout": "lora_dropout",
+    "target_modules": "target_modules",
+    "bias": "bias",
+    "use_rslora": "use_rslora",
+    "layers_to_transform": "layers_to_transform",
+    "modules_to_save": "modules_to_save",
+    "init_weights": "init_lora_weights",
+}
 
 
 @dataclass(frozen=True)
@@ -81,12 +105,27 @@ def parse_internal_config(internal: dict | None) -> ModelSettings:
     """Raises ArtValueError naming the field for what cannot be honoured as given."""
     internal = dict(internal or {})
     init = dict(internal.get("init_args") or {})
-    known = {"engine_args", "peft_args", "lora_config", "seed", "full_finetune", "init_args", "trainer_ranks",
-             "fsdp", "engine_replicas", "placement", "serve_while_training", "training_threads",
-             "dedicated_samplers", "engine", "vllm_python"}
+    known = {
+        "engine_args",
+        "peft_args",
+        "lora_config",
+        "seed",
+        "full_finetune",
+        "init_args",
+        "trainer_ranks",
+        "fsdp",
+        "engine_replicas",
+        "placement",
+        "serve_while_training",
+        "training_threads",
+        "dedicated_samplers",
+        "engine",
+        "vllm_python",
+    }
     warn_ignored([k for k in internal if k not in known], "_internal_config")
-    warn_ignored([k for k in init if k not in ("max_seq_length", "gpu_memory_utilization", "full_finetuning")],
-                 "init_args")
+    warn_ignored(
+        [k for k in init if k not in ("max_seq_length", "gpu_memory_utilization", "full_finetuning")], "init_args"
+    )
 
     engine_args = dict(internal.get("engine_args") or {})
     if "max_seq_length" in init:  # Unsloth's context length; vLLM's max_model_len wins when both are given
@@ -98,8 +137,9 @@ def parse_internal_config(internal: dict | None) -> ModelSettings:
         raise ArtValueError(f"engine must be one of {', '.join(ENGINES)}, got {kind!r}", field="engine")
     vllm_python = internal.get("vllm_python")
     if vllm_python is not None and (not isinstance(vllm_python, str) or not vllm_python):
-        raise ArtValueError(f"vllm_python must be the path of a Python executable, got {vllm_python!r}",
-                            field="vllm_python")
+        raise ArtValueError(
+            f"vllm_python must be the path of a Python executable, got {vllm_python!r}", field="vllm_python"
+        )
     # vLLM checks its own args when it starts (`art.service.engines`); ours are checked here. With
     # vLLM the trainer computes in the dtype vLLM serves in, so the probe compares like with like.
     if kind == "vllm":
@@ -126,34 +166,60 @@ def parse_internal_config(internal: dict | None) -> ModelSettings:
         raise ArtValueError(f"placement must be one of {', '.join(PLACEMENTS)}, got {placement!r}", field="placement")
     fsdp = _flag("fsdp", internal.get("fsdp", False))
     if fsdp and not full:
-        raise ArtValueError("fsdp shards a fully fine-tuned model; set full_finetune=True too (a LoRA adapter is "
-                            "small enough to train whole on each rank: use trainer_ranks alone)", field="fsdp")
+        raise ArtValueError(
+            "fsdp shards a fully fine-tuned model; set full_finetune=True too (a LoRA adapter is "
+            "small enough to train whole on each rank: use trainer_ranks alone)",
+            field="fsdp",
+        )
     serve = internal.get("serve_while_training")
     if serve not in (None, True, False):
-        raise ArtValueError(f"serve_while_training must be True, False or None, got {serve!r}",
-                            field="serve_while_training")
+        raise ArtValueError(
+            f"serve_while_training must be True, False or None, got {serve!r}", field="serve_while_training"
+        )
     if serve and full:
-        raise ArtValueError("serve_while_training needs a LoRA adapter: a fully fine-tuned model's served weights are "
-                            "the trained ones; drop one of them", field="serve_while_training")
+        raise ArtValueError(
+            "serve_while_training needs a LoRA adapter: a fully fine-tuned model's served weights are "
+            "the trained ones; drop one of them",
+            field="serve_while_training",
+        )
     threads = internal.get("training_threads")
     if threads is not None and (not isinstance(threads, int) or isinstance(threads, bool) or threads < 1):
-        raise ArtValueError(f"training_threads must be a positive int or None, got {threads!r}",
-                            field="training_threads")
+        raise ArtValueError(
+            f"training_threads must be a positive int or None, got {threads!r}", field="training_threads"
+        )
     dedicated = _flag("dedicated_samplers", internal.get("dedicated_samplers", False))
     if dedicated and counts["engine_replicas"] < 2:
-        raise ArtValueError("dedicated_samplers leaves sampling to replicas 1..N-1: set engine_replicas to 2 or more",
-                            field="dedicated_samplers")
+        raise ArtValueError(
+            "dedicated_samplers leaves sampling to replicas 1..N-1: set engine_replicas to 2 or more",
+            field="dedicated_samplers",
+        )
     if kind == "vllm":
-        for key, value in (("engine_replicas", counts["engine_replicas"] > 1),
-                           ("trainer_ranks", counts["trainer_ranks"] > 1), ("fsdp", fsdp)):
+        for key, value in (
+            ("engine_replicas", counts["engine_replicas"] > 1),
+            ("trainer_ranks", counts["trainer_ranks"] > 1),
+            ("fsdp", fsdp),
+        ):
             if value:
-                raise ArtValueError(f"{key} is not available with engine='vllm' yet (vLLM scales with its own "
-                                    "engine_args, e.g. data_parallel_size); use engine='ours' for it", field=key)
-    return ModelSettings(engine=engine, engine_kind=kind, engine_args=engine_args, vllm_python=vllm_python,
-                         full_finetune=full, fsdp=fsdp,
-                         lora=None if full else {**LORA_DEFAULTS, **lora_given}, seed=seed, placement=placement,
-                         serve_while_training=serve, training_threads=threads, dedicated_samplers=dedicated,
-                         **counts)
+                raise ArtValueError(
+                    f"{key} is not available with engine='vllm' yet (vLLM scales with its own "
+                    "engine_args, e.g. data_parallel_size); use engine='ours' for it",
+                    field=key,
+                )
+    return ModelSettings(
+        engine=engine,
+        engine_kind=kind,
+        engine_args=engine_args,
+        vllm_python=vllm_python,
+        full_finetune=full,
+        fsdp=fsdp,
+        lora=None if full else {**LORA_DEFAULTS, **lora_given},
+        seed=seed,
+        placement=placement,
+        serve_while_training=serve,
+        training_threads=threads,
+        dedicated_samplers=dedicated,
+        **counts,
+    )
 
 
 def _flag(key: str, value) -> bool:

@@ -15,8 +15,8 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Callable, Iterator
 
 import torch
 from tqdm.auto import tqdm
@@ -38,8 +38,15 @@ StepFn = Callable[..., dict]
 returns the metrics: `Trainer.step` (GRPO) or `LoadedModel.fit_sft`."""
 
 
-async def run_update(loaded: LoadedModel, work, step_fn: StepFn, options, *, expected_step: int | None = None,
-                     progress: Progress | None = None) -> TrainResult:
+async def run_update(
+    loaded: LoadedModel,
+    work,
+    step_fn: StepFn,
+    options,
+    *,
+    expected_step: int | None = None,
+    progress: Progress | None = None,
+) -> TrainResult:
     """One training step of `loaded` on `work`. `progress(event)`, when given, is called from the
     training thread after each optimizer step with {"type": "gradient_step", "step", "done",
     "total", "metrics"}. With `expected_step`, a model at another step raises StepConflictError
@@ -51,8 +58,9 @@ async def run_update(loaded: LoadedModel, work, step_fn: StepFn, options, *, exp
                 raise StepConflictError.between(f"{loaded.project}/{loaded.name}", expected_step, loaded.step)
             if options != loaded.shown_options:
                 _show_options(loaded, options)
-            with tracing.span("art.train_step", {"art.model": f"{loaded.project}/{loaded.name}",
-                                                 "art.step_from": loaded.step}) as current:
+            with tracing.span(
+                "art.train_step", {"art.model": f"{loaded.project}/{loaded.name}", "art.step_from": loaded.step}
+            ) as current:
                 abandoned = threading.Event()
                 try:  # context copied
                     result = await asyncio.to_thread(_step, loaded, work, step_fn, options, progress, abandoned)
@@ -61,8 +69,13 @@ async def run_update(loaded: LoadedModel, work, step_fn: StepFn, options, *, exp
                     raise
                 result.metrics.update(await _probe_and_publish(loaded, rollback_to=result.step - 1))
                 if current is not None:
-                    tracing.set_attributes(current, {"art.step": result.step, **{
-                        f"art.train.{k}": v for k, v in result.metrics.items() if isinstance(v, (int, float))}})
+                    tracing.set_attributes(
+                        current,
+                        {
+                            "art.step": result.step,
+                            **{f"art.train.{k}": v for k, v in result.metrics.items() if isinstance(v, (int, float))},
+                        },
+                    )
             return result
     finally:
         loaded.train_calls -= 1
@@ -87,13 +100,20 @@ async def load_fork(loaded: LoadedModel, plan) -> int:
         loaded.model_json.update(forked_from=plan.record, updated_at=time.time())
         await asyncio.to_thread(loaded.dir.write_model_json, loaded.model_json)
         await asyncio.to_thread(drop_other_steps, loaded.store, loaded.step)
-        log.info("%s/%s now serves %s/%s's step %d", loaded.project, loaded.name, plan.record["project"],
-                 plan.record["name"], loaded.step)
+        log.info(
+            "%s/%s now serves %s/%s's step %d",
+            loaded.project,
+            loaded.name,
+            plan.record["project"],
+            plan.record["name"],
+            loaded.step,
+        )
         return loaded.step
 
 
-def _step(loaded: LoadedModel, work, step_fn: StepFn, options, progress,
-          abandoned: threading.Event | None = None) -> TrainResult:
+def _step(
+    loaded: LoadedModel, work, step_fn: StepFn, options, progress, abandoned: threading.Event | None = None
+) -> TrainResult:
     """Pause → step → checkpoint → `weights_updated`; on any failure, back to the saved step.
     The watchdog sees it running (`training_since`, `training_thread`)."""
 
@@ -105,9 +125,13 @@ def _step(loaded: LoadedModel, work, step_fn: StepFn, options, progress,
         with _beside_the_engine(loaded):
             out_of_memory = False
             try:
-                metrics = step_fn(work, options, desc=_bar_label(loaded.step, options),
-                                  on_optimizer_step=on_optimizer_step if progress else None,
-                                  should_stop=_before_each_micro_batch(loaded, abandoned))
+                metrics = step_fn(
+                    work,
+                    options,
+                    desc=_bar_label(loaded.step, options),
+                    on_optimizer_step=on_optimizer_step if progress else None,
+                    should_stop=_before_each_micro_batch(loaded, abandoned),
+                )
                 with tracing.span("art.train.checkpoint", {"art.step": loaded.step + 1}):
                     loaded.store.write(loaded.step + 1, loaded.trainer.save)
                     if loaded.trainer.last_trainer_logprobs:  # beside the trajectories of the step they trained on
@@ -126,7 +150,8 @@ def _step(loaded: LoadedModel, work, step_fn: StepFn, options, progress,
                     f"the training step ran out of GPU memory and was rolled back (the model stays at step "
                     f"{loaded.step} and keeps serving). Lower micro_batch_tokens (now {options.micro_batch_tokens}) "
                     f"or packed_row_tokens (now {options.packed_row_tokens}), or set gradient_checkpointing=True",
-                    field="micro_batch_tokens")
+                    field="micro_batch_tokens",
+                )
             loaded.step += 1
             loaded.publish_step()
         return TrainResult(loaded.step, metrics)
@@ -189,8 +214,11 @@ def _load_forked(loaded: LoadedModel, plan) -> None:
             loaded.trainer.restore(source)
         except Exception as exc:  # another adapter shape or model: the weights in memory may be half loaded
             _restore_saved(loaded)
-            raise ArtValueError(f"the checkpoint {source} does not load into {loaded.project}/{loaded.name} "
-                                f"({type(exc).__name__}: {exc})", field="from_model") from exc
+            raise ArtValueError(
+                f"the checkpoint {source} does not load into {loaded.project}/{loaded.name} "
+                f"({type(exc).__name__}: {exc})",
+                field="from_model",
+            ) from exc
         try:
             copy_checkpoint(plan, loaded.store)
         except BaseException:

@@ -15,8 +15,8 @@ import os
 import sys
 import threading
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 log = logging.getLogger(__name__)
 
@@ -42,8 +42,13 @@ class Watchdog:
     """`Watchdog(backend.activities, limits={"engine": 60, "training step": 1800}).start()`;
     a limit of 0, a negative one or None turns that check off."""
 
-    def __init__(self, activities: Callable[[], list[Activity]], *, limits: dict[str, float | None],
-                 interval_s: float | None = None) -> None:
+    def __init__(
+        self,
+        activities: Callable[[], list[Activity]],
+        *,
+        limits: dict[str, float | None],
+        interval_s: float | None = None,
+    ) -> None:
         self.activities = activities
         self.limits = {what: float(limit) for what, limit in limits.items() if limit is not None and limit > 0}
         shortest = min(self.limits.values(), default=5.0)
@@ -60,11 +65,16 @@ class Watchdog:
             if limit is None or activity.for_s <= limit:
                 continue
             frames = _frames(activity.thread)
-            out.append({
-                "what": activity.what, "model": activity.model, "for_s": round(activity.for_s, 1),
-                "limit_s": limit, "where": frames[-1] if frames else "unknown (the thread has ended)",
-                "stack": frames[-8:],
-            })
+            out.append(
+                {
+                    "what": activity.what,
+                    "model": activity.model,
+                    "for_s": round(activity.for_s, 1),
+                    "limit_s": limit,
+                    "where": frames[-1] if frames else "unknown (the thread has ended)",
+                    "stack": frames[-8:],
+                }
+            )
         return out
 
     def check(self) -> list[dict]:
@@ -75,9 +85,16 @@ class Watchdog:
             if key not in self._reported:
                 activity = next((a for a in self.activities() if (a.what, a.model) == key), None)
                 stack = _stack_text(activity.thread if activity else None)
-                log.warning("watchdog: the %s of %s has been stuck for %.1f s (limit %g s), at %s; its thread's "
-                            "stack (innermost last):\n%s", entry["what"], entry["model"], entry["for_s"],
-                            entry["limit_s"], entry["where"], stack)
+                log.warning(
+                    "watchdog: the %s of %s has been stuck for %.1f s (limit %g s), at %s; its thread's "
+                    "stack (innermost last):\n%s",
+                    entry["what"],
+                    entry["model"],
+                    entry["for_s"],
+                    entry["limit_s"],
+                    entry["where"],
+                    stack,
+                )
         for key in self._reported.keys() - current.keys():
             log.info("watchdog: the %s of %s is moving again", *key)
         self._reported = current
@@ -124,4 +141,4 @@ def _short(filename: str) -> str:
     for entry in sys.path:
         if entry and filename.startswith(entry.rstrip(os.sep) + os.sep) and len(entry) > len(best):
             best = entry.rstrip(os.sep) + os.sep
-    return filename[len(best):] if best else filename
+    return filename[len(best) :] if best else filename

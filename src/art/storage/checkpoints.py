@@ -11,8 +11,8 @@ import os
 import re
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 _STEP = re.compile(r"^\d{4,}$")
 

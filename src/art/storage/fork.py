@@ -43,35 +43,52 @@ class ForkPlan:
     """B was forked from this very step before (and may have trained since): nothing to copy."""
 
 
-def plan_fork(root: str | Path, source: tuple[str, str], dest: tuple[str, str], *, base_model: str,
-              lora: dict | None | str = "unknown", not_after_step: int | None = None) -> ForkPlan:
+def plan_fork(
+    root: str | Path,
+    source: tuple[str, str],
+    dest: tuple[str, str],
+    *,
+    base_model: str,
+    lora: dict | None | str = "unknown",
+    not_after_step: int | None = None,
+) -> ForkPlan:
     """Check a fork of `source` (project, name) into `dest` under `root`; raise ArtValueError
     naming the field (`from_model`, `not_after_step`, `base_model`, ...). `lora`: B's LoRA settings
     (None: fully fine-tuned), compared with A's when both are known."""
     if not_after_step is not None and (type(not_after_step) is not int or not_after_step < 0):
-        raise ArtValueError(f"not_after_step must be an int >= 0 or None, got {echo(not_after_step)}",
-                            field="not_after_step")
+        raise ArtValueError(
+            f"not_after_step must be an int >= 0 or None, got {echo(not_after_step)}", field="not_after_step"
+        )
     if tuple(source) == tuple(dest):
         raise ArtValueError(f"cannot fork {source[0]}/{source[1]} into itself", field="from_model")
     src, dst = ModelDir(root, *source), ModelDir(root, *dest)
     steps = _steps(src.checkpoints)
     if not steps:
-        raise ArtValueError(f"no checkpoints of model {source[0]}/{source[1]} under {root} to fork from "
-                            "(check from_model and from_project)", field="from_model")
+        raise ArtValueError(
+            f"no checkpoints of model {source[0]}/{source[1]} under {root} to fork from "
+            "(check from_model and from_project)",
+            field="from_model",
+        )
     eligible = [s for s in steps if not_after_step is None or s <= not_after_step]
     if not eligible:
-        raise ArtValueError(f"{source[0]}/{source[1]} has no checkpoint at or before step {not_after_step} "
-                            f"(its steps: {steps})", field="not_after_step")
+        raise ArtValueError(
+            f"{source[0]}/{source[1]} has no checkpoint at or before step {not_after_step} (its steps: {steps})",
+            field="not_after_step",
+        )
     step = eligible[-1]
     stored = src.read_model_json() or {}
     if isinstance(stored.get("base_model"), str) and stored["base_model"] != base_model:
-        raise ArtValueError(f"{source[0]}/{source[1]} was trained on base_model {echo(stored['base_model'])}, but "
-                            f"{dest[0]}/{dest[1]} uses {echo(base_model)}: a checkpoint only fits its own base model",
-                            field="base_model")
+        raise ArtValueError(
+            f"{source[0]}/{source[1]} was trained on base_model {echo(stored['base_model'])}, but "
+            f"{dest[0]}/{dest[1]} uses {echo(base_model)}: a checkpoint only fits its own base model",
+            field="base_model",
+        )
     if lora != "unknown" and "lora" in stored and _jsonable(stored["lora"]) != _jsonable(lora):
-        raise ArtValueError(f"{source[0]}/{source[1]}'s adapter settings {echo(stored['lora'])} differ from "
-                            f"{dest[0]}/{dest[1]}'s {echo(lora)}: its checkpoint would not load",
-                            field="internal_config")
+        raise ArtValueError(
+            f"{source[0]}/{source[1]}'s adapter settings {echo(stored['lora'])} differ from "
+            f"{dest[0]}/{dest[1]}'s {echo(lora)}: its checkpoint would not load",
+            field="internal_config",
+        )
     record = {"project": source[0], "name": source[1], "step": step}
     previous = (dst.read_model_json() or {}).get("forked_from")
     own = _steps(dst.checkpoints)
@@ -79,8 +96,11 @@ def plan_fork(root: str | Path, source: tuple[str, str], dest: tuple[str, str], 
         return ForkPlan(src, step, previous, done_already=True)
     trained = [s for s in own if s != 0]
     if trained:
-        raise ArtValueError(f"{dest[0]}/{dest[1]} already has trained checkpoints {trained}: a fork starts a model "
-                            "afresh. Fork into a new model name (or delete that run's folder first)", field="model")
+        raise ArtValueError(
+            f"{dest[0]}/{dest[1]} already has trained checkpoints {trained}: a fork starts a model "
+            "afresh. Fork into a new model name (or delete that run's folder first)",
+            field="model",
+        )
     return ForkPlan(src, step, {**record, "forked_at": time.time()})
 
 

@@ -64,8 +64,11 @@ class ModelDir:
 
 def stored_runs(root: str | Path) -> list[tuple[str, str]]:
     """(project, name) of every run under `root` with a model.json (trainable models)."""
-    return sorted((path.parts[-4], path.parts[-2]) for path in Path(root).glob("*/models/*/model.json")
-                  if _NAME.match(path.parts[-4]) and _NAME.match(path.parts[-2]))
+    return sorted(
+        (path.parts[-4], path.parts[-2])
+        for path in Path(root).glob("*/models/*/model.json")
+        if _NAME.match(path.parts[-4]) and _NAME.match(path.parts[-2])
+    )
 
 
 def write_atomic(path: Path, text: str) -> None:

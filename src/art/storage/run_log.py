@@ -15,8 +15,8 @@ from art.metrics_taxonomy import TRAINING_STEP_KEY
 from art.naming import MAX_METRIC_NAME, MAX_STEP, echo
 from art.storage import trajectory_parquet
 from art.storage.history import append_jsonl
-from art.storage.metric_totals import append_with_totals
 from art.storage.layout import ModelDir, write_atomic
+from art.storage.metric_totals import append_with_totals
 
 log = logging.getLogger(__name__)
 
@@ -34,11 +34,15 @@ def check_log(step: int, metrics: dict) -> None:
         raise ArtValueError(f"step must be an int in [0, {MAX_STEP}], got {echo(step)}", field="step")
     for key in metrics:
         if not isinstance(key, str) or not 0 < len(key) <= MAX_METRIC_NAME:
-            raise ArtValueError(f"metric names must be strings of 1-{MAX_METRIC_NAME} characters, got {echo(key)}",
-                                field="metrics")
+            raise ArtValueError(
+                f"metric names must be strings of 1-{MAX_METRIC_NAME} characters, got {echo(key)}", field="metrics"
+            )
         if key in RESERVED_NAMES:
-            raise ArtValueError(f"metric {echo(key)} would overwrite the history row's own {key!r}; rename it "
-                                f"(reserved: {', '.join(RESERVED_NAMES)})", field=f"metrics.{key}")
+            raise ArtValueError(
+                f"metric {echo(key)} would overwrite the history row's own {key!r}; rename it "
+                f"(reserved: {', '.join(RESERVED_NAMES)})",
+                field=f"metrics.{key}",
+            )
 
 
 def exceptions_file(model_dir: ModelDir, split: str, step: int) -> Path:
@@ -74,9 +78,13 @@ def write_parquet_copy(model_dir: ModelDir, split: str, step: int, groups) -> No
         with _PARQUET_LOCK:
             earlier = trajectory_parquet.read_groups(path) if path.exists() else []
             trajectory_parquet.write_groups([*earlier, *groups], path)
-    except Exception:  # noqa: BLE001 - the copy in ART's format is a convenience
-        log.warning("could not write %s; the step's trajectories are in %s", path,
-                    model_dir.trajectories(split, step), exc_info=True)
+    except Exception:  # the copy in ART's format is a convenience
+        log.warning(
+            "could not write %s; the step's trajectories are in %s",
+            path,
+            model_dir.trajectories(split, step),
+            exc_info=True,
+        )
 
 
 def write_trainer_logprobs(model_dir: ModelDir, step: int, rows: list[dict]) -> None:
@@ -86,8 +94,9 @@ def write_trainer_logprobs(model_dir: ModelDir, step: int, rows: list[dict]) -> 
     write_atomic(path, "".join(json.dumps(row, separators=(",", ":")) + "\n" for row in rows))
 
 
-def write_log(model_dir: ModelDir, *, split: str, step: int, metrics: dict, groups=(),
-              scenario_ids: Iterable[str] = ()) -> dict:
+def write_log(
+    model_dir: ModelDir, *, split: str, step: int, metrics: dict, groups=(), scenario_ids: Iterable[str] = ()
+) -> dict:
     """Write the step's trajectories, then its history row (with `training_step` and what the run's
     running totals derive from it, art.storage.metric_totals); the row as written. The row holds
     ART's keys only (step, recorded_at, training_step, metrics): its split is in the metric
@@ -99,8 +108,11 @@ def write_log(model_dir: ModelDir, *, split: str, step: int, metrics: dict, grou
             row = trajectory.for_logging()
             row["group"] = index
             rows.append(row)
-    failed = [{"group": index, "exceptions": [e.model_dump(mode="json") for e in group.exceptions]}
-              for index, group in enumerate(groups) if getattr(group, "exceptions", None)]
+    failed = [
+        {"group": index, "exceptions": [e.model_dump(mode="json") for e in group.exceptions]}
+        for index, group in enumerate(groups)
+        if getattr(group, "exceptions", None)
+    ]
     if rows:  # trajectories first: a history row never points at missing trajectories
         append_jsonl(model_dir.trajectories(split, step), rows)
     if failed:  # beside them, so each line of the trajectories file stays one trajectory

@@ -59,8 +59,11 @@ def read_step_rows(directory: ModelDir, split: str, step: int) -> StepRows | Non
         entries = [_load(line) for line in lines]
         if entries and all(isinstance(e, dict) and "trajectories" in e for e in entries):
             return _from_art_groups(entries, jsonl)
-        return StepRows(rows=[e if isinstance(e, dict) else {} for e in entries],
-                        failed=[e for e in map(_load, _lines(sidecar) or []) if isinstance(e, dict)], source=jsonl)
+        return StepRows(
+            rows=[e if isinstance(e, dict) else {} for e in entries],
+            failed=[e for e in map(_load, _lines(sidecar) or []) if isinstance(e, dict)],
+            source=jsonl,
+        )
     parquet = jsonl.with_suffix(".parquet")
     if parquet.exists():
         return _from_parquet(parquet)

@@ -42,14 +42,23 @@ def _pyarrow() -> tuple[Any, Any]:
         import pyarrow as pa
         import pyarrow.parquet as pq
     except ImportError as exc:
-        raise ModuleNotFoundError("Parquet trajectory files need pyarrow (pip install pyarrow); "
-                                  "without it the run log keeps its JSONL files only") from exc
+        raise ModuleNotFoundError(
+            "Parquet trajectory files need pyarrow (pip install pyarrow); "
+            "without it the run log keeps its JSONL files only"
+        ) from exc
     return pa, pq
 
 
 def _schema(pa: Any) -> Any:
-    message = pa.struct([("role", pa.string()), ("content", pa.string()), ("tool_calls", pa.string()),
-                         ("tool_call_id", pa.string()), ("trainable", pa.bool_())])
+    message = pa.struct(
+        [
+            ("role", pa.string()),
+            ("content", pa.string()),
+            ("tool_calls", pa.string()),
+            ("tool_call_id", pa.string()),
+            ("trainable", pa.bool_()),
+        ]
+    )
     return pa.schema(
         [
             ("format_version", pa.int16()),
@@ -81,7 +90,9 @@ def write_groups(groups: Iterable[TrajectoryGroup], path: str | Path) -> None:
     for group_index, group in enumerate(groups):
         group_data = group.model_dump(mode="json", exclude={"trajectories"})
         shared = {
-            "format_version": FORMAT_VERSION, "group_index": group_index, "group_json": _json(group_data),
+            "format_version": FORMAT_VERSION,
+            "group_index": group_index,
+            "group_json": _json(group_data),
             "group_metadata": _json_or_none(group_data.get("metadata")),
             "group_metrics": _json_or_none(group_data.get("metrics")),
             "group_logs": group_data.get("logs") or None,
@@ -91,12 +102,19 @@ def write_groups(groups: Iterable[TrajectoryGroup], path: str | Path) -> None:
             rows.append({**shared, "trajectory_index": None, "trajectory_json": None})
         for trajectory_index, trajectory in enumerate(trajectories):
             data = trajectory.for_logging()
-            rows.append({
-                **shared, "trajectory_index": trajectory_index, "trajectory_json": _json(data),
-                "reward": trajectory.reward, "metrics": _json_or_none(data.get("metrics")),
-                "metadata": _json_or_none(data.get("metadata")), "tools": _json_or_none(data.get("tools")),
-                "logs": data.get("logs") or None, "messages": _flat_messages(trajectory),
-            })
+            rows.append(
+                {
+                    **shared,
+                    "trajectory_index": trajectory_index,
+                    "trajectory_json": _json(data),
+                    "reward": trajectory.reward,
+                    "metrics": _json_or_none(data.get("metrics")),
+                    "metadata": _json_or_none(data.get("metadata")),
+                    "tools": _json_or_none(data.get("tools")),
+                    "logs": data.get("logs") or None,
+                    "messages": _flat_messages(trajectory),
+                }
+            )
     schema = _schema(pa)
     table = pa.Table.from_pylist(rows, schema=schema) if rows else schema.empty_table()
     path = Path(path)
@@ -123,11 +141,21 @@ def _flat_messages(trajectory: Trajectory) -> list[dict[str, Any]] | None:
     for item in trajectory.messages_and_choices:
         if is_choice(item):
             message = item.message.model_dump(mode="json", exclude_unset=True)
-            row = {"role": message.get("role") or "assistant", "content": message.get("content"),
-                   "tool_calls": message.get("tool_calls"), "tool_call_id": None, "trainable": True}
+            row = {
+                "role": message.get("role") or "assistant",
+                "content": message.get("content"),
+                "tool_calls": message.get("tool_calls"),
+                "tool_call_id": None,
+                "trainable": True,
+            }
         else:
-            row = {"role": item.get("role"), "content": item.get("content"), "tool_calls": item.get("tool_calls"),
-                   "tool_call_id": item.get("tool_call_id"), "trainable": False}
+            row = {
+                "role": item.get("role"),
+                "content": item.get("content"),
+                "tool_calls": item.get("tool_calls"),
+                "tool_call_id": item.get("tool_call_id"),
+                "trainable": False,
+            }
         if row["content"] is not None and not isinstance(row["content"], str):
             return None
         row["tool_calls"] = _json(row["tool_calls"]) if row["tool_calls"] else None
@@ -147,23 +175,33 @@ def read_groups(path: str | Path) -> list[TrajectoryGroup]:
     try:
         version = int(raw) if raw is not None else None
     except ValueError:
-        raise ArtValueError(f"{path}: invalid trajectory Parquet version metadata {raw!r}",
-                            field="format_version") from None
+        raise ArtValueError(
+            f"{path}: invalid trajectory Parquet version metadata {raw!r}", field="format_version"
+        ) from None
     if version not in (None, FORMAT_VERSION):
-        raise ArtValueError(f"{path}: Unsupported trajectory Parquet version: {version} (this library reads "
-                            f"ART's unversioned files and version {FORMAT_VERSION})", field="format_version")
+        raise ArtValueError(
+            f"{path}: Unsupported trajectory Parquet version: {version} (this library reads "
+            f"ART's unversioned files and version {FORMAT_VERSION})",
+            field="format_version",
+        )
     names = set(schema.names)
     marked = "format_version" in names
     if version == FORMAT_VERSION and not marked:
-        raise ArtValueError(f"{path}: a version {FORMAT_VERSION} trajectory file is missing format_version, "
-                            "its version column", field="format_version")
+        raise ArtValueError(
+            f"{path}: a version {FORMAT_VERSION} trajectory file is missing format_version, its version column",
+            field="format_version",
+        )
     if not marked and names & {"group_json", "trajectory_json"}:
-        raise ArtValueError(f"{path}: a trajectory file with ART's JSON columns is missing its version marker "
-                            "(the format_version column)", field="format_version")
+        raise ArtValueError(
+            f"{path}: a trajectory file with ART's JSON columns is missing its version marker "
+            "(the format_version column)",
+            field="format_version",
+        )
     rows = pq.read_table(path).to_pylist()
     if marked and version is None and not rows:
-        raise ArtValueError(f"{path}: an empty versioned trajectory file is missing its version metadata",
-                            field="format_version")
+        raise ArtValueError(
+            f"{path}: an empty versioned trajectory file is missing its version metadata", field="format_version"
+        )
     if not rows:
         return []
     return _read_versioned(rows, path) if marked else _read_flat(rows, path)
@@ -173,12 +211,17 @@ def _read_versioned(rows: list[dict[str, Any]], path: str | Path) -> list[Trajec
     by_group: dict[int, list[dict[str, Any]]] = {}
     for row in rows:
         if row.get("format_version") != FORMAT_VERSION:
-            raise ArtValueError(f"{path}: Unsupported trajectory Parquet version: {row.get('format_version')!r} "
-                                "in a row", field="format_version")
+            raise ArtValueError(
+                f"{path}: Unsupported trajectory Parquet version: {row.get('format_version')!r} in a row",
+                field="format_version",
+            )
         by_group.setdefault(_index(row.get("group_index"), "group_index", path), []).append(row)
     if sorted(by_group) != list(range(len(by_group))):
-        raise ArtValueError(f"{path}: its group indexes are duplicate or non-contiguous ({sorted(by_group)}, "
-                            f"expected 0 to {len(by_group) - 1})", field="group_index")
+        raise ArtValueError(
+            f"{path}: its group indexes are duplicate or non-contiguous ({sorted(by_group)}, "
+            f"expected 0 to {len(by_group) - 1})",
+            field="group_index",
+        )
     groups = []
     for group_index in range(len(by_group)):
         members = by_group[group_index]
@@ -188,25 +231,45 @@ def _read_versioned(rows: list[dict[str, Any]], path: str | Path) -> list[Trajec
         group_data = _json_object(payloads.pop(), path, f"group {group_index}'s group_json", "group_json")
         placeholders = [row for row in members if row.get("trajectory_index") is None]
         if any(row.get("trajectory_json") is not None for row in placeholders):
-            raise ArtValueError(f"{path}: group {group_index} has a trajectory without a trajectory_index",
-                                field="trajectory_index")
-        indexed = sorted(((_index(row["trajectory_index"], "trajectory_index", path), row["trajectory_json"])
-                          for row in members if row.get("trajectory_index") is not None), key=lambda p: p[0])
+            raise ArtValueError(
+                f"{path}: group {group_index} has a trajectory without a trajectory_index", field="trajectory_index"
+            )
+        indexed = sorted(
+            (
+                (_index(row["trajectory_index"], "trajectory_index", path), row["trajectory_json"])
+                for row in members
+                if row.get("trajectory_index") is not None
+            ),
+            key=lambda p: p[0],
+        )
         if [index for index, _ in indexed] != list(range(len(indexed))):
-            raise ArtValueError(f"{path}: group {group_index} has duplicate or missing trajectories "
-                                f"(indexes {[index for index, _ in indexed]})", field="trajectory_index")
+            raise ArtValueError(
+                f"{path}: group {group_index} has duplicate or missing trajectories "
+                f"(indexes {[index for index, _ in indexed]})",
+                field="trajectory_index",
+            )
         if len(placeholders) != (0 if indexed else 1):
-            raise ArtValueError(f"{path}: group {group_index} must have trajectories or exactly one row without, "
-                                f"got {len(indexed)} and {len(placeholders)}", field="trajectory_index")
+            raise ArtValueError(
+                f"{path}: group {group_index} must have trajectories or exactly one row without, "
+                f"got {len(indexed)} and {len(placeholders)}",
+                field="trajectory_index",
+            )
         trajectories = [
             Trajectory.from_logging(
                 _json_object(text, path, f"group {group_index}'s trajectory {index}", "trajectory_json"),
-                where=f"trajectory_groups[{group_index}].trajectories[{index}]")
+                where=f"trajectory_groups[{group_index}].trajectories[{index}]",
+            )
             for index, text in indexed
         ]
-        groups.append(TrajectoryGroup(trajectories, exceptions=group_data.get("exceptions") or (),
-                                      metadata=group_data.get("metadata"), metrics=group_data.get("metrics"),
-                                      logs=group_data.get("logs") or ()))
+        groups.append(
+            TrajectoryGroup(
+                trajectories,
+                exceptions=group_data.get("exceptions") or (),
+                metadata=group_data.get("metadata"),
+                metrics=group_data.get("metrics"),
+                logs=group_data.get("logs") or (),
+            )
+        )
     return groups
 
 
@@ -221,19 +284,28 @@ def _read_flat(rows: list[dict[str, Any]], path: str | Path) -> list[TrajectoryG
         group_rows.setdefault(group_index, row)
         reward = row.get("reward")
         if isinstance(reward, bool) or not isinstance(reward, (int, float)):
-            raise ArtValueError(f"{path}: group {group_index} has a trajectory whose reward is {reward!r}, "
-                                "not a number", field="reward")
+            raise ArtValueError(
+                f"{path}: group {group_index} has a trajectory whose reward is {reward!r}, not a number", field="reward"
+            )
         messages = [_unflatten(m) for m in row.get("messages") or []]
-        members.setdefault(group_index, []).append(Trajectory(
-            messages_and_choices=messages, reward=float(reward), metrics=_lenient_object(row.get("metrics")),
-            metadata=_lenient_object(row.get("metadata")), logs=[str(line) for line in row.get("logs") or []],
-            tools=_lenient_list(row.get("tools")),
-            additional_histories=_histories(row.get("additional_histories")),
-        ))
+        members.setdefault(group_index, []).append(
+            Trajectory(
+                messages_and_choices=messages,
+                reward=float(reward),
+                metrics=_lenient_object(row.get("metrics")),
+                metadata=_lenient_object(row.get("metadata")),
+                logs=[str(line) for line in row.get("logs") or []],
+                tools=_lenient_list(row.get("tools")),
+                additional_histories=_histories(row.get("additional_histories")),
+            )
+        )
     return [
-        TrajectoryGroup(members[index], metadata=_lenient_object(group_rows[index].get("group_metadata")),
-                        metrics=_lenient_object(group_rows[index].get("group_metrics")),
-                        logs=[str(line) for line in group_rows[index].get("group_logs") or []])
+        TrajectoryGroup(
+            members[index],
+            metadata=_lenient_object(group_rows[index].get("group_metadata")),
+            metrics=_lenient_object(group_rows[index].get("group_metrics")),
+            logs=[str(line) for line in group_rows[index].get("group_logs") or []],
+        )
         for index in sorted(members)
     ]
 
@@ -278,10 +350,16 @@ def _histories(text: Any) -> list[History]:
     histories = []
     for entry in _lenient_list(text) or []:
         if isinstance(entry, dict):
-            histories.append(History(
-                messages_and_choices=[_choice_or_dict(item) for item in entry.get("messages_and_choices") or []
-                                      if isinstance(item, dict)],
-                tools=entry.get("tools") or None))
+            histories.append(
+                History(
+                    messages_and_choices=[
+                        _choice_or_dict(item)
+                        for item in entry.get("messages_and_choices") or []
+                        if isinstance(item, dict)
+                    ],
+                    tools=entry.get("tools") or None,
+                )
+            )
     return histories
 
 

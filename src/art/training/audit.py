@@ -19,7 +19,11 @@ from dataclasses import dataclass, field
 
 from art.training.advantages import group_advantages
 from art.training.sequences import (
-    UNUSED_ASSISTANT_DICT, Break, Sequence, assistant_dict_turns, sequences_of_history,
+    UNUSED_ASSISTANT_DICT,
+    Break,
+    Sequence,
+    assistant_dict_turns,
+    sequences_of_history,
 )
 
 
@@ -52,12 +56,14 @@ class AuditReport:
                 continue
             lines.append(
                 f"{row.sequence:>3} {row.position:>5} {row.token_id:>6}  {'yes' if row.trained else '':5} "
-                f"{row.advantage:>7.3f} {_num(row.sampler_logprob):>8} {_num(row.trainer_logprob):>8}  {row.text!r}")
+                f"{row.advantage:>7.3f} {_num(row.sampler_logprob):>8} {_num(row.trainer_logprob):>8}  {row.text!r}"
+            )
         lines.append(f"{self.trained_tokens} trained tokens in {len({r.sequence for r in self.rows})} sequence(s)")
         for b in self.breaks:
             lines.append(
                 f"BREAK at choice {b.choice}: its prompt differs from the ids so far at position {b.position} "
-                f"(had {b.expected}, got {b.got}); training starts a new sequence there")
+                f"(had {b.expected}, got {b.got}); training starts a new sequence there"
+            )
         for reason, count in sorted(self.issues.items()):
             lines.append(f"note: {count} x {reason}")
         return "\n".join(lines)
@@ -85,13 +91,18 @@ def audit(trajectory, *, group=None, tokenizer=None, model=None) -> AuditReport:
     rows = []
     for k, seq in enumerate(sequences):
         for pos, (token, trained, lp) in enumerate(zip(seq.token_ids, seq.trained, seq.sampler_logprobs)):
-            rows.append(AuditRow(
-                sequence=k, position=pos, token_id=token,
-                text=tokenizer.decode([token]) if tokenizer is not None else "",
-                trained=trained, advantage=advantage if trained else 0.0,
-                sampler_logprob=None if math.isnan(lp) else lp,
-                trainer_logprob=trainer[k][pos] if trainer is not None and trained else None,
-            ))
+            rows.append(
+                AuditRow(
+                    sequence=k,
+                    position=pos,
+                    token_id=token,
+                    text=tokenizer.decode([token]) if tokenizer is not None else "",
+                    trained=trained,
+                    advantage=advantage if trained else 0.0,
+                    sampler_logprob=None if math.isnan(lp) else lp,
+                    trainer_logprob=trainer[k][pos] if trainer is not None and trained else None,
+                )
+            )
     return AuditReport(rows, breaks, issues)
 
 

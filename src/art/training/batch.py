@@ -106,8 +106,12 @@ def plan_micro_batches(sequences: list[Sequence], options: TrainOptions) -> list
     groups: dict[int, list[Sequence]] = {}
     for s in sequences:
         groups.setdefault(s.group, []).append(s)
-    return packing.plan(list(groups.values()), mode=options.packing, row_tokens=options.packed_row_tokens,
-                        batch_tokens=options.micro_batch_tokens)
+    return packing.plan(
+        list(groups.values()),
+        mode=options.packing,
+        row_tokens=options.packed_row_tokens,
+        batch_tokens=options.micro_batch_tokens,
+    )
 
 
 def describe(issues: Counter, dicts: AssistantDicts | None = None) -> str:

@@ -36,9 +36,15 @@ class RenderedChat:
     trained: list[bool]  # [tokens] True for the assistant tokens to train
 
 
-def render_chat(tokenizer, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None, *,
-                assistant_turns: str = "all", stop_ids: set[int] | None = None,
-                where: str = "messages") -> RenderedChat:
+def render_chat(
+    tokenizer,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None = None,
+    *,
+    assistant_turns: str = "all",
+    stop_ids: set[int] | None = None,
+    where: str = "messages",
+) -> RenderedChat:
     """Render one conversation and mark the assistant tokens to train.
 
     `assistant_turns`: "all" or "last". An assistant message with OpenAI's fine-tuning key
@@ -51,19 +57,22 @@ def render_chat(tokenizer, messages: list[dict[str, Any]], tools: list[dict[str,
     if assistant_turns == "last":
         turns = turns[-1:] if turns and turns[-1] == _last_assistant(normalised) else []
     if not turns:
-        raise TrajectoryError(f"{where} has no assistant message to train (assistant_turns={assistant_turns!r})",
-                              field=where)
+        raise TrajectoryError(
+            f"{where} has no assistant message to train (assistant_turns={assistant_turns!r})", field=where
+        )
     full = _render(tokenizer, normalised, tools, False, where)
     trained = [False] * len(full)
     for k in turns:
         prompt = _render(tokenizer, normalised[:k], tools, True, where)
-        with_turn = _render(tokenizer, normalised[:k + 1], tools, False, where)
-        if with_turn[:len(prompt)] != prompt or full[:len(with_turn)] != with_turn:
+        with_turn = _render(tokenizer, normalised[: k + 1], tools, False, where)
+        if with_turn[: len(prompt)] != prompt or full[: len(with_turn)] != with_turn:
             raise ArtValueError(
                 f"{where}[{k}]: the chat template does not render this conversation incrementally (the tokens "
                 "before this assistant message change once it or later messages are added), so its tokens "
                 "cannot be told apart; SFT needs a template whose renderings of a conversation's prefixes "
-                "extend one another", field=f"{where}[{k}]")
+                "extend one another",
+                field=f"{where}[{k}]",
+            )
         end = len(with_turn)
         stops = [i for i in range(len(prompt), end) if with_turn[i] in stop_ids]
         if stops:
@@ -73,8 +82,9 @@ def render_chat(tokenizer, messages: list[dict[str, Any]], tools: list[dict[str,
     return RenderedChat(full, trained)
 
 
-def chat_template_input(tokenizer, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
-                        where: str = "messages") -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+def chat_template_input(
+    tokenizer, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None, where: str = "messages"
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
     """The (messages, tools) `render_chat` hands the template for the whole conversation, e.g.
     to compare with the template's own `return_assistant_tokens_mask`."""
     return template_messages(tokenizer, _normalise(messages, where)[0], tools, None)
@@ -85,18 +95,23 @@ def _normalise(messages: list[dict[str, Any]], where: str) -> tuple[list[dict[st
     out, train = [], []
     for i, message in enumerate(messages):
         if not isinstance(message, dict):
-            raise TrajectoryError(f"{where}[{i}] is a {type(message).__name__}, not a message dict", field=f"{where}[{i}]")
+            raise TrajectoryError(
+                f"{where}[{i}] is a {type(message).__name__}, not a message dict", field=f"{where}[{i}]"
+            )
         weight = message.get("weight", 1)
         if weight not in (0, 1) or isinstance(weight, bool):
-            raise TrajectoryError(f"{where}[{i}].weight must be 0 or 1 (OpenAI's fine-tuning format), got {weight!r}",
-                                  field=f"{where}[{i}].weight")
+            raise TrajectoryError(
+                f"{where}[{i}].weight must be 0 or 1 (OpenAI's fine-tuning format), got {weight!r}",
+                field=f"{where}[{i}].weight",
+            )
         try:
             parsed = ChatMessage.model_validate({k: v for k, v in message.items() if k != "weight"})
         except ValidationError as exc:
             problem = exc.errors()[0]
             at = ".".join(str(part) for part in problem["loc"])
-            raise TrajectoryError(f"{where}[{i}]{'.' + at if at else ''}: {problem['msg']}",
-                                  field=f"{where}[{i}]{'.' + at if at else ''}") from None
+            raise TrajectoryError(
+                f"{where}[{i}]{'.' + at if at else ''}: {problem['msg']}", field=f"{where}[{i}]{'.' + at if at else ''}"
+            ) from None
         out.append(parsed.for_template())
         train.append(weight == 1)
     return out, train
@@ -110,4 +125,3 @@ def _render(tokenizer, messages: list[dict[str, Any]], tools, generation_prompt:
     """R(messages, generation_prompt): token ids, as the OpenAI routes compute a prompt's."""
     as_template, template_tools = template_messages(tokenizer, messages, tools, None)
     return prompt_ids(tokenizer, as_template, template_tools, add_generation_prompt=generation_prompt, where=where)
-

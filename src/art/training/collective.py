@@ -34,8 +34,15 @@ backend to decide it); deleted when a step begins."""
 class Collective:
     """One rank's view of the training group. `world == 1` (no group) is the single process."""
 
-    def __init__(self, rank: int = 0, world: int = 1, group=None, store=None,
-                 device: str | torch.device = "cpu", sharded: bool = False) -> None:
+    def __init__(
+        self,
+        rank: int = 0,
+        world: int = 1,
+        group=None,
+        store=None,
+        device: str | torch.device = "cpu",
+        sharded: bool = False,
+    ) -> None:
         self.rank, self.world, self.group, self.store = rank, world, group, store
         self.device = torch.device(device)
         """Where the group's tensors live (NCCL needs them on the rank's GPU)."""
@@ -123,7 +130,7 @@ class Collective:
         offset = 0
         for p in params:
             n = p.numel()
-            p.grad = flat[offset:offset + n].view_as(p).clone()
+            p.grad = flat[offset : offset + n].view_as(p).clone()
             offset += n
 
     def sum_values(self, values: Counter) -> Counter:
@@ -151,8 +158,15 @@ def host_store(world: int, host: str = "127.0.0.1") -> dist.TCPStore:
     return dist.TCPStore(host, 0, world, True, timeout=STEP_TIMEOUT, wait_for_workers=False)
 
 
-def start_group(rank: int, world: int, device: torch.device, *, store: dist.TCPStore | None = None,
-                port: int | None = None, host: str = "127.0.0.1") -> Collective:
+def start_group(
+    rank: int,
+    world: int,
+    device: torch.device,
+    *,
+    store: dist.TCPStore | None = None,
+    port: int | None = None,
+    host: str = "127.0.0.1",
+) -> Collective:
     """Join a process group of `world` ranks (rank 0 passes its `store`, the others its
     `port`): gloo on CPU, NCCL on CUDA. A group object of its own, not torch's default group,
     so one process may hold several models' groups. Returns once every rank has joined."""
@@ -168,8 +182,7 @@ def start_group(rank: int, world: int, device: torch.device, *, store: dist.TCPS
     return Collective(rank, world, group, store, device)
 
 
-def join_default_group(rank: int, world: int, device: torch.device, port: int,
-                       host: str = "127.0.0.1") -> Collective:
+def join_default_group(rank: int, world: int, device: torch.device, port: int, host: str = "127.0.0.1") -> Collective:
     """A sharded rank's group: torch's default group (what FSDP2 runs on), one per process."""
     store = dist.TCPStore(host, port, world + 1, False, timeout=STEP_TIMEOUT)
     backend = "nccl" if device.type == "cuda" else "gloo"

@@ -93,8 +93,7 @@ def shard_model(model, device: torch.device, dtype: torch.dtype = torch.float32)
 def filler_batch(pad_id: int) -> packing.MicroBatch:
     """A two-token micro-batch whose loss is multiplied by 0: the pass a rank runs so that its
     collectives meet those of ranks with more micro-batches."""
-    sequence = Sequence(token_ids=[pad_id, pad_id], trained=[False, True], sampler_logprobs=[math.nan, 0.0],
-                        group=-1)
+    sequence = Sequence(token_ids=[pad_id, pad_id], trained=[False, True], sampler_logprobs=[math.nan, 0.0], group=-1)
     (batch,) = packing.plan([[sequence]], mode="padded", row_tokens=8, batch_tokens=8)
     return batch
 
@@ -111,8 +110,7 @@ def local_part(tensor: torch.Tensor) -> torch.Tensor:
 
 def save(trainer, folder: Path) -> None:
     """Every rank gathers; rank 0 writes the whole model (HF format, servable) and the AdamW state."""
-    from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
-                                                         get_optimizer_state_dict)
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
 
     whole = StateDictOptions(full_state_dict=True, cpu_offload=True)
     weights = get_model_state_dict(trainer.model, options=whole)
@@ -136,8 +134,7 @@ def tied_aliases(model) -> set[str]:
 def restore(trainer, folder: Path) -> None:
     """Rank 0 reads the checkpoint and every rank takes its shard (each rank checks the folder
     itself: they share its disk)."""
-    from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
-                                                         set_optimizer_state_dict)
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
 
     first = trainer.collective.rank == 0
     options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=False)
@@ -147,8 +144,10 @@ def restore(trainer, folder: Path) -> None:
         expected = set(trainer.model.state_dict())
         missing, unexpected = expected - set(weights) - tied_aliases(trainer.model), set(weights) - expected
         if missing or unexpected:
-            raise RuntimeError(f"checkpoint {folder} does not match the model: missing {sorted(missing)[:3]}, "
-                               f"unexpected {sorted(unexpected)[:3]}")
+            raise RuntimeError(
+                f"checkpoint {folder} does not match the model: missing {sorted(missing)[:3]}, "
+                f"unexpected {sorted(unexpected)[:3]}"
+            )
     set_model_state_dict(trainer.model, weights, options=options)
     optimizer_file = Path(folder) / OPTIMIZER_FILE
     if optimizer_file.exists():

@@ -16,9 +16,17 @@ from torch.utils.checkpoint import checkpoint
 CHUNK_TOKENS = 1024
 
 
-def gathered_logprobs(model, ids: torch.Tensor, attention: torch.Tensor, sources: tuple[torch.Tensor, torch.Tensor],
-                      targets: torch.Tensor, *, position_ids: torch.Tensor | None = None,
-                      chunk_tokens: int = CHUNK_TOKENS, with_entropy: bool = False) -> torch.Tensor:
+def gathered_logprobs(
+    model,
+    ids: torch.Tensor,
+    attention: torch.Tensor,
+    sources: tuple[torch.Tensor, torch.Tensor],
+    targets: torch.Tensor,
+    *,
+    position_ids: torch.Tensor | None = None,
+    chunk_tokens: int = CHUNK_TOKENS,
+    with_entropy: bool = False,
+) -> torch.Tensor:
     """log p(targets[k] | the context of slot sources[k]) for each k: [k]; with `with_entropy`,
     [2, k]: those and the entropy of each predicting distribution (from the same logits).
 
@@ -36,7 +44,7 @@ def gathered_logprobs(model, ids: torch.Tensor, attention: torch.Tensor, sources
     picked = hidden[rows, columns]  # [k, dim]
     pieces = []
     for start in range(0, picked.shape[0], chunk_tokens):
-        h, t = picked[start:start + chunk_tokens], targets[start:start + chunk_tokens]
+        h, t = picked[start : start + chunk_tokens], targets[start : start + chunk_tokens]
         if torch.is_grad_enabled() and h.requires_grad:
             pieces.append(checkpoint(chunk, head, h, t, use_reentrant=False))
         else:
@@ -46,15 +54,15 @@ def gathered_logprobs(model, ids: torch.Tensor, attention: torch.Tensor, sources
     return torch.cat(pieces, dim=-1)
 
 
-def sequence_logprobs(model, ids: torch.Tensor, attention: torch.Tensor,
-                      chunk_tokens: int = CHUNK_TOKENS, gather=gathered_logprobs) -> torch.Tensor:
+def sequence_logprobs(
+    model, ids: torch.Tensor, attention: torch.Tensor, chunk_tokens: int = CHUNK_TOKENS, gather=gathered_logprobs
+) -> torch.Tensor:
     """log p(ids[:, t+1] | ids[:, :t+1]) for every position of right-padded rows: [rows, tokens - 1].
     `gather`: what computes `gathered_logprobs` (a sharded trainer's goes through FSDP's root)."""
     rows, width = ids.shape
     row_index = torch.arange(rows, device=ids.device).repeat_interleave(width - 1)
     column_index = torch.arange(width - 1, device=ids.device).repeat(rows)
-    values = gather(model, ids, attention, (row_index, column_index), ids[:, 1:].reshape(-1),
-                    chunk_tokens=chunk_tokens)
+    values = gather(model, ids, attention, (row_index, column_index), ids[:, 1:].reshape(-1), chunk_tokens=chunk_tokens)
     return values.view(rows, width - 1)
 
 

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, fields
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from art.errors import ArtValueError
 
@@ -19,9 +20,20 @@ ADAMW_WEIGHT_DECAY = 0.1
 PACKING_MODES = ("shared_prefix", "packed", "padded")  # see art.training.packing
 # Upper bounds: far above any sensible run, low enough that a typo cannot run for days or
 # blow the weights up (each bound is in the error message that names the field).
-BOUNDS = {"learning_rate": 1.0, "max_grad_norm": 1e6, "beta": 1e3, "entropy_bonus": 10.0, "epsilon": 1e3,
-          "epsilon_high": 1e3, "truncated_importance_sampling": 1e6, "micro_batch_tokens": 1 << 24,
-          "packed_row_tokens": 1 << 20, "max_tokens_normalizer": 1 << 24, "mini_batches": 4096, "epochs": 100}
+BOUNDS = {
+    "learning_rate": 1.0,
+    "max_grad_norm": 1e6,
+    "beta": 1e3,
+    "entropy_bonus": 10.0,
+    "epsilon": 1e3,
+    "epsilon_high": 1e3,
+    "truncated_importance_sampling": 1e6,
+    "micro_batch_tokens": 1 << 24,
+    "packed_row_tokens": 1 << 20,
+    "max_tokens_normalizer": 1 << 24,
+    "mini_batches": 4096,
+    "epochs": 100,
+}
 
 
 @dataclass(frozen=True)
@@ -87,7 +99,7 @@ class TrainOptions:
     precalculated ones)."""
 
     @classmethod
-    def build(cls, config=None, dev: dict | None = None) -> "TrainOptions":
+    def build(cls, config=None, dev: dict | None = None) -> TrainOptions:
         """Merge `art.TrainConfig` and an `art.dev.TrainConfig` dict; report every bad field."""
         values: dict = {}
         if config is not None:
@@ -118,8 +130,11 @@ class TrainOptions:
         return "none" if self.scale_rewards is False else str(self.scale_rewards)
 
     def _problems(self) -> list[str]:
-        out = [f"{name} must be at most {bound:g}, got {getattr(self, name)!r}" for name, bound in BOUNDS.items()
-               if _number(getattr(self, name)) and getattr(self, name) > bound]
+        out = [
+            f"{name} must be at most {bound:g}, got {getattr(self, name)!r}"
+            for name, bound in BOUNDS.items()
+            if _number(getattr(self, name)) and getattr(self, name) > bound
+        ]
         for name in ("learning_rate", "max_grad_norm"):
             value = getattr(self, name)
             if not _number(value) or value <= 0:
@@ -157,8 +172,10 @@ class TrainOptions:
                 out.append(f"{name} must be a positive int, got {value!r}")
         several_steps = _int(self.mini_batches) and _int(self.epochs) and self.mini_batches * self.epochs > 1
         if several_steps and self.truncated_importance_sampling is not None and self.precalculate_logprobs is False:
-            out.append("truncated_importance_sampling with several optimizer steps (mini_batches x epochs > 1) "
-                       "needs precalculate_logprobs=True: the weight compares the pre-update policy with the sampler")
+            out.append(
+                "truncated_importance_sampling with several optimizer steps (mini_batches x epochs > 1) "
+                "needs precalculate_logprobs=True: the weight compares the pre-update policy with the sampler"
+            )
         return out
 
     @property
@@ -188,8 +205,12 @@ OPTION_SOURCES = ("config", "dev_config", "options")
 `art.TrainSFTConfig`), the `art.dev` dict (`_config=`), and keyword options."""
 
 
-def merge_option_sources(build: Callable[[dict], Any], config=None, dev_config: Mapping[str, Any] | None = None,
-                         options: Mapping[str, Any] | None = None):
+def merge_option_sources(
+    build: Callable[[dict], Any],
+    config=None,
+    dev_config: Mapping[str, Any] | None = None,
+    options: Mapping[str, Any] | None = None,
+):
     """`build` the merged options. A bad option's ArtValueError names the source it came from
     in its `field` (`options.beta`, `dev_config.epsilon`, `config.learning_rate`)."""
     given = {

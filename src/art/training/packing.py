@@ -120,10 +120,14 @@ class MicroBatch:
             return torch.tensor(values, dtype=dtype, device=HOST).to(device)
 
         return BatchTensors(
-            ids=ids.to(device), positions=positions.to(device),
-            sources=(on_device(src_row), on_device(src_col)), targets=on_device(targets),
-            scatter=(on_device(out_row), on_device(out_col)), mask=on_device(mask, torch.float),
-            sampler=on_device(sampler, torch.float), advantages=on_device([s.advantage for s in self.sequences]),
+            ids=ids.to(device),
+            positions=positions.to(device),
+            sources=(on_device(src_row), on_device(src_col)),
+            targets=on_device(targets),
+            scatter=(on_device(out_row), on_device(out_col)),
+            mask=on_device(mask, torch.float),
+            sampler=on_device(sampler, torch.float),
+            advantages=on_device([s.advantage for s in self.sequences]),
             # one sequence per row: no mask, so SDPA runs its causal kernels
             attention=None if self.causal else attention_mask(self.rows, ids.shape[1], dtype, device),
         )
@@ -157,7 +161,7 @@ def units_of(groups: list[list[Sequence]], mode: str, row_tokens: int) -> list[U
         # prefix's last slot, and an empty branch would leave nothing to attach to.
         shared = common_prefix_length(group) if len(group) > 1 else 0
         shared = min(shared, min(len(s.token_ids) for s in group) - 1)
-        prefix = group[0].token_ids[:max(shared, 0)]
+        prefix = group[0].token_ids[: max(shared, 0)]
         unit = Unit(prefix)
         for s in group:
             branch = len(s.token_ids) - len(prefix)
@@ -234,11 +238,13 @@ def plan(groups: list[list[Sequence]], *, mode: str, row_tokens: int, batch_toke
     for chosen in batches:
         local = {r: i for i, r in enumerate(chosen)}
         sequences = [s for r in chosen for s in members.get(r, [])]
-        out.append(MicroBatch(
-            rows=[rows[r] for r in chosen],
-            sequences=sequences,
-            slots=[[(local[r], c) for r, c in slots[id(s)]] for s in sequences],
-        ))
+        out.append(
+            MicroBatch(
+                rows=[rows[r] for r in chosen],
+                sequences=sequences,
+                slots=[[(local[r], c) for r, c in slots[id(s)]] for s in sequences],
+            )
+        )
     return out
 
 
@@ -247,6 +253,7 @@ def attention_mask(rows: list[Row], width: int, dtype: torch.dtype, device: torc
     branch and its unit's prefix. Padding sees only itself, so no softmax row is empty.
     Built from each query's three bounds (`Row`) with one bool [rows, width, width] kept and one
     more alive at a time, besides the mask itself."""
+
     def bound(values: list[list[int]], padding_sees_itself: bool = True) -> torch.Tensor:  # [rows, width, 1]
         out = [v + (list(range(len(v), width)) if padding_sees_itself else [0] * (width - len(v))) for v in values]
         return torch.tensor(out, device=HOST).to(device)[:, :, None]
@@ -270,6 +277,8 @@ def row_tensors(rows: list[Row], pad_id: int) -> tuple[torch.Tensor, torch.Tenso
     width = max(len(r.token_ids) for r in rows)
     causal = one_sequence_per_row(rows)
     ids = [r.token_ids + [pad_id] * (width - len(r.token_ids)) for r in rows]
-    positions = [r.position_ids + (list(range(len(r.position_ids), width)) if causal else
-                                   [0] * (width - len(r.position_ids))) for r in rows]
+    positions = [
+        r.position_ids + (list(range(len(r.position_ids), width)) if causal else [0] * (width - len(r.position_ids)))
+        for r in rows
+    ]
     return torch.tensor(ids, dtype=torch.long, device=HOST), torch.tensor(positions, dtype=torch.long, device=HOST)

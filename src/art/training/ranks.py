@@ -68,9 +68,15 @@ def build_trainer(spec: RankSpec, collective: Collective) -> Trainer:
     dtype, device = getattr(torch, spec.dtype), collective.device
     model, tokenizer = art.base_models.load_policy(spec.base_model, spec.lora, dtype=dtype, device=device)
     gather = shard_model(model, device, dtype) if spec.sharded else None
-    trainer = Trainer(model, tokenizer, device=device, dtype=dtype, collective=collective, gather=gather,
-                      load_reference=art.base_models.reference_loader(spec.base_model, spec.lora, dtype=dtype,
-                                                                      device=device))
+    trainer = Trainer(
+        model,
+        tokenizer,
+        device=device,
+        dtype=dtype,
+        collective=collective,
+        gather=gather,
+        load_reference=art.base_models.reference_loader(spec.base_model, spec.lora, dtype=dtype, device=device),
+    )
     if spec.sharded and mixed_precision(dtype).param_dtype is not None:
         trainer.autocast = False  # FSDP2 gathers the weights in `dtype` already
     return trainer
@@ -135,8 +141,14 @@ class RankWorker:
         """One training step; rank 0 (a peer only when sharded) returns (metrics, trainer logprob
         rows) and sends ("progress", (done, total, metrics)) after each optimizer step."""
         progress = None if self.rank else (lambda *event: self.answer(("progress", event)))
-        metrics = self.trainer.step(groups, options, desc=f"rank {self.rank}", quiet=True,
-                                    on_optimizer_step=progress, should_stop=self.trainer.collective.stop_requested)
+        metrics = self.trainer.step(
+            groups,
+            options,
+            desc=f"rank {self.rank}",
+            quiet=True,
+            on_optimizer_step=progress,
+            should_stop=self.trainer.collective.stop_requested,
+        )
         return None if self.rank else (metrics, self.trainer.last_trainer_logprobs)
 
 
@@ -161,14 +173,19 @@ class ProcessRanks:
         context = multiprocessing.get_context("spawn")  # a fresh interpreter: no forked threads or CUDA state
         for rank in range(self.first, self.world):
             ours, theirs = context.Pipe()
-            process = context.Process(target=peer_main, args=(rank, self.world, store.port, self.spec, theirs),
-                                      name=f"art-trainer-rank-{rank}", daemon=True)
+            process = context.Process(
+                target=peer_main,
+                args=(rank, self.world, store.port, self.spec, theirs),
+                name=f"art-trainer-rank-{rank}",
+                daemon=True,
+            )
             process.start()
             self.processes.append(process)
             self._connections.append(ours)
         collective = self._join_watching(join) if join is not None else None
-        _, error, _ = read_replies(self.replies("start", time.monotonic() + STEP_TIMEOUT.total_seconds()), "ready",
-                                   "start", self.first)
+        _, error, _ = read_replies(
+            self.replies("start", time.monotonic() + STEP_TIMEOUT.total_seconds()), "ready", "start", self.first
+        )
         if error is not None:
             raise error
         return collective
@@ -191,8 +208,10 @@ class ProcessRanks:
             thread.join(0.2)
             dead = self.dead()
             if dead is not None and thread.is_alive():
-                raise BackendError(f"trainer rank {dead[0]} ended (exit code {dead[1]}) before joining the group; "
-                                   "its error is in the output above")
+                raise BackendError(
+                    f"trainer rank {dead[0]} ended (exit code {dead[1]}) before joining the group; "
+                    "its error is in the output above"
+                )
         if "error" in joined:
             raise joined["error"]
         return joined["collective"]
@@ -202,16 +221,20 @@ class ProcessRanks:
 
     def dead(self) -> tuple[int, int | None] | None:
         """(rank, exit code) of a peer process that ended, or None while all live."""
-        return next(((rank, p.exitcode) for rank, p in enumerate(self.processes, start=self.first)
-                     if p.exitcode is not None), None)
+        return next(
+            ((rank, p.exitcode) for rank, p in enumerate(self.processes, start=self.first) if p.exitcode is not None),
+            None,
+        )
 
     def send(self, *message) -> None:
         for rank, connection in enumerate(self._connections, start=self.first):
             try:
                 connection.send(message)
             except OSError as exc:
-                raise BackendError(f"trainer rank {rank} is gone ({type(exc).__name__}); the ranks are started "
-                                   "again at the next restore") from exc
+                raise BackendError(
+                    f"trainer rank {rank} is gone ({type(exc).__name__}); the ranks are started "
+                    "again at the next restore"
+                ) from exc
 
     def replies(self, what: str, deadline: float, on_progress=None, poll=None) -> list:
         """Each rank's reply to the last command, in rank order: its (kind, detail), or the
@@ -223,8 +246,7 @@ class ProcessRanks:
             except TimeoutError:
                 out.append(BackendError(f"trainer rank {rank} did not answer {what} in time"))
             except PeerDied as died:  # this rank may wait for the dead one in a collective for ever
-                out.append(BackendError(f"trainer rank {died.args[0]} died during {what} (exit code "
-                                        f"{died.args[1]})"))
+                out.append(BackendError(f"trainer rank {died.args[0]} died during {what} (exit code {died.args[1]})"))
             except (EOFError, OSError):
                 out.append(BackendError(f"trainer rank {rank} died during {what} (exit code {process.exitcode})"))
         return out
@@ -317,8 +339,9 @@ class RankPeers:
             self._watcher.stop()
             self._watcher = None
         try:
-            return self._answers("ok", what="step", timeout=5.0 if failed else None, on_progress=on_progress,
-                                 should_stop=should_stop)
+            return self._answers(
+                "ok", what="step", timeout=5.0 if failed else None, on_progress=on_progress, should_stop=should_stop
+            )
         except BackendError:
             self.healthy = False
             if not failed:
@@ -336,8 +359,9 @@ class RankPeers:
         except (ArtValueError, StepCancelledError):
             raise
         except BackendError as exc:
-            raise BackendError(f"{exc}; the step is rolled back, and ranks that died are started again before the "
-                               "next step") from exc
+            raise BackendError(
+                f"{exc}; the step is rolled back, and ranks that died are started again before the next step"
+            ) from exc
 
     def command(self, name: str, *args):
         """Sharded: run "save" or "logprobs" on every rank; rank 0's result."""
@@ -353,16 +377,19 @@ class RankPeers:
             self.healthy = False
             raise
 
-    def _answers(self, expected: str, *, what: str, timeout: float | None = None, on_progress=None,
-                 should_stop=None) -> list:
+    def _answers(
+        self, expected: str, *, what: str, timeout: float | None = None, on_progress=None, should_stop=None
+    ) -> list:
         """Each peer's answer, in rank order (raises the first error once all answered)."""
+
         def poll() -> None:
             if should_stop is not None and should_stop():
                 self._store.set(STOP_KEY, "1")
 
         deadline = time.monotonic() + (timeout if timeout is not None else STEP_TIMEOUT.total_seconds())
-        results, error, broken = read_replies(self.transport.replies(what, deadline, on_progress, poll), expected,
-                                              what, self.first)
+        results, error, broken = read_replies(
+            self.transport.replies(what, deadline, on_progress, poll), expected, what, self.first
+        )
         if broken:
             self.healthy = False
         if error is not None:
@@ -448,21 +475,25 @@ class LeadTrainer:
     def __getattr__(self, name: str):
         return getattr(self.trainer, name)
 
-    def step(self, groups, options, *, desc: str = "train", on_optimizer_step=None, should_stop=None,
-             quiet: bool = False) -> dict[str, float]:
+    def step(
+        self, groups, options, *, desc: str = "train", on_optimizer_step=None, should_stop=None, quiet: bool = False
+    ) -> dict[str, float]:
         """`Trainer.step`, with the peers training the same step alongside."""
         failed = True
         try:
             self.peers.begin_step(groups, options)
-            metrics = self.trainer.step(groups, options, desc=desc, on_optimizer_step=on_optimizer_step,
-                                        should_stop=should_stop, quiet=quiet)
+            metrics = self.trainer.step(
+                groups, options, desc=desc, on_optimizer_step=on_optimizer_step, should_stop=should_stop, quiet=quiet
+            )
             failed = False
             return metrics
         except (ArtError, torch.cuda.OutOfMemoryError):
             raise
         except Exception as exc:  # most often a collective that lost a rank
-            raise BackendError(f"the data-parallel step failed ({type(exc).__name__}: {exc}); it is rolled back, "
-                               "and ranks that died are started again before the next step") from exc
+            raise BackendError(
+                f"the data-parallel step failed ({type(exc).__name__}: {exc}); it is rolled back, "
+                "and ranks that died are started again before the next step"
+            ) from exc
         finally:
             self.peers.end_step(failed)
 
@@ -489,8 +520,9 @@ class ShardedTrainer:
         self.last_trainer_logprobs: list[dict] = []
         peers.start()  # the ranks build the base model's shards; a checkpoint is restored into them next
 
-    def step(self, groups, options, *, desc: str = "train", on_optimizer_step=None, should_stop=None,
-             quiet: bool = False) -> dict[str, float]:
+    def step(
+        self, groups, options, *, desc: str = "train", on_optimizer_step=None, should_stop=None, quiet: bool = False
+    ) -> dict[str, float]:
         metrics, self.last_trainer_logprobs = self.peers.sharded_step(groups, options, on_optimizer_step, should_stop)
         return metrics
 

@@ -95,7 +95,7 @@ def sequences_of_history(messages_and_choices, issues: Counter, breaks: list[Bre
             continue
         prompt, completion, logprobs = parts
         if current is not None and prompt[: len(current.token_ids)] == current.token_ids:
-            current.extend(prompt[len(current.token_ids):], None)
+            current.extend(prompt[len(current.token_ids) :], None)
         else:
             if current is not None:
                 issues[SEQUENCE_BREAK] += 1

@@ -64,13 +64,21 @@ class Plan:
 
     def counts(self) -> dict[str, float]:
         """What the plan trains, in ART's `data/` names (the whole report when nothing trains)."""
-        return {"data/step_num_gradient_steps": float(len(self.batches)),
-                "data/step_num_trajectories": float(self.trajectories - self.dropped),
-                "data/step_num_dropped_trajectories": float(self.dropped)}
+        return {
+            "data/step_num_gradient_steps": float(len(self.batches)),
+            "data/step_num_trajectories": float(self.trajectories - self.dropped),
+            "data/step_num_dropped_trajectories": float(self.dropped),
+        }
 
 
-def prepare(trajectories: list, options: SFTOptions, tokenizer, *, stop_ids: set[int] | None = None,
-            max_tokens: int | None = None) -> Plan:
+def prepare(
+    trajectories: list,
+    options: SFTOptions,
+    tokenizer,
+    *,
+    stop_ids: set[int] | None = None,
+    max_tokens: int | None = None,
+) -> Plan:
     """Sequences in batches of `batch_size` trajectories. Bad input raises TrajectoryError naming
     `trajectories[i]...`. A trajectory with a conversation longer than `max_tokens` is dropped
     and counted. As in ART, a batch left empty is no optimizer step and uses no learning rate
@@ -78,9 +86,11 @@ def prepare(trajectories: list, options: SFTOptions, tokenizer, *, stop_ids: set
     the plan is empty: the call trains nothing and writes no checkpoint."""
     count = math.ceil(len(trajectories) / options.batch_size)
     if trajectories and isinstance(options.learning_rate, tuple) and len(options.learning_rate) != count:
-        raise ArtValueError(f"learning_rate has {len(options.learning_rate)} values but {len(trajectories)} "
-                            f"trajectories make {count} batches of {options.batch_size}: give one value per batch",
-                            field="learning_rate")
+        raise ArtValueError(
+            f"learning_rate has {len(options.learning_rate)} values but {len(trajectories)} "
+            f"trajectories make {count} batches of {options.batch_size}: give one value per batch",
+            field="learning_rate",
+        )
     dropped = 0
     batches: list[Batch] = []
     for b in range(count):
@@ -97,8 +107,12 @@ def prepare(trajectories: list, options: SFTOptions, tokenizer, *, stop_ids: set
         if sequences:
             batches.append(Batch(sequences, options.rate(len(batches))))
     if dropped:
-        log.warning("SFT: %d of %d trajectories are longer than the model's context (%s tokens) and left out",
-                    dropped, len(trajectories), max_tokens)
+        log.warning(
+            "SFT: %d of %d trajectories are longer than the model's context (%s tokens) and left out",
+            dropped,
+            len(trajectories),
+            max_tokens,
+        )
     if not batches:
         log.warning("SFT: nothing to train (%d trajectories given): no step, no checkpoint", len(trajectories))
     return Plan(batches, len(trajectories), dropped)
@@ -109,14 +123,28 @@ def _sequences(trajectory, where: str, options: SFTOptions, tokenizer, stop_ids)
     if not hasattr(trajectory, "messages_and_choices"):
         raise TrajectoryError(f"{where} is a {type(trajectory).__name__}, not an art.Trajectory", field=where)
     histories = [(trajectory, f"{where}.messages_and_choices")]
-    histories += [(h, f"{where}.additional_histories[{j}].messages_and_choices")
-                  for j, h in enumerate(getattr(trajectory, "additional_histories", None) or [])]
+    histories += [
+        (h, f"{where}.additional_histories[{j}].messages_and_choices")
+        for j, h in enumerate(getattr(trajectory, "additional_histories", None) or [])
+    ]
     out = []
     for ordinal, (history, at) in enumerate(histories):
-        chat = render_chat(tokenizer, history.messages(), history.tools, assistant_turns=options.assistant_turns,
-                           stop_ids=stop_ids, where=at)
-        out.append(Sequence(token_ids=chat.token_ids, trained=chat.trained,
-                            sampler_logprobs=[math.nan] * len(chat.token_ids), ordinal=ordinal))
+        chat = render_chat(
+            tokenizer,
+            history.messages(),
+            history.tools,
+            assistant_turns=options.assistant_turns,
+            stop_ids=stop_ids,
+            where=at,
+        )
+        out.append(
+            Sequence(
+                token_ids=chat.token_ids,
+                trained=chat.trained,
+                sampler_logprobs=[math.nan] * len(chat.token_ids),
+                ordinal=ordinal,
+            )
+        )
     return out
 
 
@@ -133,20 +161,38 @@ def enter_rl_mode(optimizer: torch.optim.Optimizer) -> None:
     switch_optimizer_mode(optimizer, "rl", ADAMW_WEIGHT_DECAY)
 
 
-def fit(trainer, plan: Plan, options: SFTOptions, *, desc: str = "sft", on_optimizer_step=None,
-        should_stop=None, quiet: bool = False) -> dict[str, float]:
+def fit(
+    trainer,
+    plan: Plan,
+    options: SFTOptions,
+    *,
+    desc: str = "sft",
+    on_optimizer_step=None,
+    should_stop=None,
+    quiet: bool = False,
+) -> dict[str, float]:
     """One optimizer step per batch of `plan` on `trainer`'s model; the step's metrics.
     `on_optimizer_step(done, total, metrics)` follows each step (the HTTP stream's events)."""
     if hasattr(trainer, "peers"):  # a handle on a group of ranks (`art.training.ranks`)
-        raise ArtValueError("SFT does not support data-parallel or sharded (fsdp) trainer ranks yet; register the "
-                            "model with trainer_ranks=1 and without fsdp for SFT", field="trainer_ranks")
+        raise ArtValueError(
+            "SFT does not support data-parallel or sharded (fsdp) trainer ranks yet; register the "
+            "model with trainer_ranks=1 and without fsdp for SFT",
+            field="trainer_ranks",
+        )
     if any(getattr(module, "merged", False) for module in trainer.model.modules()):
         raise RuntimeError("the adapter is merged into the base weights for serving; unmerge it before training")
     trainer.last_trainer_logprobs = []  # no sampler to audit against
     optimizer = trainer.optimizer
     switch_optimizer_mode(optimizer, "sft", options.weight_decay)
-    plans = [packing.plan([batch.sequences], mode=options.packing, row_tokens=options.packed_row_tokens,
-                          batch_tokens=options.micro_batch_tokens) for batch in plan.batches]
+    plans = [
+        packing.plan(
+            [batch.sequences],
+            mode=options.packing,
+            row_tokens=options.packed_row_tokens,
+            batch_tokens=options.micro_batch_tokens,
+        )
+        for batch in plan.batches
+    ]
     losses, norms, rates = [], [], []
     computed = 0
     with trainer.training(options.gradient_checkpointing, sum(map(len, plans)), desc, quiet) as bar:
@@ -177,9 +223,16 @@ def fit(trainer, plan: Plan, options: SFTOptions, *, desc: str = "sft", on_optim
             norms.append(norm)
             rates.append(batch.learning_rate)
             if on_optimizer_step is not None:
-                on_optimizer_step(index + 1, len(plan.batches), {
-                    "loss/train": loss, "loss/grad_norm": norm, "loss/learning_rate": batch.learning_rate,
-                    "data/step_trainer_tokens": float(sum(len(s.token_ids) for s in batch.sequences))})
+                on_optimizer_step(
+                    index + 1,
+                    len(plan.batches),
+                    {
+                        "loss/train": loss,
+                        "loss/grad_norm": norm,
+                        "loss/learning_rate": batch.learning_rate,
+                        "data/step_trainer_tokens": float(sum(len(s.token_ids) for s in batch.sequences)),
+                    },
+                )
             bar.set_postfix(loss=f"{loss:.4f}")
     sequences = [s for batch in plan.batches for s in batch.sequences]
     metrics = {
@@ -200,5 +253,8 @@ def fit(trainer, plan: Plan, options: SFTOptions, *, desc: str = "sft", on_optim
 
 
 def _diverged(batch: Batch, what: str) -> ArtValueError:
-    return ArtValueError(f"SFT diverged: {what}. The step is rolled back. Likely cause: learning_rate "
-                         f"{batch.learning_rate:g} is too high for this model; lower it", field="learning_rate")
+    return ArtValueError(
+        f"SFT diverged: {what}. The step is rolled back. Likely cause: learning_rate "
+        f"{batch.learning_rate:g} is too high for this model; lower it",
+        field="learning_rate",
+    )

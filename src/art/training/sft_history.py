@@ -17,13 +17,16 @@ GRADIENT_STEPS_KEY = "data/step_num_gradient_steps"
 TRAINER_TIME_KEY = "time/step_trainer_s"
 
 
-def history_rows(step_metrics: Sequence[Mapping[str, float]], summary: Mapping[str, float],
-                 trainer_s: float) -> list[dict[str, float]]:
+def history_rows(
+    step_metrics: Sequence[Mapping[str, float]], summary: Mapping[str, float], trainer_s: float
+) -> list[dict[str, float]]:
     """The rows of one SFT call: `step_metrics` (one dict per optimizer step, in order), then
     `summary` with the call's wall time `trainer_s`. None when no optimizer step ran."""
     if not summary.get(GRADIENT_STEPS_KEY, len(step_metrics)):
         return []
-    rows = [{**{f"sft/{key}": float(value) for key, value in metrics.items()}, GRADIENT_STEP_KEY: float(number)}
-            for number, metrics in enumerate(step_metrics, start=1)]
+    rows = [
+        {**{f"sft/{key}": float(value) for key, value in metrics.items()}, GRADIENT_STEP_KEY: float(number)}
+        for number, metrics in enumerate(step_metrics, start=1)
+    ]
     rows.append({**{key: float(value) for key, value in summary.items()}, TRAINER_TIME_KEY: float(trainer_s)})
     return rows

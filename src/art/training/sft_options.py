@@ -7,8 +7,9 @@ exactly as it does for GRPO's `TrainOptions`. The SFT step itself is `art.traini
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any, Mapping
+from typing import Any
 
 from art.errors import ArtValueError
 from art.training.options import BOUNDS, PACKING_MODES, merge_option_sources
@@ -53,8 +54,7 @@ class SFTOptions:
         options = cls(**merged)
         problems = [(key, f"unknown option {key!r}") for key in unknown] + options._problems()
         if problems:
-            raise ArtValueError("invalid SFT config: " + "; ".join(text for _, text in problems),
-                                field=problems[0][0])
+            raise ArtValueError("invalid SFT config: " + "; ".join(text for _, text in problems), field=problems[0][0])
         return options
 
     def _problems(self) -> list[tuple[str, str]]:
@@ -66,8 +66,13 @@ class SFTOptions:
         low = 0 if isinstance(self.learning_rate, tuple) else math.ulp(0)
         bad = [r for r in rates if not _number(r) or not low <= r <= BOUNDS["learning_rate"]]
         if bad:
-            out.append(("learning_rate", f"learning_rate must be in (0, {BOUNDS['learning_rate']:g}] (a per-batch "
-                                         f"list may also hold 0), got {bad[0]!r}"))
+            out.append(
+                (
+                    "learning_rate",
+                    f"learning_rate must be in (0, {BOUNDS['learning_rate']:g}] (a per-batch "
+                    f"list may also hold 0), got {bad[0]!r}",
+                )
+            )
         if not _int(self.batch_size) or self.batch_size < 1:
             out.append(("batch_size", f"batch_size must be a positive int or 'auto', got {self.batch_size!r}"))
         if self.assistant_turns not in ("all", "last"):
@@ -81,11 +86,16 @@ class SFTOptions:
             if not _int(value) or not 1 <= value <= BOUNDS[name]:
                 out.append((name, f"{name} must be an int in [1, {BOUNDS[name]}], got {value!r}"))
         if self.packing not in PACKING_MODES:
-            out.append(("packing", f"packing must be one of {', '.join(map(repr, PACKING_MODES))}, "
-                                   f"got {self.packing!r}"))
+            out.append(
+                ("packing", f"packing must be one of {', '.join(map(repr, PACKING_MODES))}, got {self.packing!r}")
+            )
         if not isinstance(self.gradient_checkpointing, bool):
-            out.append(("gradient_checkpointing", "gradient_checkpointing must be True or False, "
-                                                  f"got {self.gradient_checkpointing!r}"))
+            out.append(
+                (
+                    "gradient_checkpointing",
+                    f"gradient_checkpointing must be True or False, got {self.gradient_checkpointing!r}",
+                )
+            )
         return out
 
     def rate(self, batch: int) -> float:
@@ -103,8 +113,9 @@ class SFTOptions:
         return {k: v for k, v in self.as_dict().items() if k != "learning_rate"}
 
 
-def resolve_sft_options(config=None, dev_config: Mapping[str, Any] | None = None,
-                        options: Mapping[str, Any] | None = None) -> SFTOptions:
+def resolve_sft_options(
+    config=None, dev_config: Mapping[str, Any] | None = None, options: Mapping[str, Any] | None = None
+) -> SFTOptions:
     """The one place SFT options are merged and checked (`merge_option_sources`)."""
     return merge_option_sources(SFTOptions.build, config, dev_config, options)
 

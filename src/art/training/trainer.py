@@ -17,8 +17,8 @@ import math
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 from tqdm.auto import tqdm
@@ -29,7 +29,12 @@ from art.observability import tracing
 from art.observability.progress import progress_bar
 from art.training import fsdp
 from art.training.batch import (
-    NO_SIGNAL_HINT, assistant_dicts, describe, plan_micro_batches, prepare_batch, split_mini_batches,
+    NO_SIGNAL_HINT,
+    assistant_dicts,
+    describe,
+    plan_micro_batches,
+    prepare_batch,
+    split_mini_batches,
 )
 from art.training.collective import Collective
 from art.training.logprobs import gathered_logprobs, sequence_logprobs
@@ -46,10 +51,18 @@ OPTIMIZER_FILE = "optimizer.pt"
 
 
 class Trainer:
-    def __init__(self, model, tokenizer, *, lock: threading.RLock | None = None,
-                 load_reference: Callable[[], torch.nn.Module] | None = None,
-                 device: torch.device | str | None = None, dtype: torch.dtype | None = None,
-                 collective: Collective | None = None, gather=None) -> None:
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        *,
+        lock: threading.RLock | None = None,
+        load_reference: Callable[[], torch.nn.Module] | None = None,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+        collective: Collective | None = None,
+        gather=None,
+    ) -> None:
         """`model`: a PeftModel whose live adapter is trained, or a plain model trained whole
         (full fine-tuning), already on `device` (default: where its weights are). `dtype`: the
         compute dtype (default: the weights'); float32 weights computed in a lower dtype run
@@ -71,9 +84,7 @@ class Trainer:
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self.lock = lock or threading.RLock()
         self.params = [p for p in model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(
-            self.params, lr=5e-6, betas=ADAMW_BETAS, weight_decay=ADAMW_WEIGHT_DECAY
-        )
+        self.optimizer = torch.optim.AdamW(self.params, lr=5e-6, betas=ADAMW_BETAS, weight_decay=ADAMW_WEIGHT_DECAY)
         self.last_trainer_logprobs: list[dict] = []
         """The last step's `trainer_logprob_rows`, for the run's storage."""
         self.collective = collective or Collective()
@@ -82,9 +93,16 @@ class Trainer:
         passes; the next step's announced estimate (`announce_step`)."""
 
     # -- the update -----------------------------------------------------------------------
-    def step(self, groups, options: TrainOptions, *, desc: str = "train",
-             on_optimizer_step: Callable[[int, int, dict[str, float]], None] | None = None,
-             should_stop: Callable[[], bool] | None = None, quiet: bool = False) -> dict[str, float]:
+    def step(
+        self,
+        groups,
+        options: TrainOptions,
+        *,
+        desc: str = "train",
+        on_optimizer_step: Callable[[int, int, dict[str, float]], None] | None = None,
+        should_stop: Callable[[], bool] | None = None,
+        quiet: bool = False,
+    ) -> dict[str, float]:
         """Apply one update (`options.optimizer_steps` AdamW steps); returns metrics (with
         `skipped/<reason>` counts, `context_assistant_turns` and, when nothing could be trained,
         `nothing_to_train` = 1 and a warning that says why and, when every group's rewards were
@@ -93,8 +111,10 @@ class Trainer:
         which keeps its peers in step."""
         self.last_trainer_logprobs = []
         if any(getattr(module, "merged", False) for module in self.model.modules()):
-            raise RuntimeError("the adapter is merged into the base weights for serving; unmerge it before training "
-                               "(AdapterSet.unmerge)")
+            raise RuntimeError(
+                "the adapter is merged into the base weights for serving; unmerge it before training "
+                "(AdapterSet.unmerge)"
+            )
         groups = list(groups)
         with tracing.span("art.train.pack") as pack:  # sequences, mini-batches and micro-batch plans
             sequences, issues, stats = prepare_batch(groups, options)
@@ -119,8 +139,11 @@ class Trainer:
         no_signal = bool(groups) and not stats["groups_trained"]
         if not sequences:
             metrics["nothing_to_train"] = 1.0
-            log.warning("nothing to train in this step (%s); the step advances with unchanged weights.%s",
-                        describe(issues, dicts) or "no groups given", f" {NO_SIGNAL_HINT}" if no_signal else "")
+            log.warning(
+                "nothing to train in this step (%s); the step advances with unchanged weights.%s",
+                describe(issues, dicts) or "no groups given",
+                f" {NO_SIGNAL_HINT}" if no_signal else "",
+            )
             return metrics
         if issues:
             log.warning("training input not used as given: %s", describe(issues, dicts))
@@ -140,8 +163,9 @@ class Trainer:
             before = [self._pre_update_logprobs(p) for p in plans] if options.precalculate_logprobs else None
             for epoch in range(options.epochs):
                 for index, (part, micro) in enumerate(zip(parts, plans)):
-                    done = self._optimizer_step(part, micro, options, before[index] if before else None, bar,
-                                                should_stop, record=epoch == 0)
+                    done = self._optimizer_step(
+                        part, micro, options, before[index] if before else None, bar, should_stop, record=epoch == 0
+                    )
                     sums.update(done)
                     norms.append(done["grad_norm"])
                     if on_optimizer_step is not None:
@@ -150,24 +174,28 @@ class Trainer:
         if elapsed > 0:
             self.last_tokens_per_s = tokens * options.epochs / elapsed
         total_trained = sum(s.num_trained for s in sequences) * options.epochs  # token terms seen
-        computed = self.collective.sum_values(Counter(
-            tokens_computed=sum(m.tokens_computed for micro in plans for m in micro if m is not None)))["tokens_computed"]
-        metrics.update({
-            "loss": sums["loss"] / len(norms),
-            "policy_loss": sums["policy_loss"] / total_trained,
-            "clip_fraction": sums["clipped_tokens"] / total_trained,
-            "ratio_mean": sums["ratio"] / total_trained,
-            "grad_norm": sum(norms) / len(norms),
-            "optimizer_steps": float(len(norms)),
-            TRAIN_GRADIENT_STEPS_KEY: float(len(norms)),  # ART's name for the same count
-            "trained_tokens": float(sum(s.num_trained for s in sequences)),
-            "tokens_in_batch": float(sum(len(s.token_ids) for s in sequences)),
-            "tokens_computed": float(computed),
-            "sequences": float(len(sequences)),
-        })
+        computed = self.collective.sum_values(
+            Counter(tokens_computed=sum(m.tokens_computed for micro in plans for m in micro if m is not None))
+        )["tokens_computed"]
+        metrics.update(
+            {
+                "loss": sums["loss"] / len(norms),
+                "policy_loss": sums["policy_loss"] / total_trained,
+                "clip_fraction": sums["clipped_tokens"] / total_trained,
+                "ratio_mean": sums["ratio"] / total_trained,
+                "grad_norm": sum(norms) / len(norms),
+                "optimizer_steps": float(len(norms)),
+                TRAIN_GRADIENT_STEPS_KEY: float(len(norms)),  # ART's name for the same count
+                "trained_tokens": float(sum(s.num_trained for s in sequences)),
+                "tokens_in_batch": float(sum(len(s.token_ids) for s in sequences)),
+                "tokens_computed": float(computed),
+                "sequences": float(len(sequences)),
+            }
+        )
         self.last_trainer_logprobs = sorted(
             (row for rows in self.collective.gather(trainer_logprob_rows(sequences)) for row in rows),
-            key=lambda row: (row["group"], row["trajectory"], row["sequence"]))
+            key=lambda row: (row["group"], row["trajectory"], row["sequence"]),
+        )
         if self.device.type == "cuda":
             metrics["peak_gpu_memory_gb"] = torch.cuda.max_memory_allocated(self.device) / 2**30
         if "kl" in sums:
@@ -182,19 +210,29 @@ class Trainer:
         """The line said before a step on the CPU, where a step takes long enough to wonder:
         what it trains on and, at the rate the last step measured, about how long it takes."""
         passes = f" x {epochs} epochs" if epochs > 1 else ""
-        head = f"[art] {desc}: training on {tokens:,} tokens in {sequences} sequence{'s' if sequences != 1 else ''}{passes}"
+        plural = "s" if sequences != 1 else ""
+        head = f"[art] {desc}: training on {tokens:,} tokens in {sequences} sequence{plural}{passes}"
         rate = self.last_tokens_per_s
         if not rate:
             return f"{head} (first step: no estimate yet)"
         return f"{head} (~{_seconds(tokens * epochs / rate)} at the last step's {rate:,.0f} tok/s)"
 
-    def _optimizer_step(self, part: list[Sequence], micro: list[MicroBatch | None], options: TrainOptions,
-                        before: list[torch.Tensor] | None, bar, should_stop=None, record: bool = False) -> Counter:
+    def _optimizer_step(
+        self,
+        part: list[Sequence],
+        micro: list[MicroBatch | None],
+        options: TrainOptions,
+        before: list[torch.Tensor] | None,
+        bar,
+        should_stop=None,
+        record: bool = False,
+    ) -> Counter:
         """Gradient accumulation over `micro`, then one clipped AdamW step; sums for metrics.
         `record`: keep each sequence's trainer logprobs (`Sequence.trainer_logprobs`). A None
         batch (sharded) is a filler pass that adds nothing to the gradients."""
-        normalizer = Normalizer(options.loss_normalization, sum(s.num_trained for s in part), len(part),
-                                options.max_tokens_normalizer)
+        normalizer = Normalizer(
+            options.loss_normalization, sum(s.num_trained for s in part), len(part), options.max_tokens_normalizer
+        )
         totals: dict[str, torch.Tensor] = {}  # on the device: read once, after the last micro-batch
         self.optimizer.zero_grad(set_to_none=True)
         stopped = False
@@ -220,11 +258,13 @@ class Trainer:
                 self.collective.sum_gradients(self.params)
                 sums = self.collective.sum_values(sums)
         with tracing.span("art.train.optimizer"):
-            sums["grad_norm"] = float(fsdp.full_value(torch.nn.utils.clip_grad_norm_(self.params,
-                                                                                         options.max_grad_norm)))
+            sums["grad_norm"] = float(
+                fsdp.full_value(torch.nn.utils.clip_grad_norm_(self.params, options.max_grad_norm))
+            )
             if not (math.isfinite(sums["loss"]) and math.isfinite(sums["grad_norm"])):
-                raise _diverged(options, f"the loss ({sums['loss']}) or its gradient norm ({sums['grad_norm']}) "
-                                "is not finite")
+                raise _diverged(
+                    options, f"the loss ({sums['loss']}) or its gradient norm ({sums['grad_norm']}) is not finite"
+                )
             self.optimizer.step()
         if self.collective.any(not self.weights_finite()):
             raise _diverged(options, "a trained weight became NaN or Inf after the optimizer step")
@@ -281,8 +321,15 @@ class Trainer:
         """Trainer logprobs of the trained tokens, laid out like `inputs.mask`; 0 elsewhere.
         With `with_entropy`, also the entropy of each trained token's distribution, laid out alike."""
         with self.compute_precision():
-            values = self.gather(self.model, inputs.ids, inputs.attention, inputs.sources, inputs.targets,
-                                 position_ids=inputs.positions, with_entropy=with_entropy)
+            values = self.gather(
+                self.model,
+                inputs.ids,
+                inputs.attention,
+                inputs.sources,
+                inputs.targets,
+                position_ids=inputs.positions,
+                with_entropy=with_entropy,
+            )
         out = torch.zeros(inputs.mask.shape, dtype=values.dtype, device=values.device)
         if not with_entropy:
             return out.index_put(inputs.scatter, values)
@@ -306,10 +353,16 @@ class Trainer:
         ids = torch.tensor([prompt + completion], device=self.device)  # [1, tokens]
         with self.lock, self.compute_precision():
             values = sequence_logprobs(self.model, ids, torch.ones_like(ids), gather=self.gather)  # [1, tokens - 1]
-        return values[0, len(prompt) - 1:].tolist()
+        return values[0, len(prompt) - 1 :].tolist()
 
-    def _forward(self, batch: MicroBatch, options: TrainOptions, normalizer: Normalizer,
-                 before: torch.Tensor | None = None, record: bool = False) -> dict[str, torch.Tensor]:
+    def _forward(
+        self,
+        batch: MicroBatch,
+        options: TrainOptions,
+        normalizer: Normalizer,
+        before: torch.Tensor | None = None,
+        record: bool = False,
+    ) -> dict[str, torch.Tensor]:
         inputs = batch.to_tensors(self.pad_id, self.device, self.dtype)
         new, entropy = self.token_logprobs(inputs, with_entropy=True)  # [sequences, tokens-1] each
         if record:
@@ -320,12 +373,21 @@ class Trainer:
         sampler = inputs.sampler
         epsilon, epsilon_high = options.clip_range()
         return policy_loss_terms(
-            new, sampler if before is None else before, inputs.advantages, inputs.mask,
-            epsilon=epsilon, epsilon_high=epsilon_high, beta=options.beta, ref_logprobs=ref,
-            ppo=options.ppo, importance_sampling_level=options.importance_sampling_level,
+            new,
+            sampler if before is None else before,
+            inputs.advantages,
+            inputs.mask,
+            epsilon=epsilon,
+            epsilon_high=epsilon_high,
+            beta=options.beta,
+            ref_logprobs=ref,
+            ppo=options.ppo,
+            importance_sampling_level=options.importance_sampling_level,
             sampler_logprobs=None if before is None else sampler,
             truncated_importance_sampling=options.truncated_importance_sampling,
-            normalizer=normalizer, entropy=entropy, entropy_bonus=options.entropy_bonus,
+            normalizer=normalizer,
+            entropy=entropy,
+            entropy_bonus=options.entropy_bonus,
         )
 
     @torch.no_grad()
@@ -335,8 +397,11 @@ class Trainer:
                 return self.token_logprobs(inputs)
         if self._reference is None:
             if self._load_reference is None:
-                raise ArtValueError("beta > 0 under full fine-tuning needs the base model as reference; "
-                                    "this trainer was built without one", field="beta")
+                raise ArtValueError(
+                    "beta > 0 under full fine-tuning needs the base model as reference; "
+                    "this trainer was built without one",
+                    field="beta",
+                )
             self._reference = self._load_reference().eval().requires_grad_(False)
         trained, self.model = self.model, self._reference
         try:
@@ -379,9 +444,11 @@ class Trainer:
 
 
 def _diverged(options: TrainOptions, what: str) -> ArtValueError:
-    return ArtValueError(f"training diverged: {what}. The step is rolled back. Likely cause: learning_rate "
-                         f"{options.learning_rate:g} is too high for this model (or extreme rewards); lower it",
-                         field="learning_rate")
+    return ArtValueError(
+        f"training diverged: {what}. The step is rolled back. Likely cause: learning_rate "
+        f"{options.learning_rate:g} is too high for this model (or extreme rewards); lower it",
+        field="learning_rate",
+    )
 
 
 def _is_peft(model) -> bool:
@@ -397,15 +464,19 @@ def keep_trainer_logprobs(batch: list[Sequence], logprobs: torch.Tensor) -> None
     first optimizer step for the first mini-batch, after the earlier ones for the others)."""
     rows = logprobs.detach().float().cpu().tolist()
     for sequence, row in zip(batch, rows):
-        sequence.trainer_logprobs = [None] + [round(row[t - 1], 6) if sequence.trained[t] else None
-                                              for t in range(1, len(sequence.token_ids))]
+        sequence.trainer_logprobs = [None] + [
+            round(row[t - 1], 6) if sequence.trained[t] else None for t in range(1, len(sequence.token_ids))
+        ]
 
 
 def trainer_logprob_rows(sequences: list[Sequence]) -> list[dict]:
     """What the dashboard's token view reads (one row per trained sequence): where the sequence
     comes from and its trainer logprobs."""
-    return [{"group": s.group, "trajectory": s.member, "sequence": s.ordinal, "logprobs": s.trainer_logprobs}
-            for s in sequences if s.trainer_logprobs is not None]
+    return [
+        {"group": s.group, "trajectory": s.member, "sequence": s.ordinal, "logprobs": s.trainer_logprobs}
+        for s in sequences
+        if s.trainer_logprobs is not None
+    ]
 
 
 def _seconds(seconds: float) -> str:

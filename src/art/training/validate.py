@@ -35,11 +35,14 @@ def check_groups(groups, *, vocab_size: int, context: int) -> None:
             where = f"trajectory_groups[{g}].trajectories[{t}]"
             reward = trajectory.reward
             if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward):
-                raise TrajectoryError(f"{where}.reward must be a finite number, got {echo(reward)}",
-                                      field=f"{where}.reward")
+                raise TrajectoryError(
+                    f"{where}.reward must be a finite number, got {echo(reward)}", field=f"{where}.reward"
+                )
             histories = [("messages_and_choices", trajectory.messages_and_choices)]
-            histories += [(f"additional_histories[{h}].messages_and_choices", history.messages_and_choices)
-                          for h, history in enumerate(getattr(trajectory, "additional_histories", None) or [])]
+            histories += [
+                (f"additional_histories[{h}].messages_and_choices", history.messages_and_choices)
+                for h, history in enumerate(getattr(trajectory, "additional_histories", None) or [])
+            ]
             for name, items in histories:
                 for k, item in enumerate(items):
                     if is_choice(item):
@@ -53,22 +56,39 @@ def _check_choice(choice, where: str, vocab_size: int, context: int) -> None:
         if ids is None:
             continue
         if not isinstance(ids, (list, tuple)):
-            raise TrajectoryError(f"{where}.{name} must be a list of token ids, got {echo(ids)}", field=f"{where}.{name}")
+            raise TrajectoryError(
+                f"{where}.{name} must be a list of token ids, got {echo(ids)}", field=f"{where}.{name}"
+            )
         bad = next((i for i, x in enumerate(ids) if type(x) is not int or not 0 <= x < vocab_size), None)
         if bad is not None:
-            raise TrajectoryError(f"{where}.{name}[{bad}] = {echo(ids[bad])}: token ids must be ints in "
-                                  f"[0, {vocab_size}) (the model's vocabulary)", field=f"{where}.{name}[{bad}]")
+            raise TrajectoryError(
+                f"{where}.{name}[{bad}] = {echo(ids[bad])}: token ids must be ints in "
+                f"[0, {vocab_size}) (the model's vocabulary)",
+                field=f"{where}.{name}[{bad}]",
+            )
     content = getattr(getattr(choice, "logprobs", None), "content", None)
     if content and completion is not None:
         if len(content) != len(completion):
-            raise TrajectoryError(f"{where}.logprobs.content has {len(content)} entries for {len(completion)} "
-                                  "token_ids: one logprob per sampled token", field=f"{where}.logprobs.content")
+            raise TrajectoryError(
+                f"{where}.logprobs.content has {len(content)} entries for {len(completion)} "
+                "token_ids: one logprob per sampled token",
+                field=f"{where}.logprobs.content",
+            )
         for i, entry in enumerate(content):
             value = getattr(entry, "logprob", None)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-                    or value > LOGPROB_SLACK:
-                raise TrajectoryError(f"{where}.logprobs.content[{i}].logprob must be a finite number <= 0, got "
-                                      f"{echo(value)}", field=f"{where}.logprobs.content[{i}].logprob")
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or not math.isfinite(value)
+                or value > LOGPROB_SLACK
+            ):
+                raise TrajectoryError(
+                    f"{where}.logprobs.content[{i}].logprob must be a finite number <= 0, got {echo(value)}",
+                    field=f"{where}.logprobs.content[{i}].logprob",
+                )
     if prompt and completion is not None and len(prompt) + len(completion) > context:
-        raise TrajectoryError(f"{where}: {len(prompt)} prompt + {len(completion)} completion tokens exceed the "
-                              f"model's context of {context} tokens", field=f"{where}.token_ids")
+        raise TrajectoryError(
+            f"{where}: {len(prompt)} prompt + {len(completion)} completion tokens exceed the "
+            f"model's context of {context} tokens",
+            field=f"{where}.token_ids",
+        )

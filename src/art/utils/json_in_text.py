@@ -15,7 +15,7 @@ def json_in_text(content: str) -> Any | None:
     candidates = [content.strip(), *(m.strip() for m in _FENCED.findall(content))]
     start, end = content.find("{"), content.rfind("}")
     if 0 <= start < end:
-        candidates.append(content[start:end + 1])
+        candidates.append(content[start : end + 1])
     for text in candidates:
         try:
             return json.loads(text)

@@ -29,8 +29,11 @@ def convert_litellm_choice_to_openai(litellm_choice: Any) -> Choice:
     data = _as_dict(litellm_choice)
     message = data.get("message") if isinstance(data, dict) else None
     if not isinstance(message, dict) or message.get("role") != "assistant":
-        raise ArtValueError("convert_litellm_choice_to_openai takes an assistant choice (message.role "
-                            f"'assistant'), got {type(litellm_choice).__name__}", field="litellm_choice")
+        raise ArtValueError(
+            "convert_litellm_choice_to_openai takes an assistant choice (message.role "
+            f"'assistant'), got {type(litellm_choice).__name__}",
+            field="litellm_choice",
+        )
     for call in message.get("tool_calls") or []:
         if call.get("type", "function") != "function" or not (call.get("function") or {}).get("name"):
             raise ArtValueError("only function tool calls with a name convert", field="litellm_choice.tool_calls")

@@ -19,8 +19,9 @@ import itertools
 import json
 import math
 import random
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator, Literal, NamedTuple
+from typing import TYPE_CHECKING, Literal, NamedTuple
 
 from tqdm.auto import tqdm
 
@@ -49,8 +50,9 @@ class SFTChunk(NamedTuple):
     """Index of the chunk's first batch within its epoch."""
 
 
-def create_lr_schedule(total_steps: int, peak_lr: float, method: Schedule = "linear", warmup_steps: int = 0,
-                       min_lr: float = 0.0) -> list[float]:
+def create_lr_schedule(
+    total_steps: int, peak_lr: float, method: Schedule = "linear", warmup_steps: int = 0, min_lr: float = 0.0
+) -> list[float]:
     """One learning rate per batch: a linear ramp up to `peak_lr` over `warmup_steps` (its first
     value already above `min_lr`), then `method` from `peak_lr` down to `min_lr` at the last
     batch ("constant" stays at `peak_lr`). A warmup longer than the run is cut short, not
@@ -58,7 +60,9 @@ def create_lr_schedule(total_steps: int, peak_lr: float, method: Schedule = "lin
     if method not in ("cosine", "linear", "constant"):
         raise ArtValueError(f"schedule must be 'cosine', 'linear' or 'constant', got {method!r}", field="schedule_type")
     if not peak_lr > 0 or not 0 <= min_lr <= peak_lr:
-        raise ArtValueError(f"need peak_lr > 0 and 0 <= min_lr <= peak_lr, got {peak_lr!r}, {min_lr!r}", field="peak_lr")
+        raise ArtValueError(
+            f"need peak_lr > 0 and 0 <= min_lr <= peak_lr, got {peak_lr!r}, {min_lr!r}", field="peak_lr"
+        )
     warmup_steps = max(0, warmup_steps)
     rates = []
     decay = total_steps - warmup_steps
@@ -83,8 +87,9 @@ def get_file_row_count(file_path: str | Path) -> int:
         return sum(1 for line in f if line.strip())
 
 
-def iterate_file(file_path: str | Path, epochs: int = 1, shuffle_buffer_size: int = 10_000, seed: int = 42,
-                 initial_skip: int = 0) -> Iterator[Trajectory]:
+def iterate_file(
+    file_path: str | Path, epochs: int = 1, shuffle_buffer_size: int = 10_000, seed: int = 42, initial_skip: int = 0
+) -> Iterator[Trajectory]:
     """Trajectories of a JSONL file, `epochs` times, each epoch in its own seeded order.
 
     Rows pass through a buffer of `shuffle_buffer_size` from which a random one leaves as each
@@ -129,10 +134,19 @@ def parse_row(line: str, where: str = "row") -> Trajectory:
         raise ArtValueError(f"{where}: {exc}", field="messages") from None
 
 
-def create_sft_dataset_iterator(trajectories: list[Trajectory], chunk_size: int = 10, epochs: int = 1,
-                                batch_size: int = 2, peak_lr: float = 2e-4, schedule_type: Schedule = "linear",
-                                warmup_ratio: float = 0.1, shuffle: bool = True, seed: int = 42,
-                                initial_step: int = 0, show_progress: bool = True) -> Iterator[SFTChunk]:
+def create_sft_dataset_iterator(
+    trajectories: list[Trajectory],
+    chunk_size: int = 10,
+    epochs: int = 1,
+    batch_size: int = 2,
+    peak_lr: float = 2e-4,
+    schedule_type: Schedule = "linear",
+    warmup_ratio: float = 0.1,
+    shuffle: bool = True,
+    seed: int = 42,
+    initial_step: int = 0,
+    show_progress: bool = True,
+) -> Iterator[SFTChunk]:
     """Chunks of `chunk_size` batches for successive `model.train_sft(chunk.trajectories,
     chunk.config)` calls (one checkpoint each), the learning rates cut from one schedule over
     every epoch. Each epoch is shuffled with `seed + epoch`, and chunks never span two epochs.
@@ -147,8 +161,9 @@ def create_sft_dataset_iterator(trajectories: list[Trajectory], chunk_size: int 
     total = per_epoch * epochs
     rates = create_lr_schedule(total, peak_lr, schedule_type, int(total * warmup_ratio))
     chunk_items = chunk_size * batch_size
-    bar = progress_bar(total=total, initial=min(initial_step, total), desc="sft", unit="batch",
-                       disable=not show_progress)
+    bar = progress_bar(
+        total=total, initial=min(initial_step, total), desc="sft", unit="batch", disable=not show_progress
+    )
     try:
         for epoch in range(epochs):
             order = list(trajectories)
@@ -163,18 +178,29 @@ def create_sft_dataset_iterator(trajectories: list[Trajectory], chunk_size: int 
                     continue
                 first = epoch * per_epoch + start // batch_size
                 batches = math.ceil((chunk_end - start) / batch_size)
-                config = TrainSFTConfig(learning_rate=rates[first:first + batches], batch_size=batch_size)
+                config = TrainSFTConfig(learning_rate=rates[first : first + batches], batch_size=batch_size)
                 yield SFTChunk(order[start:chunk_end], config, first, epoch, start // batch_size)
                 bar.update(batches)
     finally:
         bar.close()
 
 
-async def train_sft_from_file(model: TrainableModel, file_path: str | Path, epochs: int = 1, batch_size: int = 2,
-                              peak_lr: float = 2e-4, schedule_type: Schedule = "linear", warmup_ratio: float = 0.1,
-                              initial_step: int = 0, final_step: int | None = None, _config: dict | None = None,
-                              verbose: bool = False, shuffle_buffer_size: int = 10_000,
-                              log_metrics: bool = True, assistant_turns: AssistantTurns = "all") -> None:
+async def train_sft_from_file(
+    model: TrainableModel,
+    file_path: str | Path,
+    epochs: int = 1,
+    batch_size: int = 2,
+    peak_lr: float = 2e-4,
+    schedule_type: Schedule = "linear",
+    warmup_ratio: float = 0.1,
+    initial_step: int = 0,
+    final_step: int | None = None,
+    _config: dict | None = None,
+    verbose: bool = False,
+    shuffle_buffer_size: int = 10_000,
+    log_metrics: bool = True,
+    assistant_turns: AssistantTurns = "all",
+) -> None:
     """SFT on a JSONL file in one `model.train_sft` call (one checkpoint): `epochs` passes in
     batches of `batch_size`, the learning rate following `schedule_type` with a warmup over
     `warmup_ratio` of the batches. `initial_step`/`final_step` (batches) train a slice of the
@@ -185,13 +211,18 @@ async def train_sft_from_file(model: TrainableModel, file_path: str | Path, epoc
     rates = create_lr_schedule(total, peak_lr, schedule_type, int(total * warmup_ratio))
     rates = rates[initial_step:final_step]
     if verbose:
-        tqdm.write(f"[art] {file_path}: {rows} rows x {epochs} epochs = {total} batches of {batch_size}; "
-                   f"training batches {initial_step}..{initial_step + len(rates)} ({schedule_type}, peak {peak_lr:g})")
+        tqdm.write(
+            f"[art] {file_path}: {rows} rows x {epochs} epochs = {total} batches of {batch_size}; "
+            f"training batches {initial_step}..{initial_step + len(rates)} ({schedule_type}, peak {peak_lr:g})"
+        )
     if not rates:
         return
-    trajectories = list(itertools.islice(
-        iterate_file(file_path, epochs, shuffle_buffer_size, initial_skip=initial_step * batch_size),
-        len(rates) * batch_size))
+    trajectories = list(
+        itertools.islice(
+            iterate_file(file_path, epochs, shuffle_buffer_size, initial_skip=initial_step * batch_size),
+            len(rates) * batch_size,
+        )
+    )
     config = TrainSFTConfig(learning_rate=rates, batch_size=batch_size, assistant_turns=assistant_turns)
     await model.train_sft(trajectories, config, _config=_config, verbose=verbose, log_metrics=log_metrics)
 

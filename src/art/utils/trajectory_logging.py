@@ -72,8 +72,10 @@ def trajectory_to_dict(trajectory: Trajectory) -> dict[str, Any]:
 
 
 def history_to_dict(history: History) -> dict[str, Any]:
-    return {"messages_and_choices": [message_or_choice_to_dict(item) for item in history.messages_and_choices],
-            "tools": _jsonable(history.tools)}
+    return {
+        "messages_and_choices": [message_or_choice_to_dict(item) for item in history.messages_and_choices],
+        "tools": _jsonable(history.tools),
+    }
 
 
 def message_or_choice_to_dict(message_or_choice: Any) -> dict[str, Any]:
@@ -105,8 +107,10 @@ def deserialize_trajectory_groups(serialized: str) -> list[TrajectoryGroup]:
         else:
             group = entry.get("group", 0)
             if isinstance(group, bool) or not isinstance(group, int):
-                raise ArtValueError(f"entry {number} has neither 'trajectories' (a group) nor an integer "
-                                    f"'group' (a run log line)", field=f"[{number}].group")
+                raise ArtValueError(
+                    f"entry {number} has neither 'trajectories' (a group) nor an integer 'group' (a run log line)",
+                    field=f"[{number}].group",
+                )
             rows.setdefault(group, []).append(dict_to_trajectory(entry))
     return [*groups, *(TrajectoryGroup(rows[index]) for index in sorted(rows))]
 
@@ -119,8 +123,10 @@ def _entries(serialized: str) -> list[Any]:
         try:
             import yaml
         except ImportError:
-            raise ArtValueError(f"not JSON lines ({not_json}); ART's older YAML logs need PyYAML "
-                                "(pip install pyyaml)", field="serialized") from not_json
+            raise ArtValueError(
+                f"not JSON lines ({not_json}); ART's older YAML logs need PyYAML (pip install pyyaml)",
+                field="serialized",
+            ) from not_json
         loaded = yaml.safe_load(serialized)
         if not isinstance(loaded, list):
             raise ArtValueError("neither JSON lines nor a YAML list of groups", field="serialized") from not_json
@@ -140,8 +146,9 @@ def dict_to_trajectory_group(data: Mapping[str, Any]) -> TrajectoryGroup:
 def dict_to_trajectory(data: Mapping[str, Any]) -> Trajectory:
     """A Trajectory from `trajectory_to_dict`'s dict or a run log line; dumped choices become
     Choices again (with token ids and logprobs when the dict kept them)."""
-    return Trajectory.from_logging({key: value for key, value in data.items()
-                                    if key in Trajectory.model_fields and value is not None})
+    return Trajectory.from_logging(
+        {key: value for key, value in data.items() if key in Trajectory.model_fields and value is not None}
+    )
 
 
 def dict_to_message_or_choice(data: Mapping[str, Any]) -> Any:

@@ -95,8 +95,9 @@ class MigrationResult:
         )
 
 
-def migrate_jsonl_to_parquet(jsonl_path: Path | str, delete_original: bool = True,
-                             dry_run: bool = False) -> MigrationResult:
+def migrate_jsonl_to_parquet(
+    jsonl_path: Path | str, delete_original: bool = True, dry_run: bool = False
+) -> MigrationResult:
     """Write `X.jsonl`'s groups to `X.parquet` (replacing it) and, with `delete_original`, delete
     the JSONL. A missing or unreadable file is an entry in `errors`, never an exception; a file
     that is not trajectory JSONL is skipped. `dry_run` changes nothing and estimates the sizes."""
@@ -118,7 +119,7 @@ def migrate_jsonl_to_parquet(jsonl_path: Path | str, delete_original: bool = Tru
         groups = read_jsonl_groups(path)
         trajectory_parquet.write_groups(groups, target)  # atomic: a failure leaves any old file whole
         result.bytes_after = target.stat().st_size
-    except Exception as exc:  # noqa: BLE001 - one bad file is reported, the others still migrate
+    except Exception as exc:  # one bad file is reported, the others still migrate
         result.errors.append(f"Error migrating {path}: {type(exc).__name__}: {exc}")
         return result
     result.files_migrated = 1
@@ -152,8 +153,10 @@ def _run_log_groups(text: str, exceptions_path: Path) -> list[TrajectoryGroup]:
         entry = json.loads(line)
         group = entry.get("group") if isinstance(entry, dict) else None
         if isinstance(group, bool) or not isinstance(group, int) or group < 0:
-            raise ArtValueError(f"line {number + 1} has no group index (a run log line has an integer 'group')",
-                                field=f"[{number}].group")
+            raise ArtValueError(
+                f"line {number + 1} has no group index (a run log line has an integer 'group')",
+                field=f"[{number}].group",
+            )
         members.setdefault(group, []).append(dict_to_trajectory(entry))
     failed: dict[int, list[Any]] = {}
     if exceptions_path.exists():
@@ -165,8 +168,12 @@ def _run_log_groups(text: str, exceptions_path: Path) -> list[TrajectoryGroup]:
     return [TrajectoryGroup(members.get(i, []), exceptions=failed.get(i, [])) for i in indexes]
 
 
-def migrate_trajectories_dir(trajectories_dir: Path | str, delete_originals: bool = True, dry_run: bool = False,
-                             progress_callback: Callable[[str], None] | None = None) -> MigrationResult:
+def migrate_trajectories_dir(
+    trajectories_dir: Path | str,
+    delete_originals: bool = True,
+    dry_run: bool = False,
+    progress_callback: Callable[[str], None] | None = None,
+) -> MigrationResult:
     """Migrate every trajectory JSONL file under `trajectories_dir` (all splits)."""
     root = Path(trajectories_dir)
     result = MigrationResult()
@@ -182,20 +189,29 @@ def migrate_trajectories_dir(trajectories_dir: Path | str, delete_originals: boo
     return result
 
 
-def migrate_model_dir(model_dir: Path | str, delete_originals: bool = True, dry_run: bool = False,
-                      progress_callback: Callable[[str], None] | None = None) -> MigrationResult:
+def migrate_model_dir(
+    model_dir: Path | str,
+    delete_originals: bool = True,
+    dry_run: bool = False,
+    progress_callback: Callable[[str], None] | None = None,
+) -> MigrationResult:
     """Migrate one model's run folder (`{art_path}/{project}/models/{name}`); nothing to do
     without a `trajectories` folder."""
     trajectories = Path(model_dir) / "trajectories"
     if not trajectories.exists():
         return MigrationResult()
-    return migrate_trajectories_dir(trajectories, delete_originals=delete_originals, dry_run=dry_run,
-                                    progress_callback=progress_callback)
+    return migrate_trajectories_dir(
+        trajectories, delete_originals=delete_originals, dry_run=dry_run, progress_callback=progress_callback
+    )
 
 
-def migrate_all_models(art_path: Path | str, project_name: str, delete_originals: bool = True,
-                       dry_run: bool = False,
-                       progress_callback: Callable[[str], None] | None = None) -> MigrationResult:
+def migrate_all_models(
+    art_path: Path | str,
+    project_name: str,
+    delete_originals: bool = True,
+    dry_run: bool = False,
+    progress_callback: Callable[[str], None] | None = None,
+) -> MigrationResult:
     """Migrate every model of a project (`{art_path}/{project_name}/models/*`)."""
     models = Path(art_path) / project_name / "models"
     result = MigrationResult()
@@ -205,8 +221,9 @@ def migrate_all_models(art_path: Path | str, project_name: str, delete_originals
     for model_dir in sorted(p for p in models.iterdir() if p.is_dir()):
         if progress_callback is not None:
             progress_callback(f"Processing model: {model_dir.name}")
-        result = result + migrate_model_dir(model_dir, delete_originals=delete_originals, dry_run=dry_run,
-                                            progress_callback=progress_callback)
+        result = result + migrate_model_dir(
+            model_dir, delete_originals=delete_originals, dry_run=dry_run, progress_callback=progress_callback
+        )
     return result
 
 
@@ -215,8 +232,10 @@ def auto_migrate_on_register(model_dir: Path | str) -> MigrationResult:
     saved and warn (RuntimeWarning) for each file that could not be migrated."""
     result = migrate_model_dir(model_dir, delete_originals=True)
     if result.files_migrated:
-        print(f"Migrated {result.files_migrated} trajectory files to Parquet "
-              f"(saved {result.space_saved / 1024 / 1024:.1f} MB)")
+        print(
+            f"Migrated {result.files_migrated} trajectory files to Parquet "
+            f"(saved {result.space_saved / 1024 / 1024:.1f} MB)"
+        )
     for error in result.errors:
         warnings.warn(error, RuntimeWarning, stacklevel=2)
     return result

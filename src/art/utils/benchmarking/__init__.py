@@ -5,5 +5,10 @@ from art.utils.benchmarking.charts import percentage_comparison_bar_chart, train
 from art.utils.benchmarking.load_trajectories import load_trajectories, trajectory_rows
 from art.utils.benchmarking.types import BenchmarkModelKey
 
-__all__ = ["BenchmarkModelKey", "load_trajectories", "percentage_comparison_bar_chart", "training_progress_chart",
-           "trajectory_rows"]
+__all__ = [
+    "BenchmarkModelKey",
+    "load_trajectories",
+    "percentage_comparison_bar_chart",
+    "training_progress_chart",
+    "trajectory_rows",
+]

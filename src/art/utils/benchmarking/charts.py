@@ -20,9 +20,16 @@ TRAINED_COLOR = "#e67a30"
 COMPARISON_COLOR = "#e0dcd5"
 
 
-def training_progress_chart(df: Any, metric_name: str, models: list[str | BenchmarkModelKey] | None = None,
-                            title: str | None = None, x_label: str | None = None, y_label: str | None = None,
-                            perfect_score: float | None = None, legend_loc: str | None = "lower right"):
+def training_progress_chart(
+    df: Any,
+    metric_name: str,
+    models: list[str | BenchmarkModelKey] | None = None,
+    title: str | None = None,
+    x_label: str | None = None,
+    y_label: str | None = None,
+    perfect_score: float | None = None,
+    legend_loc: str | None = "lower right",
+):
     """`metric_name` (a column, or `metric_{name}`) averaged per step, one line per model.
     `models` picks and orders the models (names or `BenchmarkModelKey`s, which also pick the
     split and the label); by default every model, trained ones first, alphabetically."""
@@ -37,8 +44,14 @@ def training_progress_chart(df: Any, metric_name: str, models: list[str | Benchm
     colors = _colors(trained + comparison)
     fig, ax = plt.subplots(figsize=(6, 4))
     if perfect_score is not None:
-        ax.plot([steps[0], steps[-1]], [perfect_score, perfect_score], linestyle="-", linewidth=1,
-                color="dimgray", label="_nolegend_")
+        ax.plot(
+            [steps[0], steps[-1]],
+            [perfect_score, perfect_score],
+            linestyle="-",
+            linewidth=1,
+            color="dimgray",
+            label="_nolegend_",
+        )
         low, high = ax.get_ylim()
         ax.text(steps[0], perfect_score - (high - low) * 0.1, "Perfect score", va="top", ha="left", color="dimgray")
     drawn_scores: set[float] = set()
@@ -63,9 +76,14 @@ def training_progress_chart(df: Any, metric_name: str, models: list[str | Benchm
     return fig
 
 
-def percentage_comparison_bar_chart(df: Any, metric_name: str, models: list[str | BenchmarkModelKey] | None = None,
-                                    title: str | None = None, y_label: str | None = None,
-                                    perfect_score: float | None = None):
+def percentage_comparison_bar_chart(
+    df: Any,
+    metric_name: str,
+    models: list[str | BenchmarkModelKey] | None = None,
+    title: str | None = None,
+    y_label: str | None = None,
+    perfect_score: float | None = None,
+):
     """One bar per model: its mean `metric_name` at its first step, with a hatched segment for
     the gain by its last step (labelled "RL +N"). Values in [0, 1] are shown as percentages."""
     import matplotlib.pyplot as plt
@@ -82,21 +100,34 @@ def percentage_comparison_bar_chart(df: Any, metric_name: str, models: list[str 
     top = max(base + gain for _, base, gain in stats)
     scale, unit = (100.0, "%") if top <= 1.01 else (1.0, "")
     fig, ax = plt.subplots(figsize=(6, 4))
-    for x, (model, base, gain) in enumerate(stats):
+    for x, (_, base, gain) in enumerate(stats):
         base, gain = base * scale, gain * scale
         ax.bar(x, base, width=0.7, color=TRAINED_COLOR if gain else COMPARISON_COLOR, edgecolor="white")
         if gain:
             ax.bar(x, gain, width=0.7, bottom=base, color=TRAINED_COLOR, hatch="///", edgecolor="white", alpha=0.95)
-            ax.text(x, base + gain / 2, f"RL {gain:+.0f}{unit}", ha="center", va="center", color="#c05a20",
-                    fontweight="bold", bbox={"facecolor": "white", "boxstyle": "round,pad=0.3",
-                                             "edgecolor": TRAINED_COLOR})
-        ax.text(x, base + gain + top * scale * 0.02, f"{base + gain:.0f}{unit}", ha="center", va="bottom",
-                fontweight="bold")
+            ax.text(
+                x,
+                base + gain / 2,
+                f"RL {gain:+.0f}{unit}",
+                ha="center",
+                va="center",
+                color="#c05a20",
+                fontweight="bold",
+                bbox={"facecolor": "white", "boxstyle": "round,pad=0.3", "edgecolor": TRAINED_COLOR},
+            )
+        ax.text(
+            x, base + gain + top * scale * 0.02, f"{base + gain:.0f}{unit}", ha="center", va="bottom", fontweight="bold"
+        )
     if perfect_score is not None:
-        ax.plot([-0.5, len(stats) - 0.5], [perfect_score * scale] * 2, linestyle="-", linewidth=1, color="dimgray",
-                label="_nolegend_")
-        ax.text(-0.4, perfect_score * scale - top * scale * 0.05, "Perfect score", va="top", ha="left",
-                color="dimgray")
+        ax.plot(
+            [-0.5, len(stats) - 0.5],
+            [perfect_score * scale] * 2,
+            linestyle="-",
+            linewidth=1,
+            color="dimgray",
+            label="_nolegend_",
+        )
+        ax.text(-0.4, perfect_score * scale - top * scale * 0.05, "Perfect score", va="top", ha="left", color="dimgray")
     ax.set_xticks(range(len(stats)))
     ax.set_xticklabels([model for model, _, _ in stats])
     ax.set_yticks([])
@@ -108,8 +139,9 @@ def percentage_comparison_bar_chart(df: Any, metric_name: str, models: list[str 
     return fig
 
 
-def _prepare(df: Any, metric_name: str, models: list[str | BenchmarkModelKey] | None
-             ) -> tuple[str, dict[str, dict[int, float]], list[str]]:
+def _prepare(
+    df: Any, metric_name: str, models: list[str | BenchmarkModelKey] | None
+) -> tuple[str, dict[str, dict[int, float]], list[str]]:
     """(the metric's column, {model label: {step: mean}}, the models in drawing order)."""
     rows = df.to_dicts() if hasattr(df, "to_dicts") else list(df)
     columns = set().union(*(row.keys() for row in rows)) if rows else set()
@@ -119,8 +151,11 @@ def _prepare(df: Any, metric_name: str, models: list[str | BenchmarkModelKey] | 
     if models is not None:
         keys = [m if isinstance(m, BenchmarkModelKey) else BenchmarkModelKey(m) for m in models]
         label = {(k.name, k.split): k.display_name for k in keys}
-        rows = [{**row, "model": label[(row["model"], row["split"])]} for row in rows
-                if (row["model"], row["split"]) in label]
+        rows = [
+            {**row, "model": label[(row["model"], row["split"])]}
+            for row in rows
+            if (row["model"], row["split"]) in label
+        ]
         if not rows:
             raise ArtValueError(f"no rows for {keys}: check the names and splits", field="models")
     values: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
