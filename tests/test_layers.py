@@ -1,4 +1,5 @@
-"""The package's import graph stays layered: no cycle, no import that points up.
+"""The package's import graph stays layered: no cycle, no import that points up, no private name
+used across modules.
 
 The layers are the data flow of docs/design.md, bottom to top. A module may import its own layer
 and the ones below; `engine` and `training` are siblings that never import each other (the
@@ -44,7 +45,17 @@ LAYERS: list[tuple[str, ...]] = [
     ("art.trajectories", "art.storage"),
     ("art.engine", "art.training"),
     ("art.service", "art.ray_cluster"),
-    ("art.server", "art.capture", "art.gather", "art.rewards", "art.model", "art.utils", "art.backends.base"),
+    (
+        "art.server",
+        "art.capture",
+        "art.capture_recorder",
+        "art.capture_hooks",
+        "art.gather",
+        "art.rewards",
+        "art.model",
+        "art.utils",
+        "art.backends.base",
+    ),
     ("art.dashboard", "art.pipeline_trainer", "art.verifiers", "art.langgraph", "art.mcp"),
     ("art.backends", "art.serve"),
     ("art.cli", "art.dev", "art.local", "art.backend", "art.__main__", "art"),
@@ -132,6 +143,75 @@ def test_no_import_cycle():
         if name not in state:
             visit(name, [name])
     assert not cycles, "\n".join(cycles)
+
+
+LIBRARY_PRIVATES = {("art.capture_hooks", "_request")}
+"""(module, attribute): a library's private name we must use, which one of ours happens to share
+(aiohttp has no public hook for a session's requests: `ClientSession._request`)."""
+
+
+def is_private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def private_definitions(tree: ast.AST) -> set[str]:
+    """The private names a module defines: functions, classes, variables, `self._x` attributes."""
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+            if isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"):
+                names.add(node.attr)
+    return {name for name in names if is_private(name)}
+
+
+def private_uses(name: str, tree: ast.AST, owners: dict[str, set[str]]) -> list[str]:
+    """Where module `name` imports another module's private name, or reads or writes a private
+    attribute that only other modules define (`group._items`, `trajectory._exchanges = ...`)."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            found += [
+                f"{name}:{node.lineno} imports {alias.name} from {node.module or '.'}"
+                for alias in node.names
+                if is_private(alias.name)
+            ]
+        elif isinstance(node, ast.Attribute) and is_private(node.attr) and (name, node.attr) not in LIBRARY_PRIVATES:
+            if isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"):
+                continue
+            defined_in = owners.get(node.attr, set())
+            if defined_in and name not in defined_in:
+                found.append(f"{name}:{node.lineno} uses .{node.attr} of {', '.join(sorted(defined_in))}")
+    return found
+
+
+def test_no_module_uses_another_modules_private_names():
+    """What modules share is public, with a docstring; a leading underscore means this module only."""
+    trees = {name: ast.parse(path.read_text(), str(path)) for name, path in modules().items()}
+    owners: dict[str, set[str]] = {}
+    for name, tree in trees.items():
+        for private in private_definitions(tree):
+            owners.setdefault(private, set()).add(name)
+    wrong = [line for name, tree in trees.items() for line in private_uses(name, tree, owners)]
+    assert not wrong, "\n".join(wrong)
+
+
+@pytest.mark.parametrize(
+    "source, caught",
+    [
+        ("from art.trajectories import _REPORTER\n", True),
+        ("def f(group):\n    return group._items\n", True),
+        ("def f(trajectory):\n    trajectory._items = []\n", True),
+        ("class A:\n    def f(self):\n        return self._items\n", False),
+        ("import os\nos._exit(1)\n", False),  # a library's private, not ours
+    ],
+)
+def test_private_uses_are_found(source, caught):
+    owners = {"_items": {"art.trajectories"}, "_REPORTER": {"art.trajectories"}}
+    assert bool(private_uses("art.gather", ast.parse(source), owners)) == caught
 
 
 @pytest.mark.parametrize(

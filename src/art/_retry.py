@@ -59,7 +59,7 @@ def retry(
     failure is re-raised unchanged.
     """
     if callable(max_attempts) and not isinstance(max_attempts, int):  # bare `@retry`
-        return retry()(max_attempts)  # type: ignore[return-value]
+        return retry()(max_attempts)
     if isinstance(exceptions, type):
         exceptions = (exceptions,)
     _check(max_attempts, delay, backoff_factor, exceptions, on_retry)

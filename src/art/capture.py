@@ -29,21 +29,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
-import importlib
-import importlib.util
 import inspect
-import json
 import logging
-import threading
-from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator, Mapping
-from datetime import datetime
+from collections.abc import Awaitable, Coroutine, Iterable, Iterator, Mapping
 from typing import Any, Literal, overload
-from urllib.parse import urlsplit
 
+from .capture_hooks import install_hooks
+from .capture_recorder import close_recorder, open_recorder
 from .errors import CaptureError
-from .exchange_turns import NotATurn, chat_turn
-from .exchanges import Endpoint, IncompleteExchange, build_exchange, endpoint_of
 from .trajectories import (
     SCOPE_HOOKS,
     ExceptionRecord,
@@ -51,7 +44,6 @@ from .trajectories import (
     MetricValue,
     Trajectory,
     TrajectoryGroup,
-    add_turn,
     current_group_scope,
     current_scope,
     hidden_scopes,
@@ -73,13 +65,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-_WHAT = {
-    "chat_completions": "a chat completion",
-    "completions": "a completion",
-    "responses": "a response",
-    "messages": "a message",
-}
 
 
 class AutoTrajectoryContext:
@@ -252,428 +237,18 @@ def _outcome(task: asyncio.Future[Any], return_exceptions: bool) -> Trajectory |
     return result
 
 
-# -- recording ---------------------------------------------------------------------------
-
-
-class _Recorder:
-    """One open scope's recording. Calls may finish on other threads (sync clients), hence the lock."""
-
-    def __init__(self, trajectory: Trajectory) -> None:
-        self.trajectory = trajectory
-        self.lock = threading.Lock()
-        self.open: set[_Pending] = set()
-
-    def note(self, message: str) -> None:
-        with self.lock:
-            self.trajectory.log(message)
-        log.debug("capture: %s", message)
-
-    def flush(self) -> None:
-        for pending in list(self.open):
-            pending.finish()
-
-    def record(
-        self,
-        endpoint: Endpoint,
-        request: dict[str, Any],
-        content_type: str,
-        body: bytes | Callable[[], bytes],
-        started: datetime,
-    ) -> None:
-        """Add the call to `exchanges` and its turn to the history it extends. Never raises: the
-        agent's call has succeeded whatever happens here."""
-        what = _WHAT[endpoint]
-        try:
-            _, exchange = build_exchange(
-                endpoint,
-                request,
-                body() if callable(body) else body,
-                start_time=started,
-                end_time=datetime.now(),
-                content_type=content_type,
-            )
-        except IncompleteExchange as exc:
-            self.note(f"{exc}; not recorded")
-            return
-        except Exception as exc:  # a capture problem must not fail the agent's call
-            self.note(
-                f"{what}'s answer could not be read ({type(exc).__name__}: {str(exc).splitlines()[0]}); not recorded"
-            )
-            return
-        try:
-            turn = chat_turn(exchange)
-        except (NotATurn, ValueError) as exc:
-            turn = None
-            self.note(f"{what} is recorded in exchanges but trains nothing ({str(exc).splitlines()[0]})")
-        with self.lock:
-            self.trajectory.exchanges.add(exchange)
-            if turn is not None:
-                for note in turn.notes:
-                    self.trajectory.log(note)
-                add_turn(self.trajectory, turn)
-
-
-_RECORDERS: dict[int, _Recorder] = {}
-_RECORDERS_LOCK = threading.Lock()
+# -- scopes ------------------------------------------------------------------------------
 
 
 class _ScopeHook:
     """What `art.trajectories` calls when a trajectory scope opens and closes."""
 
     def entered(self, trajectory: Trajectory) -> None:
-        _install()
-        with _RECORDERS_LOCK:
-            _RECORDERS.setdefault(id(trajectory), _Recorder(trajectory))
+        install_hooks()
+        open_recorder(trajectory)
 
     def exited(self, trajectory: Trajectory) -> None:
-        with _RECORDERS_LOCK:
-            recorder = _RECORDERS.pop(id(trajectory), None)
-        if recorder is not None:
-            recorder.flush()  # streams left open: what they carried in full still counts
+        close_recorder(trajectory)
 
 
 SCOPE_HOOKS.append(_ScopeHook())
-
-
-def _recorder_of(trajectory: Trajectory | None) -> _Recorder | None:
-    if trajectory is None:
-        return None
-    with _RECORDERS_LOCK:
-        return _RECORDERS.get(id(trajectory))
-
-
-def _active() -> _Recorder | None:
-    return _recorder_of(current_scope())
-
-
-def _read_request(method: str, path: str, content: Any) -> tuple[Endpoint, dict[str, Any]] | None:
-    """The API and JSON body of a call worth recording, else None."""
-    if method.upper() != "POST" or content is None:
-        return None
-    try:
-        body = json.loads(content) if not isinstance(content, Mapping) else dict(content)
-    except Exception:  # a streamed upload (not read yet) or not JSON: not a call we can read
-        return None
-    if not isinstance(body, dict):
-        return None
-    endpoint = endpoint_of(path, body)
-    return (endpoint, body) if endpoint is not None else None
-
-
-class _Pending:
-    """A streamed answer being read: its bytes are kept until it ends or closes."""
-
-    def __init__(
-        self,
-        recorder: _Recorder,
-        endpoint: Endpoint,
-        request: dict,
-        content_type: str,
-        started: datetime,
-        decode: Callable[[bytes], bytes] = lambda raw: raw,
-    ) -> None:
-        self.recorder, self.endpoint, self.request = recorder, endpoint, request
-        self.content_type, self.started, self.decode = content_type, started, decode
-        self.parts: list[bytes] = []
-        self.done = False
-        recorder.open.add(self)
-
-    def finish(self) -> None:
-        if self.done:
-            return
-        self.done = True
-        self.recorder.open.discard(self)
-        self.recorder.record(
-            self.endpoint, self.request, self.content_type, lambda: self.decode(b"".join(self.parts)), self.started
-        )
-
-
-def _failed(recorder: _Recorder, endpoint: Endpoint, status: int) -> bool:
-    if 200 <= status < 300:
-        return False
-    recorder.note(f"{_WHAT[endpoint]} failed with HTTP {status}; not recorded")
-    return True
-
-
-# -- httpx (and httpx2) ------------------------------------------------------------------
-
-
-def _httpx_decoder(lib: Any, headers: Mapping[str, str]) -> Callable[[bytes], bytes]:
-    """The body as the caller reads it: raw stream bytes may still be compressed."""
-    encoding = headers.get("content-encoding", "identity").strip().lower()
-    if encoding in ("", "identity"):
-        return lambda raw: raw
-    return lambda raw: lib.Response(200, headers={"content-encoding": encoding}, content=raw).read()
-
-
-def _delegate(tee: Any, name: str) -> Any:
-    inner = tee.__dict__.get("inner")
-    if inner is None or name.startswith("__"):
-        raise AttributeError(name)
-    return getattr(inner, name)
-
-
-@functools.cache
-def _tees(lib: Any) -> tuple[type, type]:
-    """Byte streams (subclasses of `lib`'s, which httpx checks) that copy what passes through."""
-
-    class SyncTee(lib.SyncByteStream):
-        def __init__(self, inner: Any, pending: _Pending) -> None:
-            self.inner, self.pending = inner, pending
-
-        def __iter__(self):
-            for part in self.inner:
-                self.pending.parts.append(part)
-                yield part
-            self.pending.finish()
-
-        def close(self) -> None:
-            try:
-                self.inner.close()
-            finally:
-                self.pending.finish()
-
-        def __getattr__(self, name: str) -> Any:  # what httpx may read off its own stream (`elapsed`)
-            return _delegate(self, name)
-
-    class AsyncTee(lib.AsyncByteStream):
-        def __init__(self, inner: Any, pending: _Pending) -> None:
-            self.inner, self.pending = inner, pending
-
-        async def __aiter__(self):
-            async for part in self.inner:
-                self.pending.parts.append(part)
-                yield part
-            self.pending.finish()
-
-        async def aclose(self) -> None:
-            try:
-                await self.inner.aclose()
-            finally:
-                self.pending.finish()
-
-        def __getattr__(self, name: str) -> Any:  # what httpx may read off its own stream (`elapsed`)
-            return _delegate(self, name)
-
-    return SyncTee, AsyncTee
-
-
-def _httpx_observe(
-    recorder: _Recorder, lib: Any, call: tuple[Endpoint, dict], response: Any, sync: bool, started: datetime
-) -> None:
-    endpoint, request = call
-    if _failed(recorder, endpoint, response.status_code):
-        return
-    content_type = response.headers.get("content-type", "")
-    try:
-        content = response.content  # read already: a whole (not streamed) answer
-    except lib.ResponseNotRead:
-        sync_tee, async_tee = _tees(lib)
-        pending = _Pending(recorder, endpoint, request, content_type, started, _httpx_decoder(lib, response.headers))
-        response.stream = (sync_tee if sync else async_tee)(response.stream, pending)
-        return
-    recorder.record(endpoint, request, content_type, content, started)
-
-
-def _httpx_call(request: Any) -> tuple[Endpoint, dict] | None:
-    try:
-        content = request.content
-    except Exception:  # a streamed upload, not read yet: not a call we can read
-        return None
-    return _read_request(request.method, request.url.path, content)
-
-
-def _httpx_hooked(lib: Any, original: Callable, sync: bool) -> Callable:
-    if sync:
-
-        @functools.wraps(original)
-        def send(self, request, *args, **kwargs):
-            recorder = _active()
-            call = _httpx_call(request) if recorder is not None else None
-            started = datetime.now()
-            response = original(self, request, *args, **kwargs)
-            if call is not None:
-                _httpx_observe(recorder, lib, call, response, sync=True, started=started)
-            return response
-    else:
-
-        @functools.wraps(original)
-        async def send(self, request, *args, **kwargs):
-            recorder = _active()
-            call = _httpx_call(request) if recorder is not None else None
-            started = datetime.now()
-            response = await original(self, request, *args, **kwargs)
-            if call is not None:
-                _httpx_observe(recorder, lib, call, response, sync=False, started=started)
-            return response
-
-    send.__art_capture__ = True  # type: ignore[attr-defined]
-    return send
-
-
-def _install_httpx(lib: Any) -> None:
-    for cls, sync in ((lib.Client, True), (lib.AsyncClient, False)):
-        if not getattr(cls.send, "__art_capture__", False):
-            cls.send = _httpx_hooked(lib, cls.send, sync)
-
-
-# -- requests ----------------------------------------------------------------------------
-
-
-class _RequestsTee:
-    """Stands in for a streamed `requests` response's `raw` (urllib3), copying the decoded bytes
-    that `iter_content` and `.content` read through `stream()` and `read()`."""
-
-    def __init__(self, inner: Any, pending: _Pending) -> None:
-        self.inner, self.pending = inner, pending
-
-    def stream(self, *args: Any, **kwargs: Any) -> Iterator[bytes]:
-        try:
-            for part in self.inner.stream(*args, **kwargs):
-                self.pending.parts.append(part)
-                yield part
-        finally:
-            self.pending.finish()
-
-    def read(self, *args: Any, **kwargs: Any) -> bytes:
-        part = self.inner.read(*args, **kwargs)
-        self.pending.parts.append(part)
-        if not part or self.inner.closed:
-            self.pending.finish()
-        return part
-
-    def close(self) -> None:
-        try:
-            self.inner.close()
-        finally:
-            self.pending.finish()
-
-    def __getattr__(self, name: str) -> Any:
-        return _delegate(self, name)
-
-
-def _install_requests(lib: Any) -> None:
-    original = lib.Session.send
-    if getattr(original, "__art_capture__", False):
-        return
-
-    @functools.wraps(original)
-    def send(self, request, **kwargs):
-        recorder = _active()
-        call = (
-            _read_request(request.method or "", urlsplit(request.url).path, request.body)
-            if recorder is not None
-            else None
-        )
-        started = datetime.now()
-        response = original(self, request, **kwargs)
-        if call is not None and not _failed(recorder, call[0], response.status_code):
-            content_type = response.headers.get("content-type", "")
-            if kwargs.get("stream"):
-                pending = _Pending(recorder, call[0], call[1], content_type, started)
-                response.raw = _RequestsTee(response.raw, pending)
-            else:
-                recorder.record(call[0], call[1], content_type, response.content, started)
-        return response
-
-    send.__art_capture__ = True  # type: ignore[attr-defined]
-    lib.Session.send = send
-
-
-# -- aiohttp -----------------------------------------------------------------------------
-
-
-class _AiohttpTee:
-    """Stands in for an aiohttp response's `content` (a StreamReader), copying what is read."""
-
-    def __init__(self, inner: Any, pending: _Pending) -> None:
-        self.inner, self.pending = inner, pending
-
-    def _seen(self, value: Any) -> Any:
-        part = value[0] if isinstance(value, tuple) else value
-        if isinstance(part, bytes):
-            self.pending.parts.append(part)
-        if self.inner.at_eof():
-            self.pending.finish()
-        return value
-
-    async def read(self, *args: Any, **kwargs: Any) -> bytes:
-        return self._seen(await self.inner.read(*args, **kwargs))
-
-    async def readany(self) -> bytes:
-        return self._seen(await self.inner.readany())
-
-    async def readline(self) -> bytes:
-        return self._seen(await self.inner.readline())
-
-    async def readuntil(self, *args: Any) -> bytes:
-        return self._seen(await self.inner.readuntil(*args))
-
-    async def readexactly(self, n: int) -> bytes:
-        return self._seen(await self.inner.readexactly(n))
-
-    async def readchunk(self) -> tuple[bytes, bool]:
-        return self._seen(await self.inner.readchunk())
-
-    async def _iterate(self, parts: Any) -> Any:
-        try:
-            async for part in parts:
-                yield self._seen(part)
-        finally:
-            self.pending.finish()
-
-    def __aiter__(self) -> Any:
-        return self._iterate(self.inner.__aiter__())
-
-    def iter_any(self) -> Any:
-        return self._iterate(self.inner.iter_any())
-
-    def iter_chunked(self, size: int) -> Any:
-        return self._iterate(self.inner.iter_chunked(size))
-
-    def iter_chunks(self) -> Any:
-        return self._iterate(self.inner.iter_chunks())
-
-    def __getattr__(self, name: str) -> Any:
-        return _delegate(self, name)
-
-
-def _install_aiohttp(lib: Any) -> None:
-    # aiohttp has no public send hook: every request method of a session goes through `_request`.
-    original = lib.ClientSession._request
-    if getattr(original, "__art_capture__", False):
-        return
-
-    @functools.wraps(original)
-    async def request(self, method, url, **kwargs):
-        recorder = _active()
-        body = kwargs.get("json") if kwargs.get("json") is not None else kwargs.get("data")
-        if isinstance(body, str):
-            body = body.encode()
-        call = _read_request(method, urlsplit(str(url)).path, body) if recorder is not None else None
-        started = datetime.now()
-        response = await original(self, method, url, **kwargs)
-        if call is not None and not _failed(recorder, call[0], response.status):
-            pending = _Pending(recorder, call[0], call[1], response.headers.get("content-type", ""), started)
-            response.content = _AiohttpTee(response.content, pending)
-        return response
-
-    request.__art_capture__ = True  # type: ignore[attr-defined]
-    lib.ClientSession._request = request
-
-
-_INSTALL_LOCK = threading.Lock()
-_INSTALLERS = {
-    "httpx": _install_httpx,
-    "httpx2": _install_httpx,
-    "requests": _install_requests,
-    "aiohttp": _install_aiohttp,
-}
-
-
-def _install() -> None:
-    """Wrap the send method of every installed HTTP library once per process."""
-    with _INSTALL_LOCK:
-        for name, install in _INSTALLERS.items():
-            if importlib.util.find_spec(name) is not None:
-                install(importlib.import_module(name))

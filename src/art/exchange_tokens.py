@@ -56,7 +56,7 @@ def chat_logprobs(logprobs: Any) -> list[float] | None:
     values = [
         entry.get("logprob") if isinstance(entry, Mapping) else getattr(entry, "logprob", None) for entry in content
     ]
-    return [float(v) for v in values] if all(isinstance(v, (int, float)) for v in values) else None
+    return _floats(values)
 
 
 def chat_sampled(exchange: ChatCompletionsExchange, choice_index: int) -> Sampled:
@@ -104,7 +104,7 @@ def responses_generations(exchange: ResponsesExchange) -> list[tuple[Sampled, li
                     f"token_generations[{i}].output_tokens",
                 )
                 values = [t.get("logprob") if isinstance(t, Mapping) else None for t in tokens]
-                logprobs = [float(v) for v in values] if all(isinstance(v, (int, float)) for v in values) else None
+                logprobs = _floats(values)
             indices = [i for i in generation.get("output_indices") or [] if isinstance(i, int)]
             out.append(
                 (Sampled(token_ids(generation.get("prompt_token_ids"), "prompt_token_ids"), ids, logprobs), indices)
@@ -137,13 +137,13 @@ def completion_sampled(exchange: CompletionsExchange, choice_index: int) -> Samp
     ids = token_ids(extra.get("token_ids"), "Completions token_ids")
     prompt = token_ids(extra.get("prompt_token_ids"), "Completions prompt_token_ids")
     logprobs = getattr(choice, "logprobs", None)
-    values = list(getattr(logprobs, "token_logprobs", None) or [])
+    given: list[Any] = list(getattr(logprobs, "token_logprobs", None) or [])
     echoed = None
     echo = exchange.request.get("echo") is True
-    if echo and ids is not None and prompt is not None and len(values) == len(prompt) + len(ids):
-        echoed, values = values[: len(prompt)], values[len(prompt) :]  # an echoed prompt's logprobs come first
-        echoed = [float(v) if isinstance(v, (int, float)) else math.nan for v in echoed]
-    values = [float(v) for v in values] if values and all(isinstance(v, (int, float)) for v in values) else None
+    if echo and ids is not None and prompt is not None and len(given) == len(prompt) + len(ids):
+        head, given = given[: len(prompt)], given[len(prompt) :]  # an echoed prompt's logprobs come first
+        echoed = [float(v) if isinstance(v, (int, float)) else math.nan for v in head]
+    values = _floats(given) if given else None
     if ids is not None and values is not None and len(values) != len(ids):
         values = None
     return Sampled(prompt, ids, values, echoed)
@@ -175,3 +175,10 @@ def sampled_of(source: Any) -> tuple[Any, Sampled | None]:
     if number is None or not 0 <= number < len(generations):
         return (id(exchange), source.output_index), None
     return (id(exchange), "g", number), generations[number][0]
+
+
+def _floats(values: list[Any]) -> list[float] | None:
+    """The values as floats when every one is a number (the sampler's logprobs), else None."""
+    if not all(isinstance(v, (int, float)) for v in values):
+        return None
+    return [float(v) for v in values]

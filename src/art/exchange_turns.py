@@ -91,7 +91,7 @@ def _completion(exchange: CompletionsExchange) -> ChatTurn:
     ids = first.get("token_ids")
     values = logprobs.get("token_logprobs") or []
     tokens = logprobs.get("tokens") or [f"token_id:{i}" for i in ids or []]
-    content = [
+    content: list[dict[str, Any]] | None = [
         {"token": str(token), "logprob": float(value), "bytes": None, "top_logprobs": []}
         for token, value in zip(tokens, values)
         if value is not None

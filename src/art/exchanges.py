@@ -14,7 +14,7 @@ import copy
 import json
 from collections.abc import Mapping
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import pydantic
 from anthropic.types import Message as AnthropicMessage
@@ -26,7 +26,7 @@ from typing_extensions import TypedDict
 Endpoint = Literal["chat_completions", "completions", "responses", "messages"]
 
 
-class ChatCompletionsRequest(TypedDict, total=False, extra_items=Any):
+class ChatCompletionsRequest(TypedDict, total=False, extra_items=Any):  # type: ignore[call-arg]  # PEP 728, not in mypy yet
     """The JSON body of a Chat Completions request (`POST /v1/chat/completions`)."""
 
     model: str
@@ -43,7 +43,7 @@ class ChatCompletionsRequest(TypedDict, total=False, extra_items=Any):
     chat_template_kwargs: dict[str, Any]
 
 
-class CompletionsRequest(TypedDict, total=False, extra_items=Any):
+class CompletionsRequest(TypedDict, total=False, extra_items=Any):  # type: ignore[call-arg]  # PEP 728, not in mypy yet
     """The JSON body of a Completions request (`POST /v1/completions`)."""
 
     model: str
@@ -59,7 +59,7 @@ class CompletionsRequest(TypedDict, total=False, extra_items=Any):
     suffix: str
 
 
-class ResponsesRequest(TypedDict, total=False, extra_items=Any):
+class ResponsesRequest(TypedDict, total=False, extra_items=Any):  # type: ignore[call-arg]  # PEP 728, not in mypy yet
     """The JSON body of a Responses request (`POST /v1/responses`)."""
 
     model: str
@@ -76,7 +76,7 @@ class ResponsesRequest(TypedDict, total=False, extra_items=Any):
     chat_template_kwargs: dict[str, Any]
 
 
-class MessagesRequest(TypedDict, total=False, extra_items=Any):
+class MessagesRequest(TypedDict, total=False, extra_items=Any):  # type: ignore[call-arg]  # PEP 728, not in mypy yet
     """The JSON body of an Anthropic Messages request (`POST /v1/messages`)."""
 
     model: str
@@ -103,8 +103,10 @@ class _Exchange(pydantic.BaseModel):
     request: _RequestField
     start_time: datetime
     end_time: datetime
+    if TYPE_CHECKING:  # each exchange kind declares its own (typed) response field
+        response: Any
 
-    @pydantic.computed_field  # type: ignore[prop-decorator]
+    @pydantic.computed_field  # type: ignore[prop-decorator]  # mypy refuses a decorator on a property
     @property
     def model(self) -> str | None:
         """The model asked for, else the one that answered."""
@@ -151,7 +153,7 @@ class TrajectoryExchanges(pydantic.BaseModel):
         return bool(self.chat_completions or self.completions or self.responses or self.messages)
 
     def add(self, exchange: Exchange) -> None:
-        self.list_for(exchange).append(exchange)  # type: ignore[arg-type]
+        self.list_for(exchange).append(exchange)
 
     def list_for(self, exchange: Exchange) -> list[Any]:
         return getattr(self, ENDPOINT_OF[type(exchange)])

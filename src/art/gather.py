@@ -18,7 +18,7 @@ from .errors import ArtValueError, TooManyExceptionsError, TrajectoryError
 from .observability import tracing
 from .observability.progress import progress_bar
 from .training.advantages import rewards_differ
-from .trajectories import _REPORTER, Trajectory, TrajectoryGroup, _cancel, _run_all, _wait_all, is_choice
+from .trajectories import ROLLOUT_REPORTER, Trajectory, TrajectoryGroup, cancel_all, is_choice, run_rollouts, wait_all
 
 
 def _check_max_exceptions(max_exceptions: int | float, name: str = "max_exceptions") -> None:
@@ -222,9 +222,8 @@ async def _finish_group(
     if not group.trajectories:
         return None
     if after_each is not None:
-        judged = after_each(group)
-        if inspect.isawaitable(judged):  # a plain function works too
-            judged = await judged
+        answer = after_each(group)
+        judged = await answer if inspect.isawaitable(answer) else answer  # a plain function works too
         if isinstance(judged, TrajectoryGroup):
             progress.rescore(group, judged)
         group = judged
@@ -313,15 +312,15 @@ async def gather_trajectory_groups(
     _check_awaitables(items, "groups")
     for item in items:
         if isinstance(item, TrajectoryGroup):
-            progress.expect(item, item._expected_size())
+            progress.expect(item, len(item))
     with tracing.span("art.gather", {"openinference.span.kind": "CHAIN", "art.groups": len(items)}) as current:
-        token = _REPORTER.set(progress)  # tasks copy the context (and the span) when created
+        token = ROLLOUT_REPORTER.set(progress)  # tasks copy the context (and the span) when created
         try:
             tasks = [asyncio.ensure_future(_finish_group(item, progress, after_each)) for item in items]
         finally:
-            _REPORTER.reset(token)
+            ROLLOUT_REPORTER.reset(token)
         try:
-            results = await _wait_all(tasks)
+            results = await wait_all(tasks)
         finally:
             progress.close()
         kept = [group for group in results if group is not None]
@@ -367,12 +366,12 @@ async def _gather_with_signal(
             return False
         _check_awaitables([item], "groups")
         if isinstance(item, TrajectoryGroup):
-            progress.expect(item, item._expected_size())
-        token = _REPORTER.set(progress)  # the task copies the context when created
+            progress.expect(item, len(item))
+        token = ROLLOUT_REPORTER.set(progress)  # the task copies the context when created
         try:
             in_flight[asyncio.ensure_future(_finish_group(item, progress, after_each))] = stats.groups_drawn
         finally:
-            _REPORTER.reset(token)
+            ROLLOUT_REPORTER.reset(token)
         stats.groups_drawn += 1
         return True
 
@@ -394,7 +393,7 @@ async def _gather_with_signal(
                     progress.note("groups_without_signal", stats.groups_without_signal)
             refill()
     except BaseException:
-        await _cancel(in_flight)
+        await cancel_all(in_flight)
         raise
     finally:
         for item in items if finite else ():
@@ -418,7 +417,7 @@ async def gather_trajectories(
     progress.expect(items, len(items))
     with tracing.span("art.gather", {"openinference.span.kind": "CHAIN", "art.rollouts": len(items)}):
         try:
-            results = await _run_all(items, progress)
+            results = await run_rollouts(items, progress)
         finally:
             progress.close()
     return [r for r in results if isinstance(r, Trajectory)]
@@ -426,10 +425,10 @@ async def gather_trajectories(
 
 def _discard(item: Any) -> None:
     # Skipped work is never run; close coroutines so Python does not warn they were never awaited.
-    awaitables = (item._items or []) if isinstance(item, TrajectoryGroup) else [item]
-    for aw in awaitables:
-        if inspect.iscoroutine(aw):
-            aw.close()
+    if isinstance(item, TrajectoryGroup):
+        item.discard()
+    elif inspect.iscoroutine(item):
+        item.close()
 
 
 async def trajectory_group_batches(
@@ -463,10 +462,10 @@ async def trajectory_group_batches(
     ]
     if problems:
         raise ArtValueError("; ".join(problems), field=problems[0].split(" ", 1)[0])
-    source, end = iter(groups), object()
+    source = iter(groups)
     for _ in range(skip_batches * batch_size):
-        skipped = next(source, end)
-        if skipped is end:
+        skipped = next(source, None)  # a group is never None
+        if skipped is None:
             return
         _discard(skipped)
 
@@ -477,18 +476,18 @@ async def trajectory_group_batches(
     try:
         while True:
             while not exhausted and len(in_flight) < batch_size * max_concurrent_batches:
-                item = next(source, end)
-                if item is end:
+                item = next(source, None)
+                if item is None:
                     exhausted = True
                     continue
                 _check_awaitables([item], "groups")
                 if isinstance(item, TrajectoryGroup):
-                    progress.expect(item, item._expected_size())
-                token = _REPORTER.set(progress)  # its rollouts report to the batch being filled
+                    progress.expect(item, len(item))
+                token = ROLLOUT_REPORTER.set(progress)  # its rollouts report to the batch being filled
                 try:
                     in_flight[asyncio.ensure_future(_finish_group(item, progress, None))] = item
                 finally:
-                    _REPORTER.reset(token)
+                    ROLLOUT_REPORTER.reset(token)
             if not in_flight:
                 break
             done, _ = await asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
@@ -502,11 +501,9 @@ async def trajectory_group_batches(
                     yield batch
                     batch = []
                     # Every batch has its own budget; the groups in flight finish into the next ones.
-                    progress.reset(
-                        sum(i._expected_size() if isinstance(i, TrajectoryGroup) else 1 for i in in_flight.values())
-                    )
+                    progress.reset(sum(len(i) if isinstance(i, TrajectoryGroup) else 1 for i in in_flight.values()))
         if batch:
             yield batch
     finally:
         progress.close()
-        await _cancel(list(in_flight))
+        await cancel_all(list(in_flight))

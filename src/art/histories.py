@@ -25,6 +25,7 @@ trajectory is read by its attributes) or imports `art.tokenize`, which imports t
 from __future__ import annotations
 
 import copy
+import functools
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -321,7 +322,7 @@ def chat_completions_histories(trajectory: TrajectoryLike, *, model: str | None)
                 sequence,
                 exchange.start_time,
             )
-            grow(branches, call, lambda b, exchange=exchange: _continues(b, exchange))
+            grow(branches, call, functools.partial(_continues, exchange=exchange))
         for branch in finished(branches):
             tools, template, kwargs = json.loads(branch.context)
             out.append(ChatCompletionsHistory(name, branch.items, branch.sources, tools, template, kwargs))
@@ -416,7 +417,7 @@ def anthropic_messages_histories(trajectory: TrajectoryLike, *, model: str | Non
                 exchange.start_time,
                 exchange if request.get("system") is not None else None,
             )
-            grow(branches, call, lambda b, exchange=exchange: _continues(b, exchange))
+            grow(branches, call, functools.partial(_continues, exchange=exchange))
         for branch in finished(branches):
             system, tools, template, kwargs = json.loads(branch.context)
             out.append(
@@ -562,7 +563,7 @@ def responses_histories(trajectory: TrajectoryLike, *, model: str | None) -> lis
                     exchange.start_time,
                     exchange if instructions is not None else None,
                 ),
-                lambda b, exchange=exchange: _continues(b, exchange),
+                functools.partial(_continues, exchange=exchange),
             )
             record = ([*prompt, *output], [*sources, *out_sources], copy.deepcopy(conversation), outside)
             earlier[exchange.response.id] = record

@@ -99,7 +99,7 @@ class _Pending:
 
 
 @dataclass
-class _Shared:
+class SharedMetrics:
     """What every builder of one model shares: the pending metrics of each buffer (a context or
     split), the prices and extractors `add_response_cost` uses, and the running totals `flush`
     reports (this process's; history keeps its own where it is written)."""
@@ -123,11 +123,13 @@ class MetricsBuilder:
     of costs and throughput are derived where the row is written, so they survive restarts."""
 
     def __init__(
-        self, cost_context: str = "train", *, _shared: _Shared | None = None, _buffer_scope: str | None = None
+        self, cost_context: str = "train", *, shared: SharedMetrics | None = None, buffer_scope: str | None = None
     ) -> None:
+        """`shared`: the state of one model's builders (`Model.metrics_builder` passes its own);
+        `buffer_scope`: the buffer written to, when not the cost context's."""
         self.cost_context = _name(cost_context, "cost_context")
-        self._scope = self.cost_context if _buffer_scope is None else _name(_buffer_scope, "buffer_scope")
-        self._shared = _shared if _shared is not None else _Shared()
+        self._scope = self.cost_context if buffer_scope is None else _name(buffer_scope, "buffer_scope")
+        self._shared = shared if shared is not None else SharedMetrics()
 
     # -- adding -------------------------------------------------------------------------------
     def add_metric(self, key: str, value: float) -> None:
@@ -209,9 +211,8 @@ class MetricsBuilder:
         bad = [name for name, value in prices.items() if value is not None and not float(value) >= 0]
         if bad:
             raise ValueError(f"{', '.join(bad)} must be a number >= 0 (dollars per million tokens)")
-        self._shared.pricing[model_name.strip()] = TokenPricing(
-            **{name: None if value is None else float(value) for name, value in prices.items()}
-        )
+        checked: dict[str, Any] = {name: None if value is None else float(value) for name, value in prices.items()}
+        self._shared.pricing[model_name.strip()] = TokenPricing(**checked)
 
     def register_cost_extractor(self, provider: str, extractor: CostExtractor) -> None:
         """Price `provider`'s responses with `extractor(response) -> dollars` (None falls through
@@ -310,7 +311,7 @@ class MetricsBuilder:
     def for_cost_context(self, cost_context: str, *, buffer_scope: str | None = None) -> MetricsBuilder:
         """A builder for another context (split) of the same model, sharing prices, extractors
         and totals; `buffer_scope` names the pending buffer when it is not the context's own."""
-        return MetricsBuilder(cost_context, _shared=self._shared, _buffer_scope=buffer_scope)
+        return MetricsBuilder(cost_context, shared=self._shared, buffer_scope=buffer_scope)
 
     def _pending(self) -> _Pending:
         return self._shared.pending.setdefault(self._scope, _Pending())

@@ -21,8 +21,7 @@ from typing_extensions import TypeVar
 
 from art.costs import CostCalculator
 from art.errors import ArtValueError
-from art.metrics import MetricsBuilder, active_builder, data_counts, group_scenario_ids, summarize
-from art.metrics import _Shared as _SharedBuilders
+from art.metrics import MetricsBuilder, SharedMetrics, active_builder, data_counts, group_scenario_ids, summarize
 from art.metrics_taxonomy import SFT_WANDB_GRADIENT_STEP_KEY, route
 from art.observability import log_to_wandb, tracing, update_wandb_config
 from art.observability.weave_sink import init_weave
@@ -34,7 +33,7 @@ from art.trajectories import Trajectory, TrajectoryGroup
 from art.types import TrainConfig, TrainSFTConfig
 
 if TYPE_CHECKING:
-    from art.backends.base import Backend
+    from art.backends.base import ServiceBackend
 
 STATE_FILE = "state.json"
 
@@ -71,11 +70,11 @@ class Model(BaseModel, Generic[ModelConfig, StateType]):
     """Where metrics go besides history.jsonl: None means W&B when `WANDB_API_KEY` is set (or
     `WANDB_MODE=offline`); `["wandb"]` always; `[]` nowhere else."""
 
-    _backend: Backend | None = PrivateAttr(default=None)
+    _backend: ServiceBackend | None = PrivateAttr(default=None)
     _client: AsyncOpenAI | None = PrivateAttr(default=None)
     _wandb_config: dict = PrivateAttr(default_factory=dict)
     _cost_calculator: CostCalculator | None = PrivateAttr(default=None)
-    _builders: _SharedBuilders | None = PrivateAttr(default=None)
+    _builders: SharedMetrics | None = PrivateAttr(default=None)
     _created: float = PrivateAttr(default_factory=time.time)
     _last_train_log: float = PrivateAttr(default_factory=time.monotonic)
 
@@ -100,7 +99,7 @@ class Model(BaseModel, Generic[ModelConfig, StateType]):
         validate_name(self.name, "name")
         validate_name(self.project, "project")
 
-    def backend(self) -> Backend:
+    def backend(self) -> ServiceBackend:
         """The backend this model is registered with (ART's accessor); an error before `register`."""
         if self._backend is None:
             raise ArtValueError(f"model {self.name!r} is not registered: `await model.register(backend)` first")
@@ -133,8 +132,8 @@ class Model(BaseModel, Generic[ModelConfig, StateType]):
         """The builder for one split's step metrics (`costs/`, `data/`, `time/`); the next
         `log` of that split writes what it holds."""
         if self._builders is None:
-            self._builders = _SharedBuilders()
-        return MetricsBuilder(cost_context, _shared=self._builders)
+            self._builders = SharedMetrics()
+        return MetricsBuilder(cost_context, shared=self._builders)
 
     def activate_metrics_context(self, cost_context: str) -> contextvars.Token:
         """Make `metrics_builder(cost_context)` the active builder (ART's): API costs charged
@@ -171,7 +170,7 @@ class Model(BaseModel, Generic[ModelConfig, StateType]):
         for key, usd in costs.items():
             builder.add_metric(key, usd)
 
-    async def register(self, backend: Backend) -> None:
+    async def register(self, backend: ServiceBackend) -> None:
         """Bind to a backend; afterwards `openai_client()` talks to it. With `WANDB_API_KEY` set
         and Weave installed, Weave starts tracing the project (`art.observability.weave_sink`)."""
         await backend.register(self)
@@ -197,9 +196,10 @@ class Model(BaseModel, Generic[ModelConfig, StateType]):
             self._client = AsyncOpenAI(
                 base_url=self.inference_base_url,
                 api_key=self.inference_api_key or "none",
-                timeout=httpx.Timeout(timeout=1800.0, connect=10.0),
+                timeout=httpx.Timeout(timeout=1800.0, connect=10.0),  # type: ignore[arg-type]  # see below
                 max_retries=0,
-                http_client=http_client,
+                # openai's annotations name its httpx fork (httpx2); httpx's client and timeout work the same
+                http_client=http_client,  # type: ignore[arg-type]
             )
         return self._client
 
@@ -261,7 +261,7 @@ class Model(BaseModel, Generic[ModelConfig, StateType]):
                 scenario_ids = group_scenario_ids(groups)
             row.update(route(summary, split))
         if self._builders is not None:
-            built, ids = MetricsBuilder(split, _shared=self._builders).take()
+            built, ids = MetricsBuilder(split, shared=self._builders).take()
             row.update(built)
             scenario_ids += ids
         row.update(route(metrics or {}, split))
@@ -411,7 +411,7 @@ class TrainableModel(Model[ModelConfig, StateType], Generic[ModelConfig, StateTy
         """Keep the latest checkpoint and the best by `best_checkpoint_metric`; delete the rest."""
         return await self._require_backend().delete_checkpoints(self, best_checkpoint_metric)
 
-    def _require_backend(self) -> Backend:
+    def _require_backend(self) -> ServiceBackend:
         if self._backend is None:
             raise ArtValueError(f"model {self.name!r} is not registered: `await model.register(backend)` first")
         return self._backend

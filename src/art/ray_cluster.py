@@ -22,6 +22,7 @@ import asyncio
 import logging
 import os
 import time
+from typing import Any
 
 import torch
 
@@ -92,7 +93,8 @@ class ReplicaActor:
 
     async def load(self, step: int, weights):
         try:
-            return "ok", await asyncio.to_thread(load_weights, self.engine, step, weights)
+            await asyncio.to_thread(load_weights, self.engine, step, weights)
+            return "ok", None
         except Exception as exc:
             return "error", error_payload(exc)
 
@@ -103,7 +105,7 @@ class RayReplica(CalledReplica):
     def __init__(self, index: int, spec: ReplicaSpec) -> None:
         self.index, self.spec = index, spec
         self.down = "not started"
-        self.actor = None
+        self.actor: Any = None  # a Ray actor handle
         self.pid: int | None = None
 
     def start(self) -> None:
@@ -178,6 +180,8 @@ class RankActor:
     def command(self, name: str, *args) -> list:
         """Run one command as a local peer does (`RankWorker.call`); every answer it gave,
         progress events first (they reach the backend when the command is done)."""
+        if self.worker is None:
+            raise RuntimeError(f"rank {self.rank} is not started")
         self._answers.clear()
         self.worker.call(name, *args)
         return list(self._answers)

@@ -17,11 +17,12 @@ import inspect
 import json
 import math
 import traceback
-from collections.abc import Awaitable, Iterable, Iterator, Mapping
+from collections.abc import Awaitable, Generator, Iterable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from datetime import datetime
-from typing import Annotated, Any, Protocol
+from typing import Annotated, Any, Protocol, TypeGuard, cast
 
+from openai.types.chat import ChatCompletionMessageParam
 from openai.types.chat.chat_completion import Choice
 from pydantic import (
     BaseModel,
@@ -75,8 +76,8 @@ MetadataValue = Any
 """Any JSON value (nested dicts and lists too), as in ART; checked when the trajectory is dumped."""
 
 
-def is_choice(item: object) -> bool:
-    """True for a chat `Choice` (of any class with that shape), False for a message dict."""
+def is_choice(item: object) -> TypeGuard[Choice]:
+    """True for a chat `Choice` (of any class with that shape: read as one), False for a message dict."""
     if isinstance(item, Choice):
         return True
     return not isinstance(item, Mapping) and hasattr(item, "message") and hasattr(item, "logprobs")
@@ -96,7 +97,8 @@ def _as_choice(item: Any) -> Any:
 def _validate_items(value: Any) -> list[Any]:
     if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Iterable):
         raise ValueError(f"expected a list of message dicts and Choice objects, got {type(value).__name__}")
-    items, problems = [], []
+    items: list[Any] = []
+    problems: list[str] = []
     for i, item in enumerate(value):
         if isinstance(item, Mapping) and "role" not in item and "message" in item:
             try:  # a dumped Choice becomes one again; one no Choice takes (ART's) stays as given
@@ -166,16 +168,17 @@ def get_messages(messages_and_choices: Iterable[Any]) -> Messages:
             continue
         message = item.message
         out: dict[str, Any] = {"role": "assistant", "content": message.content or ""}
-        if getattr(message, "tool_calls", None):
+        calls: list[Any] = getattr(message, "tool_calls", None) or []  # function tool calls: what chat models make
+        if calls:
             out["tool_calls"] = [
                 {
                     "id": call.id,
                     "type": call.type,
                     "function": {"name": call.function.name, "arguments": call.function.arguments},
                 }
-                for call in message.tool_calls
+                for call in calls
             ]
-        messages.append(out)  # type: ignore[arg-type]
+        messages.append(cast(ChatCompletionMessageParam, out))  # the assistant message OpenAI's TypedDict describes
     return messages
 
 
@@ -199,9 +202,11 @@ def add_turn(trajectory: Trajectory, turn: ChatTurn) -> None:
             target = History()
             trajectory.additional_histories.append(target)
     done = len(target.messages_and_choices)
-    target.messages_and_choices = [*target.messages_and_choices, *turn.messages[done:], turn.choice]
+    # A turn's messages and tools are JSON bodies, the dicts OpenAI's TypedDicts describe.
+    new = cast(Messages, turn.messages[done:])
+    target.messages_and_choices = [*target.messages_and_choices, *new, turn.choice]
     if done == 0:
-        target.tools = turn.tools
+        target.tools = cast(Tools, turn.tools)
 
 
 def message_key(message: Mapping[str, Any]) -> tuple:
@@ -287,7 +292,7 @@ class _CompactDump(BaseModel):
     """`model_dump()` leaves out fields still at their defaults, as ART's models do
     (`art.Trajectory().model_dump() == {}`); `exclude_defaults=False` gives every field."""
 
-    def model_dump(self, *, exclude_defaults: bool = True, **kwargs: Any) -> dict[str, Any]:  # type: ignore[override]
+    def model_dump(self, *, exclude_defaults: bool = True, **kwargs: Any) -> dict[str, Any]:
         if exclude_defaults and "start_time" in type(self).model_fields:
             kwargs["exclude"] = _with_excluded(kwargs.get("exclude"), "start_time")
         return super().model_dump(exclude_defaults=exclude_defaults, **kwargs)
@@ -501,8 +506,9 @@ def sampled_steps(trajectory: Trajectory) -> list[int]:
     for item in (item for history in histories for item in history):
         if is_choice(item):
             step = getattr(item, "step", None)
-            if step is None and isinstance(getattr(item, "model_extra", None), dict):
-                step = item.model_extra.get("step")
+            extra = getattr(item, "model_extra", None)
+            if step is None and isinstance(extra, dict):
+                step = extra.get("step")
             if isinstance(step, int) and not isinstance(step, bool):
                 steps.append(step)
     return steps
@@ -604,18 +610,21 @@ class ExceptionRecord(BaseModel):
 PydanticException = ExceptionRecord  # upstream ART's name for the same record
 
 
-class _Reporter(Protocol):
+class RolloutReporter(Protocol):
+    """What `art.gather`'s progress is to the rollouts it runs: told how many to expect, then of
+    each as it ends (it raises TooManyExceptionsError to stop them all)."""
+
     def expect(self, key: object, n: int) -> None: ...
     def record_trajectory(self, trajectory: Trajectory) -> None: ...
     def record_exception(self, exception: BaseException) -> None: ...
 
 
-# Set by `art.gather` so that groups awaited under it report each rollout as it finishes and
-# stop as soon as too many have raised (the reporter raises TooManyExceptionsError).
-_REPORTER: ContextVar[_Reporter | None] = ContextVar("art_gather_reporter", default=None)
+ROLLOUT_REPORTER: ContextVar[RolloutReporter | None] = ContextVar("art_gather_reporter", default=None)
+"""Set by `art.gather` so that groups awaited under it report each rollout as it finishes and
+stop as soon as too many have raised."""
 
 
-async def _run_one(item: Any, reporter: _Reporter | None) -> Trajectory | BaseException:
+async def _run_one(item: Any, reporter: RolloutReporter | None) -> Trajectory | BaseException:
     if isinstance(item, Trajectory):
         result: Any = item
     else:
@@ -643,24 +652,25 @@ async def _run_one(item: Any, reporter: _Reporter | None) -> Trajectory | BaseEx
     return result
 
 
-async def _cancel(tasks: Iterable[asyncio.Future[Any]]) -> None:
+async def cancel_all(tasks: Iterable[asyncio.Future[Any]]) -> None:
+    """Cancel `tasks` and wait until each has ended (whatever it raised)."""
     tasks = list(tasks)
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
 
 
-async def _wait_all(tasks: list[asyncio.Future[Any]]) -> list[Any]:
+async def wait_all(tasks: Sequence[asyncio.Future[Any]]) -> list[Any]:
     """Results in order; on the first task that raises (or our own cancellation) cancel the rest."""
     if not tasks:
         return []
     try:
         done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
     except BaseException:
-        await _cancel(tasks)
+        await cancel_all(tasks)
         raise
     if pending:
-        await _cancel(pending)
+        await cancel_all(pending)
         errors = [t.exception() for t in done if not t.cancelled()]
         first = next((e for e in errors if e is not None), None)
         if first is not None:
@@ -668,9 +678,10 @@ async def _wait_all(tasks: list[asyncio.Future[Any]]) -> list[Any]:
     return [t.result() for t in tasks]
 
 
-async def _run_all(items: list[Any], reporter: _Reporter | None) -> list[Trajectory | BaseException]:
-    """Await every rollout concurrently; failed ones come back as exception objects."""
-    return await _wait_all([asyncio.ensure_future(_run_one(item, reporter)) for item in items])
+async def run_rollouts(items: list[Any], reporter: RolloutReporter | None) -> list[Trajectory | BaseException]:
+    """Await every rollout (or take every finished Trajectory) concurrently; failed ones come back
+    as exception objects."""
+    return await wait_all([asyncio.ensure_future(_run_one(item, reporter)) for item in items])
 
 
 class TrajectoryGroup(_CompactDump):
@@ -748,11 +759,16 @@ class TrajectoryGroup(_CompactDump):
             return self._size
         return len(self.trajectories)
 
-    def __await__(self):  # type: ignore[no-untyped-def]
+    def __await__(self) -> Generator[Any, None, TrajectoryGroup]:
         return self._resolve().__await__()
 
-    def _expected_size(self) -> int:
-        return len(self)
+    def discard(self) -> None:
+        """Close the rollouts of a group that will never be awaited (skipped work), so Python
+        does not warn that they were never awaited."""
+        items, self._items = self._items or [], None
+        for item in items:
+            if inspect.iscoroutine(item):
+                item.close()
 
     @property
     def pending(self) -> bool:
@@ -769,12 +785,12 @@ class TrajectoryGroup(_CompactDump):
             )
         self._state = "running"
         items, self._items = self._items or [], None
-        reporter = _REPORTER.get()
+        reporter = ROLLOUT_REPORTER.get()
         if reporter is not None:
             reporter.expect(self, len(items))
         with tracing.span("art.group", {"openinference.span.kind": "CHAIN", "art.rollouts": len(items)}) as current:
             try:
-                results = await _run_all(items, reporter)
+                results = await run_rollouts(items, reporter)
             finally:
                 self._state = "done"
             if current is not None:

@@ -160,8 +160,9 @@ def _histories(
                 if call is not None and tools is None:
                     tools = call.tools
                 exact += call is not None
-                message = call.choice if call is not None else message
-            conversation.append(message)
+                conversation.append(call.choice if call is not None else message)
+            else:
+                conversation.append(message)
         histories.append(conversation)
     if turns > exact:
         notes.append(
@@ -403,7 +404,7 @@ def _tokens(choice: Choice | None) -> dict[str, Any] | None:
         "completion_mask": [1] * len(ids),
         "completion_logprobs": [e.logprob for e in content],
         "overlong_prompt": False,
-        "is_truncated": choice.finish_reason == "length",
+        "is_truncated": getattr(choice, "finish_reason", None) == "length",
         "routed_experts": None,
     }
 

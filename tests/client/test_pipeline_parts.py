@@ -186,7 +186,7 @@ async def test_make_group_rollout_fn_keeps_failures_in_the_group():
 
 
 def test_a_dated_trajectory_crosses_the_wire():
-    from art.server.schemas import TrajectoryPayload
+    from art.server.management_schemas import TrajectoryPayload
 
     dated = Trajectory(messages_and_choices=[{"role": "user", "content": "q"}, _choice(3)], reward=1.0,
                        initial_policy_version=3, final_policy_version=4)

@@ -15,7 +15,7 @@ import pytest
 
 import art
 from art.serve import create_serve_app
-from art.server.schemas import TrajectoryGroupPayload
+from art.server.management_schemas import TrajectoryGroupPayload
 from art.service import ModelSpec
 from art.service.local import LocalService
 from art.storage.history import row_split

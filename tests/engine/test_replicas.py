@@ -23,10 +23,17 @@ from art.service.probe import PROBE_TOKENS
 SYSTEM = list(range(1000, 1040))  # a chat template's common head: every prompt starts with it
 
 
+class FakeReplica(Replica):
+    """A replica as the router sees it, and nothing more."""
+
+    step = None
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+
+
 def fake(index: int) -> Replica:
-    replica = Replica()
-    replica.index = index
-    return replica
+    return FakeReplica(index)
 
 
 def test_a_groups_requests_stay_on_one_replica_and_groups_spread():

@@ -18,7 +18,7 @@ from art.chat_template import template_info, template_messages, tool_preamble
 from art.engine.base import Completion, all_tokens
 from art.server.app import create_app
 from art.server.openai_format import ChunkWriter, TokenText, parse_tool_calls, response_choice
-from art.server.schemas import ChatCompletionRequest
+from art.server.openai_schemas import ChatCompletionRequest
 from art.server.thread import ServerThread
 from tests.support.registry import SingleModelRegistry
 

@@ -8,7 +8,7 @@ import inspect
 import pytest
 
 import art
-from art.backends.adapter import ServiceBackend
+from art.backends.adapter import ServiceAdapter
 from art.backends.remote import RemoteService
 from art.errors import ArtValueError, ModelNotFoundError
 from art.service import ModelSpec, Service, resolve_train_options
@@ -42,7 +42,7 @@ def test_both_services_implement_every_method_of_the_protocol(implementation):
 
 @pytest.mark.integration
 def test_both_backends_are_the_one_adapter():
-    assert issubclass(art.LocalBackend, ServiceBackend) and issubclass(art.RemoteBackend, ServiceBackend)
+    assert issubclass(art.LocalBackend, ServiceAdapter) and issubclass(art.RemoteBackend, ServiceAdapter)
     assert isinstance(art.LocalBackend(path="unused").service, LocalService)
     assert isinstance(art.RemoteBackend("http://127.0.0.1:9", api_key="k").service, RemoteService)
 

@@ -1,4 +1,4 @@
-"""Data-parallel training (`art.training.ranks`): two gloo ranks make the update one
+"""Data-parallel training (`art.training.ranks`, `art.training.rank_group`): two gloo ranks make the update one
 process makes, and a rank that dies mid-step costs that step only."""
 
 from __future__ import annotations
@@ -15,8 +15,11 @@ import art
 from art.training.batch import prepare_batch
 from art.training.collective import Collective, PeerLost, host_store, start_group
 from art.training.options import TrainOptions
-from art.training.ranks import WATCH_INTERVAL_S, LeadTrainer, PeerWatcher, RankPeers, RankSpec
-from art.training.trainer import Trainer
+from art.training import sft
+from art.training.rank_group import WATCH_INTERVAL_S, LeadTrainer, PeerWatcher, RankPeers, ShardedTrainer
+from art.training.ranks import RankSpec
+from art.training.sft_options import SFTOptions
+from art.training.trainer import Trainer, TrainerHandle
 from tests.support.fakes import groups_of_choices
 from tests.support.ranks import (assert_same_tensor_updates, assert_same_updates, kill_a_rank_mid_step_then_train,
                                  rank_groups)
@@ -52,6 +55,19 @@ def test_shards_cover_the_batch_once_and_balance_tokens():
     assert all(Collective(rank, 2).shard(one_group) for rank in range(2))
 
 
+def test_a_handle_on_ranks_says_so_and_sft_refuses_it(tiny_model_path):
+    """The trainer kinds implement one declared contract (`TrainerHandle`); a handle on a group
+    of ranks has no sole trainer, which is how SFT (one process only) tells it apart."""
+    peers = RankPeers(2, RankSpec(str(tiny_model_path), LORA, "cpu", "float32"))  # no process starts here
+    lead = tiny_trainer(tiny_model_path, peers=peers)
+    assert all(TrainerHandle in kind.__mro__ for kind in (Trainer, LeadTrainer, ShardedTrainer))  # subclassed
+    assert lead.sole_trainer() is None and lead.trainer.sole_trainer() is lead.trainer
+    assert lead.dtype == lead.trainer.dtype
+    with pytest.raises(art.ArtValueError, match="SFT does not support") as info:
+        sft.fit(lead, sft.Plan([], 0), SFTOptions())
+    assert info.value.field == "trainer_ranks"
+
+
 @pytest.mark.integration
 def test_two_ranks_make_the_single_process_update(tiny_model_path, tmp_path):
     """Two optimizer steps per update (mini_batches=2) and two updates: the second would differ
@@ -67,13 +83,13 @@ def test_two_ranks_make_the_single_process_update(tiny_model_path, tmp_path):
     parallel = tiny_trainer(tiny_model_path, peers=peers)
     try:
         parallel.restore(tmp_path / "start")  # starts rank 1, which loads the same checkpoint
-        assert parallel.collective.world == 2 and peers.healthy
+        assert parallel.trainer.collective.world == 2 and peers.healthy
         got = [parallel.step(batch, options, quiet=True) for batch in groups]
-        assert parallel.collective.lost is None  # the peer watcher never fired on these healthy steps
+        assert parallel.trainer.collective.lost is None  # the peer watcher never fired on these healthy steps
     finally:
         peers.close()
     assert_same_updates(expected, got)
-    (weights, moments), (want_weights, want_moments) = state(parallel), state(single)
+    (weights, moments), (want_weights, want_moments) = state(parallel.trainer), state(single)
     assert_same_tensor_updates(start, want_weights, weights, per_element=options.learning_rate)
     # Adam's first moment, a running mean of the gradients (it starts at zero).
     assert_same_tensor_updates({k: torch.zeros_like(v) for k, v in want_moments.items()}, want_moments, moments,

@@ -13,7 +13,7 @@ import art
 from art.serve import create_serve_app
 from art.service.local import LocalService
 from art.training.chat_tokens import chat_template_input, render_chat
-from art.training.sft import switch_optimizer_mode
+from art.training.optimizer_mode import switch_optimizer_mode
 from art.utils.sft import create_lr_schedule, create_sft_dataset_iterator, iterate_file, train_sft_from_file
 
 # ChatML as SmolLM2 writes it, with `{% generation %}` around what the assistant samples.

@@ -1,6 +1,6 @@
-"""`ServiceBackend`: what `art.Model` and user code call, over any service (`art.service`).
+"""`ServiceAdapter`: what `art.Model` and user code call, over any service (`art.service`).
 
-It implements `art.backends.base.Backend`, the part of it `art.Model` relies on.
+It implements `art.backends.base.ServiceBackend`, the part of it `art.Model` relies on.
 
 `LocalBackend` and `RemoteBackend` are this class over a `LocalService` or a `RemoteService`;
 they add only where the OpenAI endpoint lives. Here `art.Model` objects become `ModelSpec`s
@@ -14,6 +14,7 @@ import sys
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from art.backends.base import ServiceBackend
 from art.errors import ArtValueError, TrajectoryError
 from art.service import ModelKey, ModelSpec, Progress, Service, TrainResult, resolve_train_options
 from art.storage.layout import validate_name
@@ -97,7 +98,7 @@ def art_train_names(options: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-class ServiceBackend:
+class ServiceAdapter(ServiceBackend):
     service: Service
 
     def __init__(self, service: Service) -> None:
@@ -176,7 +177,7 @@ class ServiceBackend:
         return await self.service.cancel_training(model_key(model))
 
     async def log(
-        self, model, *, split: str, step: int, metrics: dict, groups: list, scenario_ids: list[str] = ()
+        self, model, *, split: str, step: int, metrics: dict, groups: list, scenario_ids: Iterable[str] = ()
     ) -> dict:
         """Store a history row (already summarised by `model.log`) and the step's trajectories;
         the row as written, with the running totals it derived."""

@@ -1,8 +1,9 @@
-"""`Backend`: what `art.Model` calls on the backend it is registered with.
+"""`ServiceBackend`: what `art.Model` calls on the backend it is registered with.
 
-The contract sits apart from its implementation (`art.backends.adapter.ServiceBackend`, under
+The contract sits apart from its implementation (`art.backends.adapter.ServiceAdapter`, under
 `LocalBackend` and `RemoteBackend`), so `art.Model` types its backend without importing the
-servers and services a backend pulls in: a model's backend is typed, not probed.
+servers and services a backend pulls in: a model's backend is typed, not probed. (`art.Backend`
+is ART's name for one of them, `RemoteBackend`, not this protocol.)
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ if TYPE_CHECKING:
     from art.types import TrainConfig, TrainSFTConfig
 
 
-class Backend(Protocol):
-    """What `art.Model` calls on the backend it is registered with (`ServiceBackend` implements it)."""
+class ServiceBackend(Protocol):
+    """What `art.Model` calls on the backend it is registered with (`ServiceAdapter` implements it)."""
 
     async def register(self, model) -> None: ...
 
@@ -29,7 +30,7 @@ class Backend(Protocol):
     async def get_step(self, model) -> int: ...
 
     async def log(
-        self, model, *, split: str, step: int, metrics: dict, groups: list, scenario_ids: list[str] = ()
+        self, model, *, split: str, step: int, metrics: dict, groups: list, scenario_ids: Iterable[str] = ()
     ) -> dict: ...
 
     async def train(

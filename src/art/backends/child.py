@@ -102,6 +102,9 @@ class ChildProcess:
         finally:
             sock.close()  # the child holds it now: a dead child leaves nothing listening (no hung connects)
         settings = {"parent": os.getpid(), "fd": fd, "key": key, "root": str(root), "placement": placement}
+        if process.stdin is None:  # Popen makes one for stdin=PIPE
+            process.kill()
+            raise BackendError("the backend's child process has no stdin pipe to read its settings from")
         try:
             process.stdin.write(json.dumps(settings).encode() + b"\n")
             process.stdin.flush()  # stdin stays open: its end of file tells the child we are gone
@@ -189,6 +192,8 @@ class ChildProcess:
         if self.alive():
             self.process.kill()
         self.process.wait()  # at once after SIGKILL
+        if self.process.stdin is None:
+            return
         try:
             self.process.stdin.close()
         except OSError:
@@ -250,7 +255,7 @@ class ChildService(RemoteService):
                 self.root,
                 placement=self.placement,
                 host=self.host,
-                port=previous.port if again else self.port,
+                port=previous.port if previous is not None and again else self.port,
                 or_any_port=again,
                 timeout=self.start_timeout,
             )

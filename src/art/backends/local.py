@@ -12,14 +12,18 @@ from __future__ import annotations
 import asyncio
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from art.backends.adapter import ServiceBackend
+from art.backends.adapter import ServiceAdapter
 from art.backends.child import ChildService
 from art.errors import ArtValueError
 from art.service.local import LocalService
 
+if TYPE_CHECKING:
+    from art.server.thread import ServerThread
 
-class LocalBackend(ServiceBackend):
+
+class LocalBackend(ServiceAdapter):
     service: LocalService | ChildService
 
     def __init__(
@@ -55,7 +59,7 @@ class LocalBackend(ServiceBackend):
             super().__init__(ChildService(root, placement=placement, host=host, port=port))
         self.in_process = in_process
         self._host, self._port = host, port
-        self._server = None
+        self._server: ServerThread | None = None
 
     @property
     def root(self) -> Path:
@@ -77,15 +81,16 @@ class LocalBackend(ServiceBackend):
         if isinstance(self.service, ChildService):
             child = await self.service.ensure_started()
             return f"{child.url}/v1", child.key
-        return f"{await asyncio.to_thread(self._ensure_server)}/v1", "art-local"
+        return f"{await asyncio.to_thread(self._ensure_server, self.service)}/v1", "art-local"
 
-    def _ensure_server(self) -> str:
+    def _ensure_server(self, service: LocalService) -> str:
+        """The loopback server's base URL, started on first use over `service` (this backend's)."""
         if self._server is None:
             from art.dashboard import dashboard_router
             from art.server.app import create_app
             from art.server.thread import ServerThread
 
-            app = create_app(self.service)
+            app = create_app(service)
             app.include_router(dashboard_router(self.root))
             self._server = ServerThread(app, host=self._host, port=self._port)
             self._server.start()

@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Iterable
 from dataclasses import asdict
 from typing import Any, NoReturn
 
@@ -29,7 +30,7 @@ import httpx
 from pydantic_core import to_jsonable_python
 from tqdm.auto import tqdm
 
-from art.backends.adapter import ServiceBackend
+from art.backends.adapter import ServiceAdapter
 from art.errors import ArtValueError, BackendError, BackendUnavailableError, from_wire
 from art.observability import tracing
 from art.observability.progress import progress_bar
@@ -184,7 +185,7 @@ class RemoteService:
         return (await self._request("DELETE", _path(key, "train")))["cancelled"]
 
     async def log(
-        self, key: ModelKey, *, split: str, step: int, metrics: dict, groups: list, scenario_ids: list[str] = ()
+        self, key: ModelKey, *, split: str, step: int, metrics: dict, groups: list, scenario_ids: Iterable[str] = ()
     ) -> dict:
         """Groups the last train call uploaded (`model.train` logs what it trained on) are
         named by their digest instead of sent again; a server that no longer holds them gets
@@ -260,7 +261,7 @@ class RemoteService:
         return _parse(response.content, response)
 
 
-class RemoteBackend(ServiceBackend):
+class RemoteBackend(ServiceAdapter):
     """`RemoteBackend("http://gpu-box:7999", api_key=...)`; the key defaults to $ART_API_KEY.
     `transport` and `timeout`: see `RemoteService`."""
 

@@ -64,13 +64,13 @@ def read_step(directory: ModelDir, split: str, step: int) -> dict:
     scale = _scale_rewards(directory)
     all_rewards = [t["reward"] for g in groups.values() for t in g["trajectories"]]
     batch_std = reward_std(all_rewards)
-    for group in groups.values():
-        rewards = [t["reward"] for t in group["trajectories"]]
-        for trajectory, advantage in zip(group["trajectories"], _advantages(rewards, scale, batch_std)):
+    for shown in groups.values():
+        rewards = [t["reward"] for t in shown["trajectories"]]
+        for trajectory, advantage in zip(shown["trajectories"], _advantages(rewards, scale, batch_std)):
             trajectory["advantage"] = advantage
-        group["reward_mean"] = sum(rewards) / len(rewards) if rewards else None
-        group["reward_std"] = reward_std(rewards) if rewards else None
-        group["zero_variance"] = len(rewards) > 1 and max(rewards) == min(rewards)
+        shown["reward_mean"] = sum(rewards) / len(rewards) if rewards else None
+        shown["reward_std"] = reward_std(rewards) if rewards else None
+        shown["zero_variance"] = len(rewards) > 1 and max(rewards) == min(rewards)
     return {"split": split, "step": step, "scale_rewards": scale, "groups": [groups[k] for k in sorted(groups)]}
 
 

@@ -18,9 +18,14 @@ from __future__ import annotations
 from collections import Counter, OrderedDict
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 from art.engine.base import AdapterRef
 from art.errors import ModelNotFoundError
+
+if TYPE_CHECKING:
+    import torch
+    from peft.tuners.lora import LoraLayer
 
 LIVE = "default"
 BASE = "__base__"
@@ -34,7 +39,8 @@ class AdapterSet:
     def __init__(self, model, *, live_step: int = 0, max_loaded: int = 4, merge_live: bool = True) -> None:
         self.model = model
         self.merge_live = merge_live and is_peft(model)
-        self._merged: list[tuple[object, object]] | None = None  # (LoRA layer, its original weight)
+        # (LoRA layer, its original weight); torch types a submodule's attribute as tensor or module.
+        self._merged: list[tuple[LoraLayer, torch.Tensor | torch.nn.Module]] | None = None
         self.live_step = live_step
         """The training step whose weights the live adapter holds."""
         self.max_loaded = max_loaded
@@ -56,6 +62,7 @@ class AdapterSet:
                 )
             self._in_use[LIVE] += 1
             return LIVE, self.live_step
+        step: int | None
         if live:
             name, step = LIVE, self.live_step
         else:
@@ -104,7 +111,8 @@ class AdapterSet:
                 original = base.weight.data
                 # A new tensor, so `original` stays untouched (peft's own merge adds in place or,
                 # with safe_merge, clones and scans for NaNs: two more passes over the weights).
-                base.weight.data = original + module.get_delta_weight(LIVE).to(original.dtype)
+                delta = module.get_delta_weight(LIVE)  # type: ignore[attr-defined]  # peft's layer kinds define it
+                base.weight.data = original + delta.to(original.dtype)
                 module.merged_adapters.append(LIVE)
                 merged.append((module, original))
         self._merged = merged
@@ -127,6 +135,8 @@ class AdapterSet:
         if name in self._loaded:
             self._loaded.move_to_end(name)
             return name
+        if ref.path is None:
+            raise RuntimeError(f"{ref.key!r} is the live adapter: it has no checkpoint to load")
         if not ref.path.exists():
             raise ModelNotFoundError(f"checkpoint for {ref.key!r} not found at {ref.path}")
         self.model.load_adapter(str(ref.path), adapter_name=name, is_trainable=False)

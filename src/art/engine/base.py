@@ -7,11 +7,18 @@ nothing about HTTP, chat messages or GRPO: it turns prompt token ids into comple
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
+
+if TYPE_CHECKING:
+    from art.engine.grammar import Grammars
+
+
+FinishReason = Literal["stop", "length"]
+"""Why a completion ended: a stop token or string, or its length limit (OpenAI's names)."""
 
 
 @dataclass(frozen=True)
@@ -76,7 +83,7 @@ class Completion:
     """Log-probability of each sampled token under the raw model distribution (temperature 1),
     as vLLM reports by default and as the trainer computes it."""
     text: str
-    finish_reason: Literal["stop", "length"]
+    finish_reason: FinishReason
     top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
     """Per position, the `top_logprobs` most likely (token id, logprob); empty when not asked."""
     step: int | None = None
@@ -104,16 +111,25 @@ class SampledTokens:
     """As `Completion.replica`."""
 
 
+class Tokenizer(Protocol):
+    """What the routes call on an engine's tokenizer themselves (a Hugging Face tokenizer has it);
+    the chat template and tokenizing helpers take the tokenizer as it is."""
+
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = False) -> str:
+        """The text of `token_ids`."""
+        ...
+
+
 class Engine(Protocol):
     """A sampler bound to one base model (and its tokenizer): what the OpenAI routes use.
 
     Implemented by our engine (`LLMEngine`), its replica set (`ReplicaSet`) and the vLLM engine
     (`VLLMEngine`)."""
 
-    tokenizer: object
+    tokenizer: Tokenizer
     max_model_len: int
-    grammars: object
-    """`art.engine.grammar.Grammars` of the tokenizer: the routes check a request's grammar with it."""
+    grammars: Grammars
+    """The tokenizer's grammar support: the routes check a request's grammar with it."""
 
     async def generate(
         self, prompt_token_ids: list[int], params: SamplingParams, adapter: AdapterRef | None
@@ -123,9 +139,10 @@ class Engine(Protocol):
 
     def stream(
         self, prompt_token_ids: list[int], params: SamplingParams, adapter: AdapterRef | None
-    ) -> AsyncIterator[SampledTokens | list[Completion]]:
+    ) -> AsyncGenerator[SampledTokens | list[Completion], None]:
         """`generate`, yielding each completion's tokens as they are sampled (`SampledTokens`),
-        then, last, the `list[Completion]` that `generate` returns."""
+        then, last, the `list[Completion]` that `generate` returns. A generator: a caller that
+        stops early `aclose`s it."""
         ...
 
 

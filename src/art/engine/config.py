@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from dataclasses import dataclass, field, fields
+from typing import Any
 
 from art.errors import ArtValueError
 
@@ -132,7 +133,9 @@ class EngineConfig:
         """From ART's / vLLM's `engine_args` dict; raises ArtValueError naming unknown or bad keys."""
         args = dict(engine_args or {})
         ours = {f.name for f in fields(cls)} - {"ignored"}
-        values, ignored, unknown = {}, [], []
+        values: dict[str, Any] = {}  # engine_args' values, checked by `validate`
+        ignored: list[str] = []
+        unknown: list[str] = []
         for key, value in args.items():
             name = RENAMED_VLLM_ARGS.get(key, key)
             if key == "enable_prefix_caching":
@@ -231,6 +234,13 @@ class EngineConfig:
         import torch
 
         return getattr(torch, DTYPES.get(self.dtype, "float32"))
+
+    @property
+    def resolved_max_num_seqs(self) -> int:
+        """`max_num_seqs` of a resolved config (`resolve` chooses it by device when None)."""
+        if self.max_num_seqs is None:
+            raise RuntimeError("max_num_seqs is None until EngineConfig.resolve() chooses it: resolve the config first")
+        return self.max_num_seqs
 
     @property
     def on_cuda(self) -> bool:

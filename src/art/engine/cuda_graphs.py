@@ -75,6 +75,14 @@ def empty_cache() -> None:
         torch.cuda.empty_cache()
 
 
+def _graph_key(route: Route) -> str:
+    """`route.key`, which every batch a graph may serve has (the runner decodes the others eagerly)."""
+    key = route.key
+    if key is None:
+        raise ValueError("no CUDA graph serves these weights (mixed adapters, or a checkpoint's): decode eagerly")
+    return key
+
+
 class DecodeGraphs:
     def __init__(self, decoder: Decoder, cache: KVCache, max_rows: int) -> None:
         self.decoder, self.cache = decoder, cache
@@ -97,7 +105,7 @@ class DecodeGraphs:
         """Logits [rows, vocab] of one decode step (a view of the shared output, valid until the
         next step), or None when this shape has no working graph (decode it eagerly)."""
         rows = ids.shape[0]
-        key = (rows, width, route.key)
+        key = (rows, width, _graph_key(route))
         with torch.cuda.device(self.device):
             self.ids[:rows].copy_(ids)
             self.positions[:rows].copy_(positions)
@@ -115,7 +123,7 @@ class DecodeGraphs:
         with torch.cuda.device(self.device):
             self.ids[:rows].zero_()
             self.positions[:rows].zero_()
-            return self._record((rows, width, route.key), route)
+            return self._record((rows, width, _graph_key(route)), route)
 
     def _record(self, key: tuple[int, int, str], route: Route) -> bool:
         rows, width, _ = key

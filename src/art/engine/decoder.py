@@ -269,13 +269,13 @@ class Decoder:
 
 def sdpa_backends(names: str) -> list[SDPBackend] | None:
     """The kernels a comma-separated list names ("" or "default": None, PyTorch's choice)."""
-    names = [n.strip().lower() for n in names.split(",") if n.strip()]
-    if not names or names == ["default"]:
+    chosen = [n.strip().lower() for n in names.split(",") if n.strip()]
+    if not chosen or chosen == ["default"]:
         return None
-    unknown = [n for n in names if n not in _SDPA_NAMES]
+    unknown = [n for n in chosen if n not in _SDPA_NAMES]
     if unknown:
         raise ValueError(f"{SDPA_ENV}: unknown SDPA kernel {unknown[0]!r} (choose from {', '.join(_SDPA_NAMES)})")
-    return [_SDPA_NAMES[n] for n in names]
+    return [_SDPA_NAMES[n] for n in chosen]
 
 
 _RMS_NORMS = ("LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm")

@@ -4,7 +4,8 @@ The running batch keeps one transformers cache whose rows are left-padded to a c
 with the matching attention mask; rows join (padded to the width) and leave between steps.
 Positions are per row, so padding never shifts a token's position. Adapters are applied by
 peft (`AdapterSet.activate`: merged weights for live-only batches, `adapter_names` otherwise).
-Same interface as `static_runner.StaticRunner`; no CUDA graphs and no static shapes here.
+A `Runner` (`art.engine.runner`) as `static_runner.StaticRunner` is; no CUDA graphs and no static
+shapes here.
 
 On CUDA the batch is bounded by memory as the static runner's is (`memory.py`): every row is as
 wide as the widest (left padding), and a growing layer may hold up to twice that, so the
@@ -16,38 +17,45 @@ transformers builds in full).
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer
+from transformers.cache_utils import CacheLayerMixin, DynamicLayer
 
 from art.engine.adapters import AdapterSet
 from art.engine.config import EngineConfig
 from art.engine.kv_cache import PrefixKV
 from art.engine.memory import kv_budget, memory_error
+from art.engine.runner import Runner
 
 
 @dataclass
-class Staged:
-    """Prompts computed by a prefill: kv per layer [prompts, heads, width, dim] with holes where
-    `mask` [prompts, width] is 0."""
+class StagedPaddedKV:
+    """Prompts computed by a prefill, left-padded to one width: kv per layer [prompts, heads,
+    width, dim] with holes where `mask` [prompts, width] is 0."""
 
     kv: list[tuple[torch.Tensor, torch.Tensor]]
     mask: torch.Tensor
 
 
-class HFRunner:
+class HFRunner(Runner[StagedPaddedKV]):
+    """Implements `art.engine.runner.Runner` through transformers' forward."""
+
+    kv_positions = 0
+    """CUDA: the KV positions the engine's share of the GPU holds (the scheduler's budget); 0 on the CPU."""
+
     def __init__(self, model, adapters: AdapterSet, config: EngineConfig, max_model_len: int) -> None:
         self.model = model
         self.adapters = adapters
         self.model_config = model.config
         self.device = torch.device(config.device)
-        self.max_rows = config.max_num_seqs
+        self.max_rows = config.resolved_max_num_seqs
         self.max_model_len = max_model_len
-        self.kv_positions = self._cuda_positions(model, config) if config.on_cuda else 0
-        """CUDA: the KV positions the engine's share of the GPU holds (the scheduler's budget)."""
+        if config.on_cuda:
+            self.kv_positions = self._cuda_positions(model, config)
         self.batch = RunningBatch(model.config, self.device)
         self.prefill_computed_tokens = 0
         """Prompt tokens actually run through the model (the rest came from cached prefixes)."""
@@ -56,7 +64,7 @@ class HFRunner:
         self.cache_kw = "cache" if "cache" in inspect.signature(type(base).forward).parameters else "past_key_values"
 
     @property
-    def row_width(self):
+    def row_width(self) -> Callable[[int], int] | None:
         """CUDA: a row of final length n holds up to 2n positions (see the module docstring)."""
         return (lambda length: 2 * length) if self.kv_positions else None
 
@@ -72,7 +80,7 @@ class HFRunner:
             + block * self.max_model_len * element
             + block * per_position
             + config.prefix_cache_tokens * per_position
-            + 6 * config.max_num_seqs * vocab * 4
+            + 6 * config.resolved_max_num_seqs * vocab * 4
         )
         adapted = sum(m.get_base_layer().weight.numel() for m in model.modules() if hasattr(m, "lora_A"))
         budget = kv_budget(
@@ -101,7 +109,7 @@ class HFRunner:
 
     def prefill(
         self, prompts: list[list[int]], prefixes: list[tuple[int, PrefixKV | None]], adapter_names: list[str]
-    ) -> tuple[torch.Tensor, Staged]:
+    ) -> tuple[torch.Tensor, StagedPaddedKV]:
         """Run several prompts, each after its cached prefix, in one forward pass.
 
         Row i's cache holds [pad][prefix_i] and its input [pad][rest of prompt_i]; the mask
@@ -131,7 +139,7 @@ class HFRunner:
             for layer in range(self.model_config.num_hidden_layers):
                 ks, vs = [], []
                 for (_, kv), n in zip(prefixes, used):
-                    if n:
+                    if kv is not None and n:
                         k, v = kv[0][layer, None, :, :n], kv[1][layer, None, :, :n]
                     else:  # no cached prefix: all padding
                         k = v = torch.zeros(1, heads, 0, dim, dtype=dtype, device=device)
@@ -140,16 +148,16 @@ class HFRunner:
                 layers.append((torch.cat(ks), torch.cat(vs)))
             cache = DynamicCache(ddp_cache_data=layers, config=self.model_config)
         logits = self._forward(ids, mask, positions, cache, adapter_names)
-        return logits, Staged([(layer.keys, layer.values) for layer in cache.layers], mask)
+        return logits, StagedPaddedKV([_kv(layer) for layer in cache.layers], mask)
 
-    def prompt_kv(self, staged: Staged, index: int) -> PrefixKV:
+    def prompt_kv(self, staged: StagedPaddedKV, index: int) -> PrefixKV:
         columns = staged.mask[index].nonzero().squeeze(1)  # this prompt's kv without padding
         return (
             torch.stack([k[index][:, columns] for k, _ in staged.kv]),
             torch.stack([v[index][:, columns] for _, v in staged.kv]),
         )
 
-    def add(self, staged: Staged, sources: list[int], ends: list[int] | None = None) -> None:
+    def add(self, staged: StagedPaddedKV, sources: list[int], ends: list[int] | None = None) -> None:
         index = torch.tensor(sources, device=self.device)
         self.batch.add(len(sources), [(k[index], v[index]) for k, v in staged.kv], staged.mask[index])
 
@@ -197,18 +205,19 @@ class GrowingLayer(DynamicLayer):
 
     def __init__(self) -> None:
         super().__init__()
-        self._k = self._v = None
+        self._k: torch.Tensor | None = None
+        self._v: torch.Tensor | None = None
         self._len = 0
 
     def set(self, keys: torch.Tensor, values: torch.Tensor, headroom: int = 32) -> None:
         rows, heads, tokens, dim = keys.shape
-        self._k = keys.new_empty(rows, heads, tokens + headroom, dim)
-        self._v = values.new_empty(rows, heads, tokens + headroom, dim)
-        self._k[:, :, :tokens] = keys
-        self._v[:, :, :tokens] = values
+        self._k = k = keys.new_empty(rows, heads, tokens + headroom, dim)
+        self._v = v = values.new_empty(rows, heads, tokens + headroom, dim)
+        k[:, :, :tokens] = keys
+        v[:, :, :tokens] = values
         self._len = tokens
         self.device, self.is_initialized = keys.device, True
-        self.keys, self.values = self._k[:, :, :tokens], self._v[:, :, :tokens]
+        self.keys, self.values = k[:, :, :tokens], v[:, :, :tokens]
 
     def update(self, key_states, value_states, *args, **kwargs):
         if self._k is None:
@@ -252,8 +261,9 @@ class RunningBatch:
         new_mask = mask
         for layer, (k, v) in zip(self.cache.layers, kv):
             if self.rows:
-                k = torch.cat([_pad_left(layer.keys, width), _pad_left(k, width)])
-                v = torch.cat([_pad_left(layer.values, width), _pad_left(v, width)])
+                keys, values = _kv(layer)
+                k = torch.cat([_pad_left(keys, width), _pad_left(k, width)])
+                v = torch.cat([_pad_left(values, width), _pad_left(v, width)])
             _set(layer, k, v)
         if self.rows:
             new_mask = torch.cat(
@@ -273,12 +283,21 @@ class RunningBatch:
         first = int(self.mask[index].any(0).long().argmax())  # leading all-padding columns
         self.mask = self.mask[index, first:]
         for layer in self.cache.layers:
-            _set(layer, layer.keys[index, :, first:], layer.values[index, :, first:])
+            keys, values = _kv(layer)
+            _set(layer, keys[index, :, first:], values[index, :, first:])
 
     def extend_mask(self) -> torch.Tensor:
         """The mask [rows, width + 1] of one decode step: every row sees its new token."""
         self.mask = torch.cat([self.mask, torch.ones(self.rows, 1, dtype=torch.long, device=self.device)], dim=1)
         return self.mask
+
+
+def _kv(layer: object) -> tuple[torch.Tensor, torch.Tensor]:
+    """A cache layer's keys and values [rows, heads, tokens, dim]: an attention layer holds
+    both once a forward pass has filled it."""
+    if not isinstance(layer, CacheLayerMixin) or layer.keys is None or layer.values is None:
+        raise RuntimeError(f"a {type(layer).__name__} cache layer holds no keys and values to batch")
+    return layer.keys, layer.values
 
 
 def _set(layer, keys: torch.Tensor, values: torch.Tensor) -> None:

@@ -8,8 +8,9 @@ when all their samples finish (every such thread is stopped at interpreter exit:
 `stop_all_engines`); `generate()` is the async face. It knows nothing about HTTP,
 chat formats or GRPO.
 
-The runner does the tensor work: `StaticRunner` (the engine's own decoder, static shapes, CUDA
-graphs) for Llama-family models, `HFRunner` (transformers' forward) for the rest.
+The runner (`art.engine.runner.Runner`) does the tensor work: `StaticRunner` (the engine's own
+decoder, static shapes, CUDA graphs) for Llama-family models, `HFRunner` (transformers' forward)
+for the rest.
 """
 
 from __future__ import annotations
@@ -22,19 +23,21 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from art.engine.adapters import LIVE, AdapterSet, is_peft
-from art.engine.base import AdapterRef, Completion, ManagedEngine, SampledTokens, SamplingParams
+from art.engine.base import AdapterRef, Completion, FinishReason, ManagedEngine, SampledTokens, SamplingParams
 from art.engine.config import EngineConfig
 from art.engine.decoder import unsupported_reason
 from art.engine.grammar import Grammars, consume
 from art.engine.hf_runner import HFRunner, kv_heads_and_dim
 from art.engine.prefix_cache import PrefixCache
+from art.engine.runner import Runner
 from art.engine.sampling import make_generator, sample_next
 from art.engine.scheduler import Scheduler
 from art.engine.sequence import Request, Sample
@@ -80,6 +83,8 @@ class LLMEngine(ManagedEngine):
         self.adapters = adapters or AdapterSet(model)
         self.adapters.max_loaded = config.max_loaded_adapters
         reason = unsupported_reason(model)
+        # Any: the engine hands a prefill's staged prompts back to the runner that made them, unread.
+        self.runner: Runner[Any]
         if reason is None:
             self.runner = StaticRunner(model, self.adapters, config, self.max_model_len)
         else:
@@ -95,6 +100,7 @@ class LLMEngine(ManagedEngine):
         self.rows: list[Sample] = []
         """The running samples; row i is row i of the runner's batch."""
         self.stopping = StopChecker(model, tokenizer, self.max_model_len)
+        self.eos_ids = self.stopping.eos_ids
         self.grammars = Grammars(tokenizer, model.config.vocab_size, self.stopping.eos_ids)
         self.steps = 0
         self.prompt_tokens = 0
@@ -147,7 +153,7 @@ class LLMEngine(ManagedEngine):
 
     async def stream(
         self, prompt_token_ids: list[int], params: SamplingParams, adapter: AdapterRef | None
-    ) -> AsyncIterator[SampledTokens | list[Completion]]:
+    ) -> AsyncGenerator[SampledTokens | list[Completion], None]:
         """`generate`, yielding each completion's tokens as soon as a step samples them, then the
         completions. A caller that stops listening does not stop the request: it runs to its end."""
         loop = asyncio.get_running_loop()
@@ -244,10 +250,6 @@ class LLMEngine(ManagedEngine):
                 self.scheduler.paused = False
                 self.progress_at = time.monotonic()  # what waited meanwhile is not a stall
                 self._cv.notify_all()
-
-    @property
-    def eos_ids(self) -> set[int]:
-        return self.stopping.eos_ids
 
     def weights_updated(self, step: int, checkpoint: Path | None = None) -> None:
         """The live weights now hold `step`: publish them (they are in the shared model already,
@@ -527,7 +529,7 @@ class LLMEngine(ManagedEngine):
         )
         return allowed
 
-    def _finish_reason(self, sample: Sample) -> str | None:
+    def _finish_reason(self, sample: Sample) -> FinishReason | None:
         if sample.params.stop and sample.text_so_far is None:
             sample.text_so_far = IncrementalText(self.tokenizer)
         result = self.stopping.check(sample.params, len(sample.request.prompt), sample.ids, sample.text_so_far)
@@ -607,7 +609,9 @@ def swap_remove(finished: list[int], rows: int) -> list[int]:
 
 def _prefill_chunks(requests: list[Request], max_tokens: int) -> list[list[Request]]:
     """Group requests so each prefill pass stays within about `max_tokens` padded tokens."""
-    chunks, current, longest = [], [], 0
+    chunks: list[list[Request]] = []
+    current: list[Request] = []
+    longest = 0
     for request in sorted(requests, key=lambda r: len(r.prompt)):
         longest_if_added = max(longest, len(request.prompt))
         if current and longest_if_added * (len(current) + 1) > max_tokens:

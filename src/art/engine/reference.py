@@ -35,7 +35,9 @@ class ReferenceSampler:
     def _one(self, prompt, params, name, step, index) -> Completion:
         generator = make_generator(params.seed, index)
         matcher = self.grammars.matcher(params.grammar) if params.grammar else None
-        ids, logprobs, top = [], [], []
+        ids: list[int] = []
+        logprobs: list[float] = []
+        top: list[list[tuple[int, float]]] = []
         while True:
             with self.adapters.activate([name]) as extra:
                 logits = (

@@ -14,8 +14,10 @@ import itertools
 import logging
 import multiprocessing
 import threading
-from collections.abc import Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
 
 import torch
 
@@ -181,7 +183,22 @@ class CalledReplica(Replica):
     """A replica in another process, reached through `call(kind, *args)`: a local process
     (`ProcessReplica`) or a Ray actor (`art.ray_cluster.RayReplica`)."""
 
+    step: int | None = None
+    """The training step whose weights it holds (set once it started, and by each `load`)."""
+
     async def call(self, kind: str, *args):
+        raise NotImplementedError
+
+    def start(self) -> None:
+        """Start it and wait until its engine is built (blocking: call off the event loop)."""
+        raise NotImplementedError
+
+    def mark_down(self, reason: str) -> None:
+        """Take it out of the rotation, saying why; its open requests fail."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Stop it; it serves nothing more."""
         raise NotImplementedError
 
     async def generate(self, prompt: list[int], params: SamplingParams, adapter: AdapterRef | None) -> list[Completion]:
@@ -194,12 +211,15 @@ class CalledReplica(Replica):
             c.replica = self.index
         return completions
 
-    async def stream(self, prompt: list[int], params: SamplingParams, adapter: AdapterRef | None):
+    async def stream(
+        self, prompt: list[int], params: SamplingParams, adapter: AdapterRef | None
+    ) -> AsyncGenerator[SampledTokens | list[Completion], None]:
         """`Engine.stream` of this replica; here every token comes at the end (a replica that
         can send them across as they are sampled overrides it)."""
         completions = await self.generate(prompt, params, adapter)
-        for item in [*all_tokens(completions), completions]:
-            yield item
+        for tokens in all_tokens(completions):
+            yield tokens
+        yield completions
 
     async def load(self, step: int, weights) -> None:
         await self.call("load", step, weights)
@@ -213,8 +233,8 @@ class ProcessReplica(CalledReplica):
     def __init__(self, index: int, spec: ReplicaSpec) -> None:
         self.index, self.spec = index, spec
         self.down = "not started"
-        self._process = None
-        self._connection = None
+        self._process: BaseProcess | None = None
+        self._connection: Connection | None = None
         self._pending: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Future]] = {}
         self._listeners: dict[int, Callable[[SampledTokens], None]] = {}
         """A streamed request's callback for the tokens the replica sends before its answer."""
@@ -231,42 +251,47 @@ class ProcessReplica(CalledReplica):
         self.close()
         context = multiprocessing.get_context("spawn")
         ours, theirs = context.Pipe()
-        self._process = context.Process(
+        process = context.Process(
             target=replica_main, args=(self.index, self.spec, theirs), name=f"art-replica-{self.index}", daemon=True
         )
-        self._process.start()
+        self._process = process
+        process.start()
         self._connection = ours
         kind, _, detail = ours.recv()  # "ok" once its engine is built
         if kind != "ok":
             self.close()
             raise revive_error(detail, self.index)
         self.down, self.step = None, 0
-        threading.Thread(target=self._read, name=f"art-replica-{self.index}-reader", daemon=True).start()
+        reader = threading.Thread(
+            target=self._read, args=(process, ours), name=f"art-replica-{self.index}-reader", daemon=True
+        )
+        reader.start()
 
-    def _read(self) -> None:
-        connection = self._connection
+    def _read(self, process: BaseProcess, connection: Connection) -> None:
+        """Settle this process's requests from its end of the pipe until the pipe closes."""
         while True:
             try:
                 kind, request_id, detail = connection.recv()
             except (EOFError, OSError):
                 break
             if kind == "tokens":  # a streamed request's tokens, before its answer
-                loop, _ = self._pending.get(request_id, (None, None))
+                pending = self._pending.get(request_id)
                 listener = self._listeners.get(request_id)
-                if listener is not None:
-                    loop.call_soon_threadsafe(listener, detail)
+                if pending is not None and listener is not None:
+                    pending[0].call_soon_threadsafe(listener, detail)
                 continue
             self._listeners.pop(request_id, None)
-            loop, future = self._pending.pop(request_id, (None, None))
-            if future is None:
+            settled = self._pending.pop(request_id, None)
+            if settled is None:
                 continue
+            loop, future = settled
             if kind == "ok":
                 loop.call_soon_threadsafe(_settle, future, detail, None)
             else:
                 loop.call_soon_threadsafe(_settle, future, None, revive_error(detail, self.index))
         if connection is self._connection and not self._closing:  # not a replaced or closed process's reader
-            self._process.join(timeout=1)
-            self.mark_down(f"its process stopped (exit code {self._process.exitcode})")
+            process.join(timeout=1)
+            self.mark_down(f"its process stopped (exit code {process.exitcode})")
 
     def mark_down(self, reason: str) -> None:
         if self.down is None:
@@ -309,7 +334,9 @@ class ProcessReplica(CalledReplica):
             raise ReplicaUnavailableError(f"replica {self.index} is gone; send the request again") from exc
         return await future
 
-    async def stream(self, prompt: list[int], params: SamplingParams, adapter: AdapterRef | None):
+    async def stream(
+        self, prompt: list[int], params: SamplingParams, adapter: AdapterRef | None
+    ) -> AsyncGenerator[SampledTokens | list[Completion], None]:
         """`Engine.stream` across the pipe: the replica sends each step's tokens as it samples them."""
         queue: asyncio.Queue = asyncio.Queue()
         self.in_flight += 1
@@ -342,7 +369,7 @@ class ProcessReplica(CalledReplica):
         self._closing = False
 
 
-def labelled(item: SampledTokens | list[Completion], index: int):
+def labelled(item: SampledTokens | list[Completion], index: int) -> SampledTokens | list[Completion]:
     """A stream's item marked as sampled by replica `index`."""
     for sampled in item if isinstance(item, list) else [item]:
         sampled.replica = index

@@ -22,10 +22,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+from collections.abc import AsyncGenerator, Callable, Sequence
 
 from art.devices import device_for, local_gpus
-from art.engine.base import AdapterRef, Completion, SamplingParams
-from art.engine.replica_process import ProcessReplica, ReplicaSpec, labelled
+from art.engine.base import AdapterRef, Completion, Engine, SampledTokens, SamplingParams
+from art.engine.replica_process import CalledReplica, ProcessReplica, ReplicaSpec, labelled
 from art.engine.router import PrefixRouter, Replica
 
 log = logging.getLogger(__name__)
@@ -51,7 +52,9 @@ class LocalReplica(Replica):
             c.replica = 0
         return completions
 
-    async def stream(self, prompt: list[int], params: SamplingParams, adapter: AdapterRef | None):
+    async def stream(
+        self, prompt: list[int], params: SamplingParams, adapter: AdapterRef | None
+    ) -> AsyncGenerator[SampledTokens | list[Completion], None]:
         """`Engine.stream` of this replica: tokens as they are sampled, then the completions."""
         self.in_flight += 1
         events = self.engine.stream(prompt, params, adapter)
@@ -63,10 +66,17 @@ class LocalReplica(Replica):
             await events.aclose()
 
 
-class ReplicaSet:
-    """An `Engine` over replicas (see the module docstring); replica 0 is `engine`."""
+class ReplicaSet(Engine):
+    """Implements `art.engine.base.Engine` over replicas (see the module docstring); replica 0 is `engine`."""
 
-    def __init__(self, engine, spec: ReplicaSpec, count: int, replica_class=None, dedicated: bool = False) -> None:
+    def __init__(
+        self,
+        engine,
+        spec: ReplicaSpec,
+        count: int,
+        replica_class: Callable[[int, ReplicaSpec], CalledReplica] | None = None,
+        dedicated: bool = False,
+    ) -> None:
         """`replica_class` builds replicas 1..N-1: `ProcessReplica` (default, one GPU each on
         CUDA: more replicas than GPUs are refused here) or `art.ray_cluster.RayReplica`.
         `dedicated`: replicas 1..N-1 do all the sampling; replica 0 shares the trainer's device
@@ -75,14 +85,15 @@ class ReplicaSet:
         if replica_class is None and count > 1:  # a GPU for every replica, before any process starts
             device_for(spec.engine.device, count - 1, local_gpus(spec.engine.device), "engine_replicas")
         replica_class = replica_class or ProcessReplica
-        self.replicas: list[Replica] = [LocalReplica(engine)] + [replica_class(i, spec) for i in range(1, count)]
+        self._peers = [replica_class(i, spec) for i in range(1, count)]
+        self.replicas: list[LocalReplica | CalledReplica] = [LocalReplica(engine), *self._peers]
         self.router = PrefixRouter()
         self.dedicated = dedicated
 
     @property
-    def peers(self) -> list:
+    def peers(self) -> list[CalledReplica]:
         """Replicas 1..N-1 (processes or Ray actors)."""
-        return self.replicas[1:]
+        return list(self._peers)
 
     async def generate(
         self, prompt_token_ids: list[int], params: SamplingParams, adapter: AdapterRef | None
@@ -90,7 +101,9 @@ class ReplicaSet:
         replica = self.router.choose(self._routable(adapter), prompt_token_ids)
         return await replica.generate(prompt_token_ids, params, adapter)
 
-    async def stream(self, prompt_token_ids: list[int], params: SamplingParams, adapter: AdapterRef | None):
+    async def stream(
+        self, prompt_token_ids: list[int], params: SamplingParams, adapter: AdapterRef | None
+    ) -> AsyncGenerator[SampledTokens | list[Completion], None]:
         """`Engine.stream` through one replica: replica 0 and process replicas send each token as
         it is sampled; a Ray replica sends them when its completions are done."""
         replica = self.router.choose(self._routable(adapter), prompt_token_ids)
@@ -101,7 +114,7 @@ class ReplicaSet:
         finally:
             await events.aclose()
 
-    def _routable(self, adapter: AdapterRef | None) -> list[Replica]:
+    def _routable(self, adapter: AdapterRef | None) -> Sequence[LocalReplica | CalledReplica]:
         """Replicas that may serve `adapter`. Dedicated samplers: the live peers, a loading one
         included (the request waits behind the load; the answer carries the step that sampled
         it). Otherwise, for the live weights, those holding the latest step (a replica still
@@ -119,7 +132,7 @@ class ReplicaSet:
         Returns how many replicas serve the step."""
         peers = [r for r in self.peers if r.down is None]
 
-        async def one(replica: ProcessReplica) -> None:
+        async def one(replica: CalledReplica) -> None:
             try:
                 await replica.load(step, weights)
                 await probe(replica)

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import itertools
 from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from typing import Protocol, TypeVar
 
 from art.errors import BackendUnavailableError
 
@@ -27,14 +29,24 @@ class ReplicaUnavailableError(BackendUnavailableError):
     retry_after = RETRY_AFTER_S
 
 
-class Replica:
-    """What the router needs of a replica: `index`, `in_flight`, `down` (a reason, or None)."""
+class Replica(Protocol):
+    """What a replica says of itself; the router needs `index`, `in_flight` and `down`."""
 
     index: int
+    """Its place in the replica set (0: the backend's own engine)."""
     in_flight: int = 0
+    """Requests it is serving now."""
     down: str | None = None
-    step: int | None = None
-    """The training step whose weights the replica holds."""
+    """Why it is out of the rotation; None while it serves."""
+
+    @property
+    def step(self) -> int | None:
+        """The training step whose weights the replica holds."""
+        ...
+
+
+R = TypeVar("R", bound=Replica)
+"""Whatever kind of replica the caller routes among: `choose` hands back the same kind."""
 
 
 class PrefixRouter:
@@ -46,10 +58,10 @@ class PrefixRouter:
     flight than the least-loaded replica."""
 
     def __init__(self) -> None:
-        self._seen: dict[int, OrderedDict] = {}
+        self._seen: dict[int, OrderedDict[int, None]] = {}
         self._turn = itertools.count()
 
-    def choose(self, replicas: list[Replica], prompt: list[int]) -> Replica:
+    def choose(self, replicas: Sequence[R], prompt: list[int]) -> R:
         live = [r for r in replicas if r.down is None]
         if not live:
             raise ReplicaUnavailableError("no engine replica is serving (see GET /health)")
@@ -67,7 +79,7 @@ class PrefixRouter:
         return chosen
 
     def _matched(self, index: int, blocks: list[int]) -> int:
-        seen = self._seen.get(index, {})
+        seen: Mapping[int, None] = self._seen.get(index, {})
         n = 0
         while n < len(blocks) and blocks[n] in seen:
             n += 1

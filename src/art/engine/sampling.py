@@ -58,10 +58,10 @@ def sample_next(
     want = max(p.top_logprobs for p in params)
     if want:
         values, ids = torch.topk(logprobs, want, dim=-1)
-        values, ids = values.cpu().tolist(), ids.cpu().tolist()  # one copy each, not two per row
+        top_values, top_ids = values.cpu().tolist(), ids.cpu().tolist()  # one copy each, not two per row
         for i, p in enumerate(params):
             if p.top_logprobs:
-                top[i] = list(zip(ids[i][: p.top_logprobs], values[i][: p.top_logprobs]))
+                top[i] = list(zip(top_ids[i][: p.top_logprobs], top_values[i][: p.top_logprobs]))
     return tokens, chosen, top
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from art.engine.base import AdapterRef, Completion, SampledTokens, SamplingParams
+from art.engine.base import AdapterRef, Completion, FinishReason, SampledTokens, SamplingParams
 
 _ids = itertools.count()
 
@@ -78,7 +78,7 @@ class Sample:
     text_so_far: Any = None
     """Its text decoded incrementally, for stop strings (`stopping.IncrementalText`)."""
     status: Status = Status.WAITING
-    finish_reason: str | None = None
+    finish_reason: FinishReason | None = None
     text: str = ""
 
     @property

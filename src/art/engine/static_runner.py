@@ -19,6 +19,7 @@ fits (`row_width`).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -29,6 +30,7 @@ from art.engine.cuda_graphs import DecodeGraphs
 from art.engine.decoder import Decoder
 from art.engine.kv_cache import KVCache, PrefixKV
 from art.engine.memory import kv_budget, memory_error
+from art.engine.runner import Runner
 from art.engine.served_weights import ServedWeights
 
 log = logging.getLogger(__name__)
@@ -47,14 +49,16 @@ WIDTH_MULTIPLE = 16
 
 
 @dataclass
-class Staged:
-    """Prompts computed by a prefill, in a workspace cache (row i = prompt i)."""
+class StagedWorkspace:
+    """Prompts computed by a prefill, in a workspace cache (row i = prompt i, `lengths[i]` long)."""
 
     cache: KVCache
     lengths: list[int]
 
 
-class StaticRunner:
+class StaticRunner(Runner[StagedWorkspace]):
+    """Implements `art.engine.runner.Runner` on the engine's own decoder."""
+
     def __init__(self, model, adapters: AdapterSet, config: EngineConfig, max_model_len: int) -> None:
         self.config = config
         self.device = torch.device(config.device)
@@ -79,21 +83,21 @@ class StaticRunner:
         """Tokens in each running row's slot."""
         self.ends: list[int] = []
         """The length each running row may reach (prompt + max_tokens): how far a CPU cache grows."""
-        self.graphs = None
+        self.graphs: DecodeGraphs | None = None
         if self.fixed:
             self.cache = self._fixed_cache(model)
             self.max_rows = self.cache.slots_at(CUDA_MIN_WIDTH)
             if config.on_cuda and not config.enforce_eager:
                 self.graphs = DecodeGraphs(self.decoder, self.cache, self.max_rows)
-                self._capture_at_start()
+                self._capture_at_start(self.graphs)
         else:
-            self.max_rows = config.max_num_seqs
+            self.max_rows = config.resolved_max_num_seqs
             self.cache = self.decoder.kv_cache(max_rows=self.max_rows, max_tokens=self.max_width, growable=True)
         self.prefill_computed_tokens = 0
         """Prompt tokens actually run through the model (the rest came from cached prefixes)."""
 
     @property
-    def row_width(self):
+    def row_width(self) -> Callable[[int], int] | None:
         """For the scheduler on CUDA: the width a row of a given final length holds (every slot has
         the stride of the widest row). None on the CPU, where the budget is a sum of lengths."""
         return self._width if self.fixed else None
@@ -105,7 +109,7 @@ class StaticRunner:
     # -- prefill ------------------------------------------------------------------------------
     def prefill(
         self, prompts: list[list[int]], prefixes: list[tuple[int, PrefixKV | None]], adapter_names: list[str]
-    ) -> tuple[torch.Tensor, Staged]:
+    ) -> tuple[torch.Tensor, StagedWorkspace]:
         """Run prompts (row i after its cached prefix): (logits [prompts, vocab], staged).
 
         In blocks of at most `prefill_tokens` query tokens: each block writes its keys and values
@@ -119,7 +123,7 @@ class StaticRunner:
         rows, tokens, offset = len(prompts), max(map(len, rests)), max(used)
         workspace = self.decoder.kv_cache(max_rows=rows, max_tokens=offset + tokens, growable=False)
         for i, ((_, kv), n) in enumerate(zip(prefixes, used)):
-            if n:
+            if kv is not None and n:
                 workspace.load_prefix(i, kv, n)
         ids = torch.tensor([rest + [0] * (tokens - len(rest)) for rest in rests], device=self.device)
         positions = torch.tensor(used, device=self.device)[:, None] + torch.arange(tokens, device=self.device)
@@ -146,12 +150,12 @@ class StaticRunner:
                 index = torch.tensor(here, device=self.device)
                 logits[index] = out[index]
         self.prefill_computed_tokens += sum(map(len, rests))
-        return logits, Staged(workspace, [len(p) for p in prompts])
+        return logits, StagedWorkspace(workspace, [len(p) for p in prompts])
 
-    def prompt_kv(self, staged: Staged, index: int) -> PrefixKV:
+    def prompt_kv(self, staged: StagedWorkspace, index: int) -> PrefixKV:
         return staged.cache.export(index, staged.lengths[index])
 
-    def add(self, staged: Staged, sources: list[int], ends: list[int] | None = None) -> None:
+    def add(self, staged: StagedWorkspace, sources: list[int], ends: list[int] | None = None) -> None:
         """Append one row per entry of `sources`, a copy of staged prompt `sources[k]`; `ends[k]`
         is the length that row may reach (default: max_model_len)."""
         start = len(self.lengths)
@@ -269,7 +273,7 @@ class StaticRunner:
         if not config.on_cuda:
             per_position = 2 * len(decoder.layers) * decoder.kv_heads * decoder.head_dim * config.torch_dtype.itemsize
             return decoder.kv_cache(
-                max_rows=config.max_num_seqs,
+                max_rows=config.resolved_max_num_seqs,
                 max_tokens=self.max_width,
                 growable=False,
                 capacity=max(self.max_width, config.kv_cache_bytes // per_position),
@@ -285,7 +289,7 @@ class StaticRunner:
             + 2 * decoder.q_heads * self.max_width * decoder.head_dim * element  # keys repeated per head
             + max(block, self.max_width) * per_position  # the workspace: a chunk, or one long prompt
             + config.prefix_cache_tokens * per_position  # the prefix cache
-            + 6 * config.max_num_seqs * vocab * 4
+            + 6 * config.resolved_max_num_seqs * vocab * 4
         )  # graph logits, eager logits, sampling
         # A change of layout copies the live rows through one layer's temporary.
         budget = kv_budget(
@@ -301,15 +305,15 @@ class StaticRunner:
                 f"{budget.positions} positions, fewer than one sequence of "
                 f"max_model_len={self.max_model_len}"
             )
-        slots = min(config.max_num_seqs, budget.positions // CUDA_MIN_WIDTH)
-        if slots < config.max_num_seqs:
+        slots = min(config.resolved_max_num_seqs, budget.positions // CUDA_MIN_WIDTH)
+        if slots < config.resolved_max_num_seqs:
             log.warning(
                 "KV cache: %d rows of %d tokens fit in gpu_memory_utilization=%s (max_num_seqs=%d asked); "
                 "raise gpu_memory_utilization for more",
                 slots,
                 CUDA_MIN_WIDTH,
                 config.gpu_memory_utilization,
-                config.max_num_seqs,
+                config.resolved_max_num_seqs,
             )
         try:
             return decoder.kv_cache(
@@ -318,7 +322,7 @@ class StaticRunner:
         except torch.cuda.OutOfMemoryError as exc:
             raise memory_error(f"allocating the KV cache ({budget.positions} positions) ran out of GPU memory") from exc
 
-    def _capture_at_start(self) -> None:
+    def _capture_at_start(self, graphs: DecodeGraphs) -> None:
         """Record what live serving needs first: every bucket at the narrowest width, live weights.
         Wider widths (and the base model's route) are recorded when first needed."""
         width = self._width(1)
@@ -328,4 +332,4 @@ class StaticRunner:
         with torch.inference_mode():
             self.cache.arrange(max(buckets), width, live=0, length=0)
             for rows in reversed(buckets):  # largest first: later ones reuse its pool memory
-                self.graphs.capture(rows, width, route)
+                graphs.capture(rows, width, route)

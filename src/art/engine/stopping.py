@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from art.engine.base import SamplingParams
+from collections.abc import Sequence
+
+from art.engine.base import FinishReason, SamplingParams
 
 
 class StopChecker:
@@ -13,7 +15,7 @@ class StopChecker:
 
     def check(
         self, params: SamplingParams, prompt_len: int, ids: list[int], text: IncrementalText | None = None
-    ) -> tuple[str, str] | None:
+    ) -> tuple[FinishReason, str] | None:
         """(finish_reason, text) once `ids` is complete, else None. A matched stop string is
         cut from the text (the sampled ids are kept whole, for training). With `text` (the
         sample's own), stop strings are looked for in text decoded a few tokens at a time;
@@ -68,7 +70,7 @@ class IncrementalText:
         return self.text
 
 
-def first_stop(text: str, stops: list[str], start: int) -> int | None:
+def first_stop(text: str, stops: Sequence[str], start: int) -> int | None:
     """Where the earliest stop string at or after `start` begins in `text` (None: nowhere)."""
     hits = [at for at in (text.find(s, start) for s in stops) if at >= 0]
     return min(hits) if hits else None

@@ -29,13 +29,13 @@ import threading
 import time
 import weakref
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
 
-from art.engine.base import AdapterRef, Completion, ManagedEngine, SampledTokens, SamplingParams
+from art.engine.base import AdapterRef, Completion, FinishReason, ManagedEngine, SampledTokens, SamplingParams
 from art.engine.grammar import Grammars
 from art.engine.stopping import first_stop
 from art.engine.vllm_process import VLLMServer
@@ -152,7 +152,7 @@ class VLLMEngine(ManagedEngine):
 
     async def stream(
         self, prompt_token_ids: list[int], params: SamplingParams, adapter: AdapterRef | None, _streaming: bool = True
-    ) -> AsyncIterator[SampledTokens | list[Completion]]:
+    ) -> AsyncGenerator[SampledTokens | list[Completion], None]:
         await self._admitted()
         name, step = await self._served_name(adapter)
         with self._cv:
@@ -185,7 +185,7 @@ class VLLMEngine(ManagedEngine):
                 self._in_use[name] -= 1
                 self._cv.notify_all()
 
-    async def _choices(self, body: dict, streaming: bool) -> AsyncIterator[dict]:
+    async def _choices(self, body: dict, streaming: bool) -> AsyncGenerator[dict, None]:
         """vLLM's choices (whole, or a stream's deltas); its refusals as our errors."""
         client = self._client()
         try:
@@ -212,7 +212,12 @@ class VLLMEngine(ManagedEngine):
     def _completion(
         self, ids: list[int], logprobs: list[float], tops, finish: str | None, params: SamplingParams, step: int | None
     ) -> Completion:
-        if finish not in ("stop", "length"):
+        reason: FinishReason
+        if finish == "stop":
+            reason = "stop"
+        elif finish == "length":
+            reason = "length"
+        else:
             raise BackendError(
                 f"vLLM ended a completion with finish_reason {finish!r}; its log: {self.server.log_path}"
             )
@@ -220,7 +225,7 @@ class VLLMEngine(ManagedEngine):
         cut = first_stop(text, params.stop, 0) if params.stop else None
         if cut is not None:
             text = text[:cut]
-        return Completion(ids, logprobs, text, finish, tops, step)
+        return Completion(ids, logprobs, text, reason, tops, step)
 
     def _raise_for(self, status: int, content: bytes) -> None:
         if status == 200:
@@ -280,10 +285,15 @@ class VLLMEngine(ManagedEngine):
             return self.base_name, (self.live_step if self.adapter_name is None else None)
         if adapter.path is None:  # the live weights
             step = self.live_step
+            if step is None:
+                raise RuntimeError("vLLM serves no live adapter yet: no step was published to it")
             return self.loaded[step], step
-        if adapter.step not in self.loaded:
-            await asyncio.to_thread(self._load, adapter.step, adapter.path, False)
-        return self.loaded[adapter.step], adapter.step
+        step = adapter.step
+        if step is None:
+            raise RuntimeError(f"the checkpoint adapter {adapter.key!r} names no step")
+        if step not in self.loaded:
+            await asyncio.to_thread(self._load, step, adapter.path, False)
+        return self.loaded[step], step
 
     # -- weights --------------------------------------------------------------------------------
     def weights_updated(self, step: int, checkpoint: Path) -> None:

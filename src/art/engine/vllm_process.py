@@ -201,12 +201,15 @@ class VLLMServer:
         self._wait_ready()
 
     def _wait_ready(self) -> None:
+        process = self.process
+        if process is None:
+            raise RuntimeError("the vLLM server's process was not started")
         deadline = time.monotonic() + self.startup_timeout_s
         with httpx.Client(timeout=5.0) as client:
             while time.monotonic() < deadline:
-                if self.process.poll() is not None:
+                if process.poll() is not None:
                     raise BackendError(
-                        f"vLLM exited while starting (code {self.process.returncode}); "
+                        f"vLLM exited while starting (code {process.returncode}); "
                         f"its log {self.log_path} ends with:\n{self.log_tail()}"
                     )
                 try:

@@ -18,7 +18,7 @@ from typing import Any, TypeVar, overload
 from openai.types.chat.chat_completion import Choice
 
 from art.capture import AutoTrajectoryContext
-from art.exchanges import TrajectoryExchanges
+from art.exchanges import Exchange, TrajectoryExchanges
 from art.model import Model
 from art.trajectories import History, Trajectory, get_messages, is_choice
 
@@ -73,10 +73,11 @@ def _fill(result: T, captured: Trajectory, names: set[str]) -> T:
     """`result` with the captured conversations of the trained model (named `names`)."""
     exchanges = captured.exchanges.chat_completions
     ours = [e for e in exchanges if _is_ours(e.model, names)]
-    foreign = [_choice0(e.response.choices) for e in exchanges if not _is_ours(e.model, names)]
-    foreign = [c for c in foreign if c is not None]
-    histories = [_as_context(h.messages_and_choices, foreign) for h in [captured, *captured.additional_histories]]
-    tools = [h.tools for h in [captured, *captured.additional_histories]]
+    firsts = [_choice0(e.response.choices) for e in exchanges if not _is_ours(e.model, names)]
+    foreign = [c for c in firsts if c is not None]
+    sources: list[Trajectory | History] = [captured, *captured.additional_histories]
+    histories = [_as_context(h.messages_and_choices, foreign) for h in sources]
+    tools = [h.tools for h in sources]
     kept = [(items, t) for items, t in zip(histories, tools) if any(is_choice(i) for i in items)]
     logs = list(captured.logs)
     if foreign:
@@ -99,7 +100,7 @@ def _fill(result: T, captured: Trajectory, names: set[str]) -> T:
     elif result is captured:  # only other models were called
         result.messages_and_choices, result.tools, result.additional_histories = [], None, []
     calls = captured.exchanges  # the other APIs' calls stay as they were
-    kept_calls = [*ours, *calls.completions, *calls.responses, *calls.messages]
+    kept_calls: list[Exchange] = [*ours, *calls.completions, *calls.responses, *calls.messages]
     if result is captured:
         result.logs = logs
         result.exchanges = TrajectoryExchanges()

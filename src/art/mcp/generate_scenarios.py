@@ -283,9 +283,8 @@ def _parse(content: str, seen: set[str]) -> tuple[list[GeneratedScenario], list[
     found, dropped = [], []
     for i, item in enumerate(items):
         try:
-            scenario = GeneratedScenario(
-                task=(item or {}).get("task"), difficulty=_difficulty((item or {}).get("difficulty"))
-            )
+            task: Any = (item or {}).get("task")  # GeneratedScenario checks it and names what is wrong
+            scenario = GeneratedScenario(task=task, difficulty=_difficulty((item or {}).get("difficulty")))
         except (ArtValueError, AttributeError) as exc:
             dropped.append(f"item {i}: {exc}")
             continue

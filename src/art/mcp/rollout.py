@@ -20,7 +20,7 @@ from typing import Any
 
 from art.capture import AutoTrajectoryContext
 from art.mcp.server_info import list_tools
-from art.mcp.types import GeneratedScenario, MCPTool, _field
+from art.mcp.types import GeneratedScenario, MCPTool, field_of
 from art.trajectories import Trajectory
 
 log = logging.getLogger(__name__)
@@ -198,7 +198,7 @@ async def _run_tool(session: Any, name: str, arguments: str, known: set[str], li
         result = await session.call_tool(name, parsed)
     except Exception as exc:  # the server refused or failed: the agent sees why
         return f"Error: {type(exc).__name__}: {exc}", True
-    failed = bool(_field(result, "is_error", "isError"))
+    failed = bool(field_of(result, "is_error", "isError"))
     text = _content_text(result)
     if len(text) > limit:
         text = text[:limit] + f"\n[... {len(text) - limit} more characters cut]"
@@ -216,10 +216,10 @@ def _content_text(result: Any) -> str:
             resource = getattr(item, "resource", None)
             parts.append(getattr(resource, "text", None) or f"[resource {getattr(resource, 'uri', '')}]")
         else:
-            mime = _field(item, "mime_type", "mimeType", default="")
+            mime = field_of(item, "mime_type", "mimeType", default="")
             parts.append(f"[{kind or type(item).__name__} {mime}]".replace(" ]", "]"))
     if not parts:
-        structured = _field(result, "structured_content", "structuredContent")
+        structured = field_of(result, "structured_content", "structuredContent")
         if structured is not None:
             return json.dumps(structured)
     return "\n".join(parts)

@@ -10,7 +10,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from art.mcp.types import MCPResource, MCPTool, _field
+from art.mcp.types import MCPResource, MCPTool, field_of
 
 log = logging.getLogger(__name__)
 
@@ -24,7 +24,7 @@ async def list_resources(session: Any) -> list[MCPResource]:
     """Every resource the server lists; none from a server that has no resources (it may
     refuse the request, as servers without the resources capability do)."""
     capabilities = _server_capabilities(session)
-    if capabilities is not None and _field(capabilities, "resources") is None:
+    if capabilities is not None and field_of(capabilities, "resources") is None:
         return []
     try:
         resources = await _all_pages(session.list_resources, "resources")
@@ -51,8 +51,8 @@ async def _all_pages(fetch: Callable[..., Awaitable[Any]], items: str) -> list[A
     cursor = None
     while True:
         page = await fetch() if cursor is None else await _next_page(fetch, cursor)
-        found += list(_field(page, items, default=[]))
-        cursor = _field(page, "next_cursor", "nextCursor")
+        found += list(field_of(page, items, default=[]))
+        cursor = field_of(page, "next_cursor", "nextCursor")
         if not cursor:
             return found
 

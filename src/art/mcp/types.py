@@ -19,21 +19,16 @@ from art.errors import ArtValueError
 MIN_DIFFICULTY, MAX_DIFFICULTY = 1, 5
 
 
-def _field(obj: Any, *names: str, default: Any = None) -> Any:
+def field_of(obj: Any, *names: str, default: Any = None) -> Any:
     """The first of `names` that `obj` (an SDK object or a dict) has and is not None. On a
     pydantic object only declared fields are read: the camelCase aliases that some libraries
     (fastmcp) add to the SDK 2.x types warn when read."""
     if isinstance(obj, dict):
-        present, read = [n for n in names if n in obj], obj.get
+        values = [obj.get(n) for n in names if n in obj]
     else:
         declared = getattr(type(obj), "model_fields", None)
-        present = [n for n in names if n in declared] if declared else list(names)
-        read = lambda name: getattr(obj, name, None)  # noqa: E731 - the other branch binds a method: one name for both
-    for name in present:
-        value = read(name)
-        if value is not None:
-            return value
-    return default
+        values = [getattr(obj, n, None) for n in names if not declared or n in declared]
+    return next((value for value in values if value is not None), default)
 
 
 @dataclass
@@ -56,9 +51,9 @@ class MCPTool:
     def from_mcp(cls, tool: Any) -> MCPTool:
         """From an MCP SDK `Tool` (or its dict): `parameters` is its input schema."""
         return cls(
-            name=_field(tool, "name", default=""),
-            description=_field(tool, "description", default=""),
-            parameters=dict(_field(tool, "input_schema", "inputSchema", "parameters", default={})),
+            name=field_of(tool, "name", default=""),
+            description=field_of(tool, "description", default=""),
+            parameters=dict(field_of(tool, "input_schema", "inputSchema", "parameters", default={})),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -98,10 +93,10 @@ class MCPResource:
     @classmethod
     def from_mcp(cls, resource: Any) -> MCPResource:
         return cls(
-            uri=str(_field(resource, "uri", default="")),
-            name=_field(resource, "name", default=""),
-            description=_field(resource, "description", default=""),
-            mime_type=_field(resource, "mime_type", "mimeType"),
+            uri=str(field_of(resource, "uri", default="")),
+            name=field_of(resource, "name", default=""),
+            description=field_of(resource, "description", default=""),
+            mime_type=field_of(resource, "mime_type", "mimeType"),
         )
 
     def to_dict(self) -> dict[str, Any]:

@@ -68,7 +68,7 @@ def configure(
     try:
         from opentelemetry import trace
         from opentelemetry.sdk.resources import Resource
-        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
     except ImportError as exc:
         raise ImportError('tracing needs the tracing extra: pip install "agent-rl-trainer[tracing]"') from exc
@@ -76,7 +76,7 @@ def configure(
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
         exporter = OTLPSpanExporter(endpoint=endpoint, headers=dict(headers) if headers else None)
-        processor = BatchSpanProcessor(exporter)
+        processor: SpanProcessor = BatchSpanProcessor(exporter)
     else:
         processor = SimpleSpanProcessor(exporter)
     with _lock:
@@ -86,6 +86,8 @@ def configure(
             provider = TracerProvider(resource=Resource.create({"service.name": name}))
             trace.set_tracer_provider(provider)
             provider = trace.get_tracer_provider()  # the one that won, should another thread race us
+        if not isinstance(provider, TracerProvider):
+            raise RuntimeError(f"another tracer provider ({type(provider).__name__}) was installed meanwhile")
         provider.add_span_processor(processor)
         _tracer = provider.get_tracer(TRACER_NAME)
 
@@ -119,7 +121,7 @@ def configure_langfuse(
         try:
             from langfuse import Langfuse
         except ImportError:
-            _configure_langfuse_otlp(public_key, secret_key, host, service_name)
+            _configure_langfuse_otlp(public_key or "", secret_key or "", host, service_name)  # both set: checked above
             return
         client = Langfuse(
             public_key=public_key, secret_key=secret_key, base_url=host, should_export_span=langfuse_should_export
@@ -263,7 +265,7 @@ def rollout_attributes(trajectory: Any) -> dict[str, Any]:
 
 def _clean(attributes: Mapping[str, Any]) -> dict[str, Any]:
     """OpenTelemetry takes str, bool, int, float and lists of one of them; the rest as JSON."""
-    out = {}
+    out: dict[str, Any] = {}
     for key, value in attributes.items():
         if value is None:
             continue

@@ -13,12 +13,13 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
+from typing import Any
 
 from art.metrics_taxonomy import SECTIONS, SFT_METRIC_PREFIX, SFT_WANDB_GRADIENT_STEP_KEY, TRAINING_STEP_KEY
 
 log = logging.getLogger(__name__)
 
-_runs: dict[tuple[str, str], object] = {}
+_runs: dict[tuple[str, str], Any] = {}  # wandb Run objects (wandb is imported lazily)
 _warned = False
 
 

@@ -9,6 +9,7 @@ pipeline runs it again: nothing is skipped untrained.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
+from typing import Any
 
 STATE_KEY = "_pipeline_trainer"
 
@@ -32,7 +33,7 @@ class PipelineState:
     def from_saved(cls, saved: dict | None) -> PipelineState:
         """The saved state (unknown or mistyped keys ignored), or a new one."""
         known = {f.name: f for f in fields(cls)}
-        values = {}
+        values: dict[str, Any] = {}
         for key, value in (saved or {}).items():
             if key in known and isinstance(
                 value, list if key in ("used_after_offset", "completed_eval_steps") else int

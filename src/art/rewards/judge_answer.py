@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
+from typing import Any
 
 from pydantic import BaseModel, Field, ValidationError
 
@@ -100,7 +101,7 @@ def parse_answer(content: str | None, n: int) -> tuple[list[TrajectoryScore], in
     brought to [0, 1] by the answer's largest: all within 1 are taken as they are, else within
     10 they are tenths (8 -> 0.8), else within 100 hundredths; a fraction or a percentage says
     its own scale. What is still outside [0, 1] (a negative, past 100) is clamped and counted."""
-    data = _json_object(content or "")
+    data: Any = _json_object(content or "")
     raw_scores = data.get("scores") if isinstance(data, dict) else None
     explicit: set[int] = set()
     if isinstance(raw_scores, list):

@@ -14,7 +14,7 @@ import json
 from textwrap import dedent
 from typing import Any
 
-from art.rewards.judge_answer import listed
+from art.rewards.judge_answer import JudgeAnswerError, listed
 
 DEFAULT_RUBRIC = dedent(
     """
@@ -118,7 +118,7 @@ def judge_messages(
     ]
 
 
-def correction(bad_answer: str, problem: ValueError, n: int) -> list[dict[str, str]]:
+def correction(bad_answer: str, problem: JudgeAnswerError, n: int) -> list[dict[str, str]]:
     """What a retry adds to the judge's conversation: its unusable answer, then what was wrong
     with it (for a wrong set of ids: which are missing, repeated or unexpected) and what to send."""
     got = getattr(problem, "got", None)
@@ -126,9 +126,9 @@ def correction(bad_answer: str, problem: ValueError, n: int) -> list[dict[str, s
         what = (
             f"Your previous answer had {got} score object{'' if got == 1 else 's'}, but there "
             f"{'is 1 trajectory' if n == 1 else f'are {n} trajectories'}.\n"
-            f"Missing trajectory IDs: {listed(problem.missing)}\n"
-            f"Duplicate trajectory IDs: {listed(problem.duplicate)}\n"
-            f"Unexpected trajectory IDs: {listed(problem.unexpected)}"
+            f"Missing trajectory IDs: {listed(problem.missing or [])}\n"
+            f"Duplicate trajectory IDs: {listed(problem.duplicate or [])}\n"
+            f"Unexpected trajectory IDs: {listed(problem.unexpected or [])}"
         )
     else:
         what = f"Your previous answer could not be used: {problem}"

@@ -170,7 +170,7 @@ def _judge(judge: Any, judge_model: str, api_key: str | None) -> _Judge:
     )
 
 
-def _message_list(item: Any) -> list[dict[str, Any]]:
+def _message_list(item: Any) -> list[Any]:
     if isinstance(item, Trajectory):
         if item.additional_histories:
             raise ArtValueError("RULER does not judge additional_histories yet", "additional_histories")

@@ -69,14 +69,14 @@ from art.server.openai_format import (
     response_head,
     token_usage,
 )
-from art.server.registry import ModelRegistry
-from art.server.schemas import (
+from art.server.openai_schemas import (
     ChatCompletionRequest,
     CompletionRequest,
     MessagesCountRequest,
     MessagesRequest,
     ResponsesRequest,
 )
+from art.server.registry import ModelRegistry
 from art.server.structured_output import grammar_for
 
 
@@ -101,7 +101,7 @@ def create_app(
         With the API key (or on a server without one) also each engine's load, what is stuck,
         where, and which replicas are down and why."""
         stuck = watchdog.stuck() if watchdog is not None else []
-        engines = registry.stats() if hasattr(registry, "stats") else {}
+        engines = registry.stats()
         down = [
             {"model": model, **replica}
             for model, stats in engines.items()
@@ -204,7 +204,8 @@ def create_app(
             try:
                 result = await _complete(served, chat, default_max_tokens, span)
             except ArtValueError as exc:  # named as chat names it: say the Responses field instead
-                exc.field = _RESPONSES_FIELDS.get(exc.field, exc.field)
+                if exc.field is not None:
+                    exc.field = _RESPONSES_FIELDS.get(exc.field, exc.field)
                 raise
             if isinstance(result, StreamingResponse):
                 return StreamingResponse(
@@ -228,7 +229,8 @@ def create_app(
             try:
                 result = await _complete(served, chat, default_max_tokens, span)
             except ArtValueError as exc:  # named as chat names it: say the Messages field instead
-                exc.field = messages_format.FIELDS.get(exc.field, exc.field)
+                if exc.field is not None:
+                    exc.field = messages_format.FIELDS.get(exc.field, exc.field)
                 raise
             if isinstance(result, StreamingResponse):
                 return StreamingResponse(

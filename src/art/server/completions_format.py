@@ -26,7 +26,7 @@ import asyncio
 import dataclasses
 import json
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, Iterator
 from typing import Any
 
 from fastapi.responses import StreamingResponse
@@ -36,7 +36,7 @@ from art.errors import ArtValueError, ContextLengthError
 from art.observability import tracing
 from art.server.errors import stream_error_event
 from art.server.openai_format import IncrementalText, TokenText, matched_stop, response_attributes, response_head
-from art.server.schemas import CompletionRequest
+from art.server.openai_schemas import CompletionRequest
 
 
 def request_attributes(body: CompletionRequest) -> dict[str, Any]:
@@ -280,9 +280,9 @@ async def _stream(served: ServedModel, batch: Batch, span) -> StreamingResponse:
     """The SSE response. Until the first token nothing is sent, so a failure is still an ordinary
     error response; a later one ends the stream with OpenAI's `{"error": ...}` data line."""
     engine = served.engine
-    streams: list[AsyncIterator] = []
+    streams: list[AsyncGenerator[SampledTokens | list[Completion], None]] = []
 
-    def open_stream(p: int) -> AsyncIterator:
+    def open_stream(p: int) -> AsyncGenerator[SampledTokens | list[Completion], None]:
         streams.append(engine.stream(batch.ids[p], batch.params[p], served.adapter))
         return streams[-1]
 
@@ -294,7 +294,7 @@ async def _stream(served: ServedModel, batch: Batch, span) -> StreamingResponse:
         raise
     chunks = Chunks(batch, batch.head(served, first if isinstance(first, list) else [first]))
 
-    async def lines():
+    async def lines() -> AsyncGenerator[str, None]:
         results: list[list[Completion]] = []
         try:
             yield chunks.start()

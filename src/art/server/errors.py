@@ -108,7 +108,7 @@ def as_anthropic(response: Any) -> Any:
     kept); the field OpenAI's `param` names leads the message. Any other response passes."""
     if not isinstance(response, JSONResponse) or response.status_code < 400:
         return response
-    error = json.loads(response.body).get("error") or {}
+    error = json.loads(bytes(response.body)).get("error") or {}
     message, param = str(error.get("message") or "error"), error.get("param")
     if param and param not in message:
         message = f"{param}: {message}"

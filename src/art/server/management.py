@@ -4,7 +4,7 @@ They sit beside the OpenAI routes (`art.server.app`) in the app that `art serve`
 hold no model state: every call goes to the service living in the server process (an
 `art.service.Service`, which `LocalBackend` also adapts in process, and `art.RemoteService`
 speaks from the other side). This module only turns JSON into those calls and back; the
-routes' bodies and the train stream's lines are specified in `art.server.schemas`.
+routes' bodies and the train stream's lines are specified in `art.server.management_schemas`.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from art.errors import ArtError, ArtValueError, BackendUnavailableError, StepCan
 from art.naming import MAX_METRIC_NAME, echo
 from art.observability import tracing
 from art.server.errors import error_object, error_response
-from art.server.schemas import (
+from art.server.management_schemas import (
     Cancelled,
     Checkpoints,
     DeletedCheckpoints,

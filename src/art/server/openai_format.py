@@ -23,7 +23,7 @@ from typing import Any
 
 from art.chat_template import CLOSE, OPEN
 from art.engine.base import Completion, SampledTokens, ServedModel
-from art.server.schemas import ChatCompletionRequest
+from art.server.openai_schemas import ChatCompletionRequest, CompletionRequest
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +78,9 @@ def response_attributes(
 
 
 def response_head(
-    body: ChatCompletionRequest, served: ServedModel, sampled: list[Completion] | list[SampledTokens]
+    body: ChatCompletionRequest | CompletionRequest,
+    served: ServedModel,
+    sampled: list[Completion] | list[SampledTokens],
 ) -> dict:
     """The fields every response and chunk starts with. `sampled`: the completions, or a
     stream's first tokens; they say which weights sampled (a training step may have landed

@@ -17,7 +17,7 @@ import json
 import logging
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl
@@ -227,7 +227,7 @@ class BodyLimit:
         )
 
 
-def default_model_roots(models_dirs: list[str] = ()) -> list[Path]:
+def default_model_roots(models_dirs: Sequence[str] = ()) -> list[Path]:
     """Server folders a `base_model` path may point into: `--models-dir`s, the Hugging Face
     cache and art's cache (the bundled default model)."""
     from art.base_models import cache_root
@@ -235,7 +235,8 @@ def default_model_roots(models_dirs: list[str] = ()) -> list[Path]:
     hub = os.environ.get("HF_HUB_CACHE") or os.path.join(
         os.environ.get("HF_HOME", os.path.join(os.path.expanduser("~"), ".cache", "huggingface")), "hub"
     )
-    return [Path(p).expanduser().resolve() for p in (*models_dirs, hub, cache_root())]
+    roots: list[str | Path] = [*models_dirs, hub, cache_root()]
+    return [Path(p).expanduser().resolve() for p in roots]
 
 
 def check_base_model(value: str, roots: list[Path] | None) -> None:

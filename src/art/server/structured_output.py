@@ -46,13 +46,14 @@ def grammar_for(
     if vllm_constraint is not None:
         return _vllm_grammar(*vllm_constraint)
     forced = _forced_tools(tools, tool_choice)
-    kind = (response_format or {}).get("type", "text")
+    requested = response_format or {}
+    kind = requested.get("type", "text")
     if forced:  # the completion is the call; a response_format shapes text answers, as OpenAI reads it
         return _tool_call_grammar(forced, several=parallel_tool_calls is True)  # (the Agents SDK sends both)
     if kind == "json_object":
         return _json_grammar({"type": "object"})
     if kind == "json_schema":
-        return _json_grammar(response_format["json_schema"].get("schema") or {"type": "object"})
+        return _json_grammar(requested["json_schema"].get("schema") or {"type": "object"})
     return None
 
 

@@ -86,8 +86,10 @@ class ServerThread:
             lifespan="auto",
             timeout_keep_alive=KEEP_ALIVE_S,
         )
-        self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._run, args=(sock,), name=f"art-server-{self.port}", daemon=True)
+        self._server = server = uvicorn.Server(config)
+        self._thread = threading.Thread(
+            target=self._run, args=(server, sock), name=f"art-server-{self.port}", daemon=True
+        )
         self._thread.start()
         _RUNNING.add(self)
         deadline = time.monotonic() + self.start_timeout
@@ -98,9 +100,9 @@ class ServerThread:
             time.sleep(0.01)
         return self
 
-    def _run(self, sock: socket.socket) -> None:
+    def _run(self, server: uvicorn.Server, sock: socket.socket) -> None:
         try:
-            self._server.run(sockets=[sock])
+            server.run(sockets=[sock])
         except BaseException as exc:  # uvicorn exits via SystemExit on startup failure
             self._error = exc
         finally:

@@ -4,7 +4,7 @@ One protocol, three faces. `LocalService` (`art.service.local`) implements it in
 process over the loaded models; the management routes (`art.server.management`) put it on HTTP;
 `RemoteService` (`art.backends.remote`) implements it again as that HTTP API's client. The
 ART-facing classes users hold, `LocalBackend` and `RemoteBackend`, are one thin adapter
-(`art.backends.adapter.ServiceBackend`) from `art.Model` objects to this API.
+(`art.backends.adapter.ServiceAdapter`) from `art.Model` objects to this API.
 
 Torch-free: the client side imports it. Models are named by `ModelKey` (project, name), never by
 `art.Model` objects, so the server needs no stand-in model to call its own backend, and training
@@ -13,7 +13,7 @@ options reach a service resolved once (`resolve_train_options`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
@@ -147,7 +147,7 @@ class Service(Protocol):
         ...
 
     async def log(
-        self, key: ModelKey, *, split: str, step: int, metrics: dict, groups: list, scenario_ids: list[str] = ()
+        self, key: ModelKey, *, split: str, step: int, metrics: dict, groups: list, scenario_ids: Iterable[str] = ()
     ) -> dict:
         """Write the step's trajectories and append a history row (with what the run's running
         totals derive from it, counting `scenario_ids` as seen); the row as written."""

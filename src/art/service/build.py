@@ -13,12 +13,14 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 import torch
 
 from art.base_models import load_policy, reference_loader
 from art.devices import cpu_split
 from art.engine.adapters import AdapterSet
+from art.engine.base import ManagedEngine
 from art.engine.llm_engine import LLMEngine
 from art.errors import ArtValueError
 from art.service.api import ModelSpec
@@ -26,7 +28,7 @@ from art.service.engines import choose_engine, describe, engine_record, start_vl
 from art.service.loaded import LoadedModel
 from art.service.settings import parse_internal_config
 from art.storage import CheckpointStore, ModelDir
-from art.training.trainer import Trainer
+from art.training.trainer import Trainer, TrainerHandle
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +72,8 @@ def load_model(root, spec: ModelSpec, placement: str = "processes", default_engi
     `default_engine`: which engine serves it unless its internal config says ("auto", "ours", "vllm")."""
     bound_malloc_growth()
     name, project, base_model = spec.name, spec.project, spec.base_model
+    if base_model is None:  # `LocalService` refuses such a spec before it gets here
+        raise ArtValueError(f"{project}/{name}: a trainable model needs a base_model", field="base_model")
     internal = dict(spec.internal_config or {})
     settings = parse_internal_config(internal)  # ArtValueError naming the field, before any loading
     kind = choose_engine(settings.engine_kind or default_engine, settings.vllm_python)
@@ -81,67 +85,31 @@ def load_model(root, spec: ModelSpec, placement: str = "processes", default_engi
     torch.manual_seed(settings.seed)  # reproducible adapter init at step 0
     model, tokenizer = load_policy(base_model, lora, dtype=dtype, device=device, trainable=not settings.fsdp)
     lock = threading.RLock()
-    if kind == "vllm":  # vLLM serves from a process of its own, started once a checkpoint exists
-        adapters, serve_while_training = None, settings.serve_while_training is not False
+    ours: LLMEngine | None = None  # vLLM serves from a process of its own, started once a checkpoint exists
+    adapters: AdapterSet | None = None
+    if kind == "vllm":
+        serve_while_training = settings.serve_while_training is not False
     else:
         adapters = AdapterSet(model)
-        engine = LLMEngine(model, tokenizer, engine_config, lock=lock, adapters=adapters)
-        serve_while_training = _serves_while_training(settings, engine)
+        ours = LLMEngine(model, tokenizer, engine_config, lock=lock, adapters=adapters)
+        serve_while_training = _serves_while_training(settings, ours)
     # Beside a serving engine the trainer needs no lock of the engine's: the engine reads only
     # its own copies of the live weights (`art.engine.served_weights`).
     trainer_lock = threading.RLock() if serve_while_training else lock
     replicas = None
     if settings.engine_replicas > 1:  # replicas 1..N-1 build the same model in processes of their own
-        from art.devices import process_threads
-        from art.engine.replica_process import REPLICA_THREADS, ReplicaSpec
-        from art.engine.replicas import ReplicaSet
-
-        replica_class = None
-        if on_ray:
-            from art.ray_cluster import RayReplica as replica_class
-        replica_spec = ReplicaSpec(base_model, lora, engine.config, process_threads(REPLICA_THREADS))
-        replicas = ReplicaSet(
-            engine, replica_spec, settings.engine_replicas, replica_class, dedicated=settings.dedicated_samplers
-        )
-    peers = None
-    if settings.trainer_ranks > 1 or settings.fsdp:  # ranks 1..N-1 (sharded: all N) are processes of their own
-        from art.training.ranks import RankPeers, RankSpec
-
-        transport = None
-        if on_ray:
-            from art.ray_cluster import RayRanks as transport
-        peers = RankPeers(
-            settings.trainer_ranks,
-            RankSpec(base_model, lora, str(device), str(dtype).removeprefix("torch."), settings.fsdp),
-            transport,
-        )
-    if settings.fsdp:
-        from art.training.ranks import ShardedTrainer
-
-        trainer = ShardedTrainer(model, peers, lock=lock, device=device, dtype=dtype)
-    else:
-        trainer = Trainer(
-            model,
-            tokenizer,
-            lock=trainer_lock,
-            device=device,
-            dtype=dtype,
-            load_reference=reference_loader(base_model, lora, dtype=dtype, device=device),
-        )
-        if peers is not None:
-            from art.training.ranks import LeadTrainer
-
-            trainer = LeadTrainer(trainer, peers)
+        replicas = _replica_set(ours, settings, base_model, lora, on_ray)
+    trainer = _trainer(model, tokenizer, settings, base_model, trainer_lock, lock, device, dtype, on_ray)
     store = CheckpointStore(directory.checkpoints)
     latest = store.latest_step()
     if latest is None:
         store.write(0, trainer.save)
         latest = 0
-        if peers is not None:
-            trainer.sync_peers(store.path(0))
+        trainer.sync_peers(store.path(0))
     else:
         trainer.restore(store.path(latest))
-    if kind == "vllm":
+    engine: ManagedEngine
+    if ours is None or adapters is None:  # vLLM: its server starts on the checkpoint of `latest`
         engine = start_vllm(
             settings,
             base_model=base_model,
@@ -155,6 +123,7 @@ def load_model(root, spec: ModelSpec, placement: str = "processes", default_engi
             log_path=directory.path / "vllm.log",
         )
     else:
+        engine = ours
         adapters.live_step = latest
     model_json = {
         "name": name,
@@ -197,3 +166,64 @@ def load_model(root, spec: ModelSpec, placement: str = "processes", default_engi
     print(f"[art] {project}/{name}: {describe(engine)}", file=sys.stderr, flush=True)
     log.info("%s/%s ready at step %d", project, name, latest)
     return loaded
+
+
+def _replica_set(ours: LLMEngine | None, settings, base_model: str, lora: dict | None, on_ray: bool):
+    """Engine replicas 1..N-1 beside `ours` (replica 0), as local processes or Ray actors."""
+    from art.devices import process_threads
+    from art.engine.replica_process import REPLICA_THREADS, CalledReplica, ReplicaSpec
+    from art.engine.replicas import ReplicaSet
+
+    if ours is None:
+        raise ArtValueError(
+            "engine_replicas is not available with engine='vllm' yet; use engine='ours' for it", field="engine_replicas"
+        )
+    replica_class: type[CalledReplica] | None = None
+    if on_ray:
+        from art.ray_cluster import RayReplica
+
+        replica_class = RayReplica
+    spec = ReplicaSpec(base_model, lora, ours.config, process_threads(REPLICA_THREADS))
+    return ReplicaSet(ours, spec, settings.engine_replicas, replica_class, dedicated=settings.dedicated_samplers)
+
+
+def _trainer(
+    model, tokenizer, settings, base_model: str, lock, engine_lock, device, dtype: torch.dtype, on_ray: bool
+) -> TrainerHandle:
+    """The model's trainer: a lone `Trainer`, or the handle on its trainer ranks (ranks 1..N-1,
+    sharded all N, are processes of their own: `art.training.rank_group`). `lock`: the trainer's;
+    `engine_lock`: the engine's, which a sharded trainer takes to load each checkpoint it serves."""
+    lora = settings.lora
+    if settings.trainer_ranks == 1 and not settings.fsdp:
+        return Trainer(
+            model,
+            tokenizer,
+            lock=lock,
+            device=device,
+            dtype=dtype,
+            load_reference=reference_loader(base_model, lora, dtype=dtype, device=device),
+        )
+    from art.training.rank_group import LeadTrainer, RankPeers, RankTransport, ShardedTrainer
+    from art.training.ranks import RankSpec
+
+    transport: Callable[[int, RankSpec, int], RankTransport] | None = None
+    if on_ray:
+        from art.ray_cluster import RayRanks
+
+        transport = RayRanks
+    peers = RankPeers(
+        settings.trainer_ranks,
+        RankSpec(base_model, lora, str(device), str(dtype).removeprefix("torch."), settings.fsdp),
+        transport,
+    )
+    if settings.fsdp:
+        return ShardedTrainer(model, peers, lock=engine_lock, device=device, dtype=dtype)
+    trainer = Trainer(
+        model,
+        tokenizer,
+        lock=lock,
+        device=device,
+        dtype=dtype,
+        load_reference=reference_loader(base_model, lora, dtype=dtype, device=device),
+    )
+    return LeadTrainer(trainer, peers)

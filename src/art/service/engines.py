@@ -115,7 +115,7 @@ def start_vllm(
         settings,
         base_model,
         device=device,
-        lora_rank=None if full else int(lora["r"]),
+        lora_rank=None if lora is None else int(lora["r"]),
         served_name=base_model,
         checkpoint=checkpoint if full else None,
         engine_args=install.engine_args,

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from typing import TYPE_CHECKING
 
 from art.engine.base import AdapterRef, ServedModel
 from art.errors import ModelNotFoundError
@@ -24,6 +25,9 @@ from art.storage import CheckpointStore, ModelDir
 from art.training.options import TrainOptions
 from art.training.validate import check_groups
 from art.weights import adapter_tensors
+
+if TYPE_CHECKING:
+    from art.training.trainer import TrainerHandle  # torch: imported only by `art.service.build`
 
 
 class LoadedModel:
@@ -47,7 +51,7 @@ class LoadedModel:
         adapters,
         engine,
         replicas,
-        trainer,
+        trainer: TrainerHandle,
         store: CheckpointStore,
         step: int,
         model_json: dict,
@@ -170,8 +174,7 @@ class LoadedModel:
         self.engine.stop()
         if self.replicas is not None:
             self.replicas.close()
-        if hasattr(self.trainer, "peers"):  # a handle on a group of ranks (`art.training.ranks`)
-            self.trainer.peers.close()
+        self.trainer.close()
 
     def delete_checkpoints(self, keep: set[int]) -> list[int]:
         deleted = []

@@ -16,6 +16,7 @@ import asyncio
 import logging
 import math
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -207,7 +208,7 @@ class LocalService:
         return (await self._trainable(key)).cancel()
 
     async def log(
-        self, key: ModelKey, *, split: str, step: int, metrics: dict, groups: list, scenario_ids: list[str] = ()
+        self, key: ModelKey, *, split: str, step: int, metrics: dict, groups: list, scenario_ids: Iterable[str] = ()
     ) -> dict:
         """Any model's logs, registered or not (a prompted baseline only logs)."""
         return await asyncio.to_thread(
@@ -342,7 +343,10 @@ def _fork_on_disk(dest: ModelDir, spec: ModelSpec, plan) -> int:
 
     store = CheckpointStore(dest.checkpoints)
     if plan.done_already:
-        return store.latest_step()
+        latest = store.latest_step()
+        if latest is None:  # `plan_fork` found the forked step among its checkpoints
+            raise BackendError(f"the checkpoints of {dest.path} disappeared while forking into it")
+        return latest
     copy_checkpoint(plan, store)
     stored = dest.read_model_json() or {
         "name": spec.name,

@@ -54,7 +54,7 @@ def probe_prompt(tokenizer) -> list[int]:
         return [int(i) for i in tokenizer.encode(PROBE_MESSAGE)]
 
 
-async def check(service, via=None, known: dict | None = None) -> dict[str, float]:
+async def check(service, via=None, known: dict[tuple[int, ...], list[float]] | None = None) -> dict[str, float]:
     """Sample the probe through `service`'s engine (or the engine replica `via`) by its plain
     name (the latest step) and compare with the trainer. Returns {METRIC: max abs diff}; raises
     WeightSyncError with both sets of numbers on a mismatch or when the engine says other
@@ -65,7 +65,7 @@ async def check(service, via=None, known: dict | None = None) -> dict[str, float
     params = SamplingParams(n=1, temperature=0.0, max_tokens=PROBE_TOKENS, ignore_eos=True)
     (completion,) = await (via or service.engine).generate(prompt, params, served.adapter)
     tokens = tuple(completion.token_ids)
-    trained = known.get(tokens) if known is not None else None
+    trained: list[float] | None = known.get(tokens) if known is not None else None
     if trained is None:
         trained = await asyncio.to_thread(trainer_logprobs, service, prompt, completion.token_ids)
         if known is not None:

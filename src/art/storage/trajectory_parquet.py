@@ -148,7 +148,7 @@ def _flat_messages(trajectory: Trajectory) -> list[dict[str, Any]] | None:
                 "tool_call_id": None,
                 "trainable": True,
             }
-        else:
+        elif isinstance(item, Mapping):
             row = {
                 "role": item.get("role"),
                 "content": item.get("content"),
@@ -156,6 +156,8 @@ def _flat_messages(trajectory: Trajectory) -> list[dict[str, Any]] | None:
                 "tool_call_id": item.get("tool_call_id"),
                 "trainable": False,
             }
+        else:  # what a Trajectory admits is a message dict or a Choice
+            raise TypeError(f"a trajectory item is a {type(item).__name__}, neither a message dict nor a Choice")
         if row["content"] is not None and not isinstance(row["content"], str):
             return None
         row["tool_calls"] = _json(row["tool_calls"]) if row["tool_calls"] else None
@@ -289,14 +291,16 @@ def _read_flat(rows: list[dict[str, Any]], path: str | Path) -> list[TrajectoryG
             )
         messages = [_unflatten(m) for m in row.get("messages") or []]
         members.setdefault(group_index, []).append(
-            Trajectory(
-                messages_and_choices=messages,
-                reward=float(reward),
-                metrics=_lenient_object(row.get("metrics")),
-                metadata=_lenient_object(row.get("metadata")),
-                logs=[str(line) for line in row.get("logs") or []],
-                tools=_lenient_list(row.get("tools")),
-                additional_histories=_histories(row.get("additional_histories")),
+            Trajectory.model_validate(  # the row's message dicts are checked as a Trajectory checks any
+                {
+                    "messages_and_choices": messages,
+                    "reward": float(reward),
+                    "metrics": _lenient_object(row.get("metrics")),
+                    "metadata": _lenient_object(row.get("metadata")),
+                    "logs": [str(line) for line in row.get("logs") or []],
+                    "tools": _lenient_list(row.get("tools")),
+                    "additional_histories": _histories(row.get("additional_histories")),
+                }
             )
         )
     return [

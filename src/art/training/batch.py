@@ -3,19 +3,31 @@
 The first stages of the spine (`art.training.trainer`): advantages per group, token sequences
 per trajectory (`art.training.sequences`), what was skipped and why (and which assistant turns
 given as dicts are context), then the split into one mini-batch per optimizer step and each
-mini-batch's micro-batches (`art.training.packing`).
+mini-batch's micro-batches (`art.training.packing`): `pack_batch`, and `report_input` for
+what the step reports (and warns) of its input.
 """
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from dataclasses import dataclass, field
 
+from art.observability import tracing
 from art.training import packing, sequences
 from art.training.advantages import balance_advantage, group_advantages, reward_std, rewards_differ
+from art.training.collective import Collective
 from art.training.options import TrainOptions
 from art.training.packing import MicroBatch
-from art.training.sequences import Sequence, assistant_dict_turns, sequences_of_trajectory
+from art.training.sequences import (
+    SEQUENCE_BREAK,
+    UNUSED_ASSISTANT_DICT,
+    Sequence,
+    assistant_dict_turns,
+    sequences_of_trajectory,
+)
+
+log = logging.getLogger(__name__)
 
 EQUAL_REWARDS = "group_rewards_all_equal"
 NO_SIGNAL_HINT = (
@@ -112,6 +124,73 @@ def plan_micro_batches(sequences: list[Sequence], options: TrainOptions) -> list
         row_tokens=options.packed_row_tokens,
         batch_tokens=options.micro_batch_tokens,
     )
+
+
+@dataclass
+class PackedBatch:
+    """A step's groups as `pack_batch` made them: what trains, what was left out, and how
+    this rank runs each mini-batch."""
+
+    groups: list
+    sequences: list[Sequence]
+    issues: Counter
+    """What was not used as given (`art.training.batch.describe`), by reason."""
+    stats: dict[str, float]
+    dicts: AssistantDicts
+    parts: list[list[Sequence]]
+    """The mini-batches, one optimizer step each (per epoch)."""
+    plans: list[list[MicroBatch | None]]
+    """This rank's micro-batches of each mini-batch; None is a sharded rank's filler pass."""
+
+
+def pack_batch(groups: list, options: TrainOptions, collective: Collective) -> PackedBatch:
+    """A step's sequences, its mini-batches and this rank's micro-batch plans of each (a
+    sharded rank's padded with filler passes to the busiest rank's count)."""
+    with tracing.span("art.train.pack") as pack:
+        sequences, issues, stats = prepare_batch(groups, options)
+        dicts = assistant_dicts(groups)
+        parts = [part for part in split_mini_batches(sequences, options.mini_batches) if part]
+        plans: list[list[MicroBatch | None]] = [
+            list(plan_micro_batches(collective.shard(part), options)) for part in parts
+        ]
+        if collective.sharded:  # every rank runs as many passes as the busiest: fillers make up the rest
+            most = [max(counts) for counts in zip(*collective.gather([len(p) for p in plans]))]
+            plans = [plan + [None] * (n - len(plan)) for plan, n in zip(plans, most)]
+        tracing.set_attributes(pack, {"art.sequences": len(sequences)})
+    return PackedBatch(groups, sequences, issues, stats, dicts, parts, plans)
+
+
+def report_input(batch: PackedBatch, options: TrainOptions) -> dict[str, float]:
+    """What a step reports of its input, trained or not: the `skipped/<reason>` counts, the
+    batch's statistics and context turns, with a warning for what was not used as given and,
+    when nothing trains, `nothing_to_train` = 1 and a warning that says why (and, when every
+    group's rewards were equal, what to do about it)."""
+    issues, dicts, stats = batch.issues, batch.dicts, batch.stats
+    breaks = issues.pop(SEQUENCE_BREAK, 0)  # trained all the same, each as a new sequence
+    if dicts.unused:
+        issues[UNUSED_ASSISTANT_DICT] = dicts.unused
+    metrics: dict[str, float] = {f"skipped/{k}": float(v) for k, v in sorted(issues.items())}
+    metrics.update(stats)
+    metrics["learning_rate"] = options.learning_rate  # on every row, one with nothing to train too
+    if dicts.context:  # few-shot demonstrations: context by design, not lost data
+        metrics["context_assistant_turns"] = float(dicts.context)
+    if breaks:
+        metrics["sequence_breaks"] = float(breaks)
+        log.info("%s", describe(Counter({SEQUENCE_BREAK: breaks})))
+    no_signal = bool(batch.groups) and not stats["groups_trained"]
+    if not batch.sequences:
+        metrics["nothing_to_train"] = 1.0
+        log.warning(
+            "nothing to train in this step (%s); the step advances with unchanged weights.%s",
+            describe(issues, dicts) or "no groups given",
+            f" {NO_SIGNAL_HINT}" if no_signal else "",
+        )
+        return metrics
+    if issues:
+        log.warning("training input not used as given: %s", describe(issues, dicts))
+    if no_signal:  # a KL or entropy term still trains, the reward does not
+        log.warning("only the KL or entropy term trains in this step. %s", NO_SIGNAL_HINT)
+    return metrics
 
 
 def describe(issues: Counter, dicts: AssistantDicts | None = None) -> str:

@@ -15,7 +15,7 @@ import datetime
 import logging
 import pickle
 import time
-from collections import Counter
+from collections.abc import Mapping
 
 import torch
 import torch.distributed as dist
@@ -133,14 +133,14 @@ class Collective:
             p.grad = flat[offset : offset + n].view_as(p).clone()
             offset += n
 
-    def sum_values(self, values: Counter) -> Counter:
+    def sum_values(self, values: Mapping[str, float]) -> dict[str, float]:
         """Per-rank sums (loss terms, token counts) summed across ranks; every rank gets them."""
         if self.world == 1:
-            return values
-        gathered = self.gather(dict(values))
-        total: Counter = Counter()
-        for part in gathered:
-            total.update(part)
+            return dict(values)
+        total: dict[str, float] = {}
+        for part in self.gather(dict(values)):
+            for key, value in part.items():
+                total[key] = total.get(key, 0) + value
         return total
 
     def gather(self, value) -> list:
@@ -171,15 +171,15 @@ def start_group(
     `port`): gloo on CPU, NCCL on CUDA. A group object of its own, not torch's default group,
     so one process may hold several models' groups. Returns once every rank has joined."""
     if store is None:
+        if port is None:
+            raise ValueError(f"rank {rank} joins the group at rank 0's store: give its port (or the store)")
         store = dist.TCPStore(host, port, world, False, timeout=STEP_TIMEOUT)
     if device.type == "cuda":
         options = dist.ProcessGroupNCCL.Options()
         options.is_high_priority_stream = False
         options._timeout = STEP_TIMEOUT  # NCCL's default is 10 minutes, after which its watchdog ends the process
-        group = dist.ProcessGroupNCCL(store, rank, world, options)
-    else:
-        group = dist.ProcessGroupGloo(store, rank, world, STEP_TIMEOUT)
-    return Collective(rank, world, group, store, device)
+        return Collective(rank, world, dist.ProcessGroupNCCL(store, rank, world, options), store, device)
+    return Collective(rank, world, dist.ProcessGroupGloo(store, rank, world, STEP_TIMEOUT), store, device)
 
 
 def join_default_group(rank: int, world: int, device: torch.device, port: int, host: str = "127.0.0.1") -> Collective:

@@ -10,7 +10,7 @@ reduce-scatter (a sum) of its gradients after its backward.
 FSDP2 runs on torch's default process group, of which a process has one, so every rank,
 rank 0 included, is a process of its own (`RankPeers` with `RankSpec.sharded`); the backend's
 process keeps only the engine's served copy of the model, in the serving dtype. That copy is
-reloaded from each checkpoint the ranks write (`art.training.ranks.ShardedTrainer`), and the
+reloaded from each checkpoint the ranks write (`art.training.rank_group.ShardedTrainer`), and the
 weight-sync probe asks the ranks for their logprobs, so it compares the served copy with the
 trained shards for real.
 
@@ -74,7 +74,7 @@ def shard_model(model, device: torch.device, dtype: torch.dtype = torch.float32)
     `dtype` is the compute dtype (`mixed_precision`)."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import FSDPModule, fully_shard
 
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     policy = mixed_precision(dtype)
@@ -82,9 +82,10 @@ def shard_model(model, device: torch.device, dtype: torch.dtype = torch.float32)
     for module in model.modules():
         if type(module).__name__ in layer_classes:
             fully_shard(module, mesh=mesh, mp_policy=policy)
-    scorer = fully_shard(ShardedScorer(model), mesh=mesh, mp_policy=policy)
+    scorer = ShardedScorer(model)
+    fully_shard(scorer, mesh=mesh, mp_policy=policy)  # in place: the same object, now also an FSDPModule
     for unit in scorer.modules():
-        if hasattr(unit, "set_gradient_divide_factor"):
+        if isinstance(unit, FSDPModule):
             unit.set_gradient_divide_factor(1.0)
             unit.set_force_sum_reduction_for_comms(True)  # gloo has no pre-scaled sum
     return scorer

@@ -19,7 +19,7 @@ CHUNK_TOKENS = 1024
 def gathered_logprobs(
     model,
     ids: torch.Tensor,
-    attention: torch.Tensor,
+    attention: torch.Tensor | None,
     sources: tuple[torch.Tensor, torch.Tensor],
     targets: torch.Tensor,
     *,
@@ -30,7 +30,8 @@ def gathered_logprobs(
     """log p(targets[k] | the context of slot sources[k]) for each k: [k]; with `with_entropy`,
     [2, k]: those and the entropy of each predicting distribution (from the same logits).
 
-    ids: [rows, width]; attention: a 2D padding mask or a 4D additive mask (packed rows);
+    ids: [rows, width]; attention: a 2D padding mask, a 4D additive mask (packed rows) or None
+    (every row one sequence: plain causal attention);
     sources: (row index [k], column index [k]) of the hidden state that predicts each target.
     """
     chunk = _chunk_with_entropy if with_entropy else _chunk

@@ -36,6 +36,8 @@ class Normalizer:
             per_row = (per_token * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)  # [rows]
             return per_row.sum() / self.sequences
         if self.mode == "constant":
+            if self.max_tokens is None:
+                raise ValueError('"constant" loss normalization needs max_tokens (max_tokens_normalizer)')
             return (per_token * mask).sum() / (self.sequences * self.max_tokens)
         raise ValueError(f"unknown loss normalization {self.mode!r}")
 

@@ -18,10 +18,7 @@ Metrics use ART's sections: each optimizer step reports `loss/train`, `loss/grad
 three and adds `data/` counts and `sft/` details (`art.training.sft_history` turns them into
 history rows).
 
-The optimizer is shared with GRPO, but its moments are not: switching between SFT and GRPO
-resets AdamW's state (as ART does), since NLL gradients clipped at 1.0 and policy gradients
-clipped at 0.1 live on different scales. The mode rides in the optimizer's param groups, so it
-is saved with the checkpoint and a resumed run switches exactly as an uninterrupted one.
+The optimizer is shared with GRPO, but its moments are not (`art.training.optimizer_mode`).
 Data-parallel ranks (`trainer_ranks` > 1) are not supported here yet.
 """
 
@@ -29,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -36,13 +34,12 @@ import torch
 from art.errors import ArtValueError, StepCancelledError, TrajectoryError
 from art.training import packing
 from art.training.chat_tokens import render_chat
-from art.training.options import ADAMW_WEIGHT_DECAY
+from art.training.optimizer_mode import switch_optimizer_mode
 from art.training.sequences import Sequence
 from art.training.sft_options import SFTOptions
+from art.training.trainer import ProgressCallback, TrainerHandle
 
 log = logging.getLogger(__name__)
-
-MODE_KEY = "art_mode"
 
 
 @dataclass
@@ -148,32 +145,20 @@ def _sequences(trajectory, where: str, options: SFTOptions, tokenizer, stop_ids)
     return out
 
 
-def switch_optimizer_mode(optimizer: torch.optim.Optimizer, mode: str, weight_decay: float) -> None:
-    """Enter "sft" or "rl": moments reset when the mode changes (a fresh optimizer counts as "rl")."""
-    if optimizer.param_groups[0].get(MODE_KEY, "rl") != mode:
-        optimizer.state.clear()
-    for group in optimizer.param_groups:
-        group[MODE_KEY] = mode
-        group["weight_decay"] = weight_decay
-
-
-def enter_rl_mode(optimizer: torch.optim.Optimizer) -> None:
-    switch_optimizer_mode(optimizer, "rl", ADAMW_WEIGHT_DECAY)
-
-
 def fit(
-    trainer,
+    handle: TrainerHandle,
     plan: Plan,
     options: SFTOptions,
     *,
     desc: str = "sft",
-    on_optimizer_step=None,
-    should_stop=None,
+    on_optimizer_step: ProgressCallback | None = None,
+    should_stop: Callable[[], bool] | None = None,
     quiet: bool = False,
 ) -> dict[str, float]:
-    """One optimizer step per batch of `plan` on `trainer`'s model; the step's metrics.
-    `on_optimizer_step(done, total, metrics)` follows each step (the HTTP stream's events)."""
-    if hasattr(trainer, "peers"):  # a handle on a group of ranks (`art.training.ranks`)
+    """One optimizer step per batch of `plan` on the model of `handle`'s trainer; the step's
+    metrics. `on_optimizer_step(done, total, metrics)` follows each step (the HTTP stream's events)."""
+    trainer = handle.sole_trainer()
+    if trainer is None:  # a handle on a group of ranks (`art.training.rank_group`)
         raise ArtValueError(
             "SFT does not support data-parallel or sharded (fsdp) trainer ranks yet; register the "
             "model with trainer_ranks=1 and without fsdp for SFT",
@@ -193,7 +178,9 @@ def fit(
         )
         for batch in plan.batches
     ]
-    losses, norms, rates = [], [], []
+    losses: list[float] = []
+    norms: list[float] = []
+    rates: list[float] = []
     computed = 0
     with trainer.training(options.gradient_checkpointing, sum(map(len, plans)), desc, quiet) as bar:
         for index, (batch, micro) in enumerate(zip(plan.batches, plans)):
@@ -201,7 +188,7 @@ def fit(
                 group["lr"] = batch.learning_rate
             optimizer.zero_grad(set_to_none=True)
             tokens = sum(s.num_trained for s in batch.sequences)
-            loss = torch.zeros((), dtype=torch.float64, device=trainer.device)  # read once per optimizer step
+            summed = torch.zeros((), dtype=torch.float64, device=trainer.device)  # read once per optimizer step
             for part in micro:
                 if should_stop is not None and should_stop():
                     raise StepCancelledError("the SFT step was cancelled before it finished; it is rolled back")
@@ -209,11 +196,11 @@ def fit(
                 logprobs = trainer.token_logprobs(inputs)  # [sequences, tokens-1], 0 where not trained
                 share = -(logprobs * inputs.mask).sum() / tokens  # this micro-batch's part of the mean
                 share.backward()
-                loss += share.detach()
+                summed += share.detach()
                 computed += part.tokens_computed
                 bar.update(1)
             norm = float(torch.nn.utils.clip_grad_norm_(trainer.params, options.max_grad_norm))
-            loss = float(loss)
+            loss = float(summed)
             if not (math.isfinite(loss) and math.isfinite(norm)):
                 raise _diverged(batch, f"the loss ({loss}) or its gradient norm ({norm}) is not finite")
             optimizer.step()

@@ -12,13 +12,12 @@ and computes under bf16 autocast). It knows nothing about HTTP or storage layout
 from __future__ import annotations
 
 import contextlib
-import logging
 import math
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
+from typing import Protocol
 
 import torch
 from tqdm.auto import tqdm
@@ -28,29 +27,75 @@ from art.metrics_taxonomy import TRAIN_GRADIENT_STEPS_KEY
 from art.observability import tracing
 from art.observability.progress import progress_bar
 from art.training import fsdp
-from art.training.batch import (
-    NO_SIGNAL_HINT,
-    assistant_dicts,
-    describe,
-    plan_micro_batches,
-    prepare_batch,
-    split_mini_batches,
-)
+from art.training.batch import PackedBatch, pack_batch, report_input
 from art.training.collective import Collective
 from art.training.logprobs import gathered_logprobs, sequence_logprobs
 from art.training.loss import Normalizer, policy_loss_terms
+from art.training.optimizer_mode import enter_rl_mode
 from art.training.options import ADAMW_BETAS, ADAMW_WEIGHT_DECAY, TrainOptions
 from art.training.packing import BatchTensors, MicroBatch
-from art.training.sequences import SEQUENCE_BREAK, UNUSED_ASSISTANT_DICT, Sequence
-from art.training.sft import enter_rl_mode
+from art.training.sequences import Sequence
 from art.weights import load_full_weights, read_adapter, write_adapter
-
-log = logging.getLogger(__name__)
 
 OPTIMIZER_FILE = "optimizer.pt"
 
+ProgressCallback = Callable[[int, int, dict[str, float]], None]
+"""`on_optimizer_step(done, total, metrics)`: called after each optimizer step of a training call."""
 
-class Trainer:
+
+class TrainerHandle(Protocol):
+    """What the service (`art.service`) and SFT (`art.training.sft`) call on a model's trainer,
+    whichever kind holds it: a `Trainer` alone in this process, or the handle on a group of
+    trainer ranks (`art.training.rank_group`: `LeadTrainer`, `ShardedTrainer`). Each kind
+    subclasses it, so mypy checks that it implements every member."""
+
+    dtype: torch.dtype
+    """The compute dtype (the weight-sync probe's tolerance follows it)."""
+    last_trainer_logprobs: list[dict]
+    """The last step's `trainer_logprob_rows` (every rank's), for the run's storage."""
+
+    def step(
+        self,
+        groups,
+        options: TrainOptions,
+        *,
+        desc: str = "train",
+        on_optimizer_step: ProgressCallback | None = None,
+        should_stop: Callable[[], bool] | None = None,
+        quiet: bool = False,
+    ) -> dict[str, float]:
+        """One GRPO update (`Trainer.step`) on every rank; its metrics."""
+        ...
+
+    def save(self, folder: Path) -> None:
+        """Write the trained weights and the optimizer state as checkpoint `folder`."""
+        ...
+
+    def restore(self, folder: Path) -> None:
+        """Load checkpoint `folder` (weights and optimizer state) on every rank."""
+        ...
+
+    def sync_peers(self, folder: Path) -> None:
+        """Bring the peer ranks to checkpoint `folder`, which this side holds already."""
+        ...
+
+    def probe_logprobs(self, prompt: list[int], completion: list[int]) -> list[float]:
+        """The weight-sync probe's trainer side: log p of each completion token after the prompt."""
+        ...
+
+    def sole_trainer(self) -> Trainer | None:
+        """This process's `Trainer` when it trains alone; None when it leads a group of ranks."""
+        ...
+
+    def close(self) -> None:
+        """Stop the rank processes it leads (nothing to stop for a lone trainer)."""
+        ...
+
+
+class Trainer(TrainerHandle):
+    """The GRPO (and SFT) trainer of one process: the lone kind of `TrainerHandle`, and every
+    rank's own trainer in a group (`art.training.ranks`)."""
+
     def __init__(
         self,
         model,
@@ -92,6 +137,17 @@ class Trainer:
         """What the last step computed: its sequences' tokens (times epochs) per second of its
         passes; the next step's announced estimate (`announce_step`)."""
 
+    # -- the handle -----------------------------------------------------------------------
+    def sole_trainer(self) -> Trainer:
+        """Itself: it trains alone."""
+        return self
+
+    def sync_peers(self, folder: Path) -> None:
+        """A lone trainer has no peers."""
+
+    def close(self) -> None:
+        """Nothing runs beside a lone trainer."""
+
     # -- the update -----------------------------------------------------------------------
     def step(
         self,
@@ -99,7 +155,7 @@ class Trainer:
         options: TrainOptions,
         *,
         desc: str = "train",
-        on_optimizer_step: Callable[[int, int, dict[str, float]], None] | None = None,
+        on_optimizer_step: ProgressCallback | None = None,
         should_stop: Callable[[], bool] | None = None,
         quiet: bool = False,
     ) -> dict[str, float]:
@@ -107,7 +163,7 @@ class Trainer:
         `skipped/<reason>` counts, `context_assistant_turns` and, when nothing could be trained,
         `nothing_to_train` = 1 and a warning that says why and, when every group's rewards were
         equal, what to do about it). `on_optimizer_step(done, total, metrics)` follows each
-        optimizer step. Rank 0 of a group trains through `art.training.ranks.LeadTrainer`,
+        optimizer step. Rank 0 of a group trains through `art.training.rank_group.LeadTrainer`,
         which keeps its peers in step."""
         self.last_trainer_logprobs = []
         if any(getattr(module, "merged", False) for module in self.model.modules()):
@@ -115,87 +171,78 @@ class Trainer:
                 "the adapter is merged into the base weights for serving; unmerge it before training "
                 "(AdapterSet.unmerge)"
             )
-        groups = list(groups)
-        with tracing.span("art.train.pack") as pack:  # sequences, mini-batches and micro-batch plans
-            sequences, issues, stats = prepare_batch(groups, options)
-            dicts = assistant_dicts(groups)
-            parts = [part for part in split_mini_batches(sequences, options.mini_batches) if part]
-            plans = [plan_micro_batches(self.collective.shard(part), options) for part in parts]  # this rank's
-            if self.collective.sharded:  # every rank runs as many passes as the busiest: fillers make up the rest
-                most = [max(counts) for counts in zip(*self.collective.gather([len(p) for p in plans]))]
-                plans = [plan + [None] * (n - len(plan)) for plan, n in zip(plans, most)]
-            tracing.set_attributes(pack, {"art.sequences": len(sequences)})
-        breaks = issues.pop(SEQUENCE_BREAK, 0)  # trained all the same, each as a new sequence
-        if dicts.unused:
-            issues[UNUSED_ASSISTANT_DICT] = dicts.unused
-        metrics: dict[str, float] = {f"skipped/{k}": float(v) for k, v in sorted(issues.items())}
-        metrics.update(stats)
-        metrics["learning_rate"] = options.learning_rate  # on every row, one with nothing to train too
-        if dicts.context:  # few-shot demonstrations: context by design, not lost data
-            metrics["context_assistant_turns"] = float(dicts.context)
-        if breaks:
-            metrics["sequence_breaks"] = float(breaks)
-            log.info("%s", describe(Counter({SEQUENCE_BREAK: breaks})))
-        no_signal = bool(groups) and not stats["groups_trained"]
-        if not sequences:
-            metrics["nothing_to_train"] = 1.0
-            log.warning(
-                "nothing to train in this step (%s); the step advances with unchanged weights.%s",
-                describe(issues, dicts) or "no groups given",
-                f" {NO_SIGNAL_HINT}" if no_signal else "",
-            )
+        batch = pack_batch(list(groups), options, self.collective)
+        metrics = report_input(batch, options)
+        if not batch.sequences:
             return metrics
-        if issues:
-            log.warning("training input not used as given: %s", describe(issues, dicts))
-        if no_signal:  # a KL or entropy term still trains, the reward does not
-            log.warning("only the KL or entropy term trains in this step. %s", NO_SIGNAL_HINT)
+        sums, norms = self.run_optimizer_steps(batch, options, desc, on_optimizer_step, should_stop, quiet)
+        metrics.update(self.step_metrics(batch, options, sums, norms))
+        self.last_trainer_logprobs = sorted(
+            (row for rows in self.collective.gather(trainer_logprob_rows(batch.sequences)) for row in rows),
+            key=lambda row: (row["group"], row["trajectory"], row["sequence"]),
+        )
+        return metrics
+
+    def run_optimizer_steps(
+        self,
+        batch: PackedBatch,
+        options: TrainOptions,
+        desc: str,
+        on_optimizer_step: ProgressCallback | None,
+        should_stop: Callable[[], bool] | None,
+        quiet: bool,
+    ) -> tuple[dict[str, float], list[float]]:
+        """The optimizer loop: every mini-batch's AdamW step, each epoch; the summed terms of
+        every step (for metrics) and each step's gradient norm."""
         enter_rl_mode(self.optimizer)  # AdamW's moments restart after SFT steps (art.training.sft)
         for group in self.optimizer.param_groups:
             group["lr"] = options.learning_rate
-        sums: Counter = Counter()
+        sums: dict[str, float] = {}
         norms: list[float] = []
-        total_steps = len(parts) * options.epochs
-        tokens = sum(len(s.token_ids) for s in sequences)
+        total_steps = len(batch.parts) * options.epochs
+        tokens = sum(len(s.token_ids) for s in batch.sequences)
         if not quiet and self.device.type == "cpu" and self.collective.rank == 0:
-            tqdm.write(self.announce_step(desc, tokens, len(sequences), options.epochs))
+            tqdm.write(self.announce_step(desc, tokens, len(batch.sequences), options.epochs))
         began = time.monotonic()
-        with self.training(options.gradient_checkpointing, total_steps * sum(map(len, plans)), desc, quiet) as bar:
-            before = [self._pre_update_logprobs(p) for p in plans] if options.precalculate_logprobs else None
+        passes = total_steps * sum(map(len, batch.plans))
+        with self.training(options.gradient_checkpointing, passes, desc, quiet) as bar:
+            before = [self._pre_update_logprobs(p) for p in batch.plans] if options.precalculate_logprobs else None
             for epoch in range(options.epochs):
-                for index, (part, micro) in enumerate(zip(parts, plans)):
+                for index, (part, micro) in enumerate(zip(batch.parts, batch.plans)):
                     done = self._optimizer_step(
                         part, micro, options, before[index] if before else None, bar, should_stop, record=epoch == 0
                     )
-                    sums.update(done)
+                    for key, value in done.items():
+                        sums[key] = sums.get(key, 0.0) + value
                     norms.append(done["grad_norm"])
                     if on_optimizer_step is not None:
                         on_optimizer_step(len(norms), total_steps, {"loss": done["loss"], "grad_norm": norms[-1]})
         elapsed = time.monotonic() - began
         if elapsed > 0:
             self.last_tokens_per_s = tokens * options.epochs / elapsed
+        return sums, norms
+
+    def step_metrics(
+        self, batch: PackedBatch, options: TrainOptions, sums: dict[str, float], norms: list[float]
+    ) -> dict[str, float]:
+        """What a step that trained reports: means of its loss terms over the trained tokens
+        (and over its optimizer steps), and its token counts (every rank's)."""
+        sequences = batch.sequences
         total_trained = sum(s.num_trained for s in sequences) * options.epochs  # token terms seen
-        computed = self.collective.sum_values(
-            Counter(tokens_computed=sum(m.tokens_computed for micro in plans for m in micro if m is not None))
-        )["tokens_computed"]
-        metrics.update(
-            {
-                "loss": sums["loss"] / len(norms),
-                "policy_loss": sums["policy_loss"] / total_trained,
-                "clip_fraction": sums["clipped_tokens"] / total_trained,
-                "ratio_mean": sums["ratio"] / total_trained,
-                "grad_norm": sum(norms) / len(norms),
-                "optimizer_steps": float(len(norms)),
-                TRAIN_GRADIENT_STEPS_KEY: float(len(norms)),  # ART's name for the same count
-                "trained_tokens": float(sum(s.num_trained for s in sequences)),
-                "tokens_in_batch": float(sum(len(s.token_ids) for s in sequences)),
-                "tokens_computed": float(computed),
-                "sequences": float(len(sequences)),
-            }
-        )
-        self.last_trainer_logprobs = sorted(
-            (row for rows in self.collective.gather(trainer_logprob_rows(sequences)) for row in rows),
-            key=lambda row: (row["group"], row["trajectory"], row["sequence"]),
-        )
+        computed = sum(m.tokens_computed for micro in batch.plans for m in micro if m is not None)
+        metrics = {
+            "loss": sums["loss"] / len(norms),
+            "policy_loss": sums["policy_loss"] / total_trained,
+            "clip_fraction": sums["clipped_tokens"] / total_trained,
+            "ratio_mean": sums["ratio"] / total_trained,
+            "grad_norm": sum(norms) / len(norms),
+            "optimizer_steps": float(len(norms)),
+            TRAIN_GRADIENT_STEPS_KEY: float(len(norms)),  # ART's name for the same count
+            "trained_tokens": float(sum(s.num_trained for s in sequences)),
+            "tokens_in_batch": float(sum(len(s.token_ids) for s in sequences)),
+            "tokens_computed": float(self.collective.sum_values({"tokens_computed": computed})["tokens_computed"]),
+            "sequences": float(len(sequences)),
+        }
         if self.device.type == "cuda":
             metrics["peak_gpu_memory_gb"] = torch.cuda.max_memory_allocated(self.device) / 2**30
         if "kl" in sums:
@@ -222,11 +269,11 @@ class Trainer:
         part: list[Sequence],
         micro: list[MicroBatch | None],
         options: TrainOptions,
-        before: list[torch.Tensor] | None,
+        before: list[torch.Tensor | None] | None,
         bar,
-        should_stop=None,
+        should_stop: Callable[[], bool] | None = None,
         record: bool = False,
-    ) -> Counter:
+    ) -> dict[str, float]:
         """Gradient accumulation over `micro`, then one clipped AdamW step; sums for metrics.
         `record`: keep each sequence's trainer logprobs (`Sequence.trainer_logprobs`). A None
         batch (sharded) is a filler pass that adds nothing to the gradients."""
@@ -250,7 +297,7 @@ class Trainer:
                     totals[k] = totals[k] + v.detach().double() if k in totals else v.detach().double()
                 bar.update(1)
             stopped = stopped or (self.collective.sharded and should_stop is not None and should_stop())
-        sums = Counter(dict(zip(totals, torch.stack(list(totals.values())).tolist()))) if totals else Counter()
+        sums: dict[str, float] = dict(zip(totals, torch.stack(list(totals.values())).tolist())) if totals else {}
         if self.collective.any(stopped):  # every rank stops together, or the others would wait forever
             raise StepCancelledError("the training step was cancelled before it finished; it is rolled back")
         if self.collective.world > 1:
@@ -464,8 +511,9 @@ def keep_trainer_logprobs(batch: list[Sequence], logprobs: torch.Tensor) -> None
     first optimizer step for the first mini-batch, after the earlier ones for the others)."""
     rows = logprobs.detach().float().cpu().tolist()
     for sequence, row in zip(batch, rows):
-        sequence.trainer_logprobs = [None] + [
-            round(row[t - 1], 6) if sequence.trained[t] else None for t in range(1, len(sequence.token_ids))
+        sequence.trainer_logprobs = [
+            None,
+            *(round(row[t - 1], 6) if sequence.trained[t] else None for t in range(1, len(sequence.token_ids))),
         ]
 
 

@@ -69,7 +69,8 @@ def training_progress_chart(
         ax.set_ylabel(y_label)
     handles = dict(zip(*reversed(ax.get_legend_handles_labels())))
     labels = [m for m in trained + comparison if m in handles]
-    ax.legend([handles[m] for m in labels], labels, frameon=True, facecolor="white", loc=legend_loc)
+    placement: dict[str, Any] = {"loc": legend_loc} if legend_loc else {}  # None: matplotlib's choice
+    ax.legend([handles[m] for m in labels], labels, frameon=True, facecolor="white", **placement)
     ax.spines["top"].set_visible(False)
     ax.spines["right"].set_visible(False)
     fig.tight_layout(pad=1.0)
