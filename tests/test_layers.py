@@ -21,6 +21,7 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 LAYERS: list[tuple[str, ...]] = [
     (
         "art.errors",
+        "art.numeric",
         "art.types",
         "art.naming",
         "art.metrics",

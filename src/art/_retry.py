@@ -9,10 +9,11 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
-import math
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
+
+from art.numeric import is_finite, is_int
 
 from .errors import ArtValueError
 
@@ -20,15 +21,12 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def _check(max_attempts: Any, delay: Any, backoff_factor: Any, exceptions: Any, on_retry: Any) -> None:
-    def number(value: Any) -> bool:
-        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
     problems: list[tuple[str, str]] = []
-    if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
+    if not is_int(max_attempts) or max_attempts < 1:
         problems.append(("max_attempts", f"max_attempts must be an int >= 1, got {max_attempts!r}"))
-    if not number(delay) or delay < 0:
+    if not is_finite(delay) or delay < 0:
         problems.append(("delay", f"delay must be a finite number of seconds >= 0, got {delay!r}"))
-    if not number(backoff_factor) or backoff_factor <= 0:
+    if not is_finite(backoff_factor) or backoff_factor <= 0:
         problems.append(("backoff_factor", f"backoff_factor must be a finite number > 0, got {backoff_factor!r}"))
     if (
         not isinstance(exceptions, tuple)

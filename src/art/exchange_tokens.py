@@ -16,6 +16,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from art.numeric import is_int
+
 from .exchanges import ChatCompletionsExchange, CompletionsExchange, MessagesExchange, ResponsesExchange
 
 
@@ -39,7 +41,7 @@ def token_ids(value: Any, where: str) -> list[int] | None:
     for item in value:
         if isinstance(item, str) and item.startswith("token_id:") and item[9:].isdigit():
             item = int(item[9:])
-        if not isinstance(item, int) or isinstance(item, bool) or item < 0:
+        if not is_int(item) or item < 0:
             raise ValueError(f"{where} contains an invalid exact token ID: {item!r}")
         out.append(item)
     return out

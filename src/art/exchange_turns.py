@@ -20,6 +20,8 @@ from typing import Any
 
 from openai.types.chat.chat_completion import Choice
 
+from art.types import as_dict
+
 from .exchanges import ChatCompletionsExchange, CompletionsExchange, Exchange, MessagesExchange, ResponsesExchange
 from .responses_format import ResponsesFormatError, chat_messages, chat_tools, choice_from_response
 
@@ -49,7 +51,7 @@ def chat_turn(exchange: Exchange) -> ChatTurn:
 
 
 def _dump(model: Any) -> dict[str, Any]:
-    return model.model_dump(mode="json", warnings=False) if hasattr(model, "model_dump") else dict(model)
+    return as_dict(model, mode="json", warnings=False)
 
 
 def _choice0(choices: list[dict[str, Any]], what: str) -> tuple[dict[str, Any], list[str]]:

@@ -14,6 +14,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterat
 from dataclasses import dataclass
 from typing import Any
 
+from art.numeric import is_int, is_number
+
 from .errors import ArtValueError, TooManyExceptionsError, TrajectoryError
 from .observability import tracing
 from .observability.progress import progress_bar
@@ -22,7 +24,7 @@ from .trajectories import ROLLOUT_REPORTER, Trajectory, TrajectoryGroup, cancel_
 
 
 def _check_max_exceptions(max_exceptions: int | float, name: str = "max_exceptions") -> None:
-    number = isinstance(max_exceptions, (int, float)) and not isinstance(max_exceptions, bool)
+    number = is_number(max_exceptions)
     if not number or not max_exceptions >= 0:
         raise ArtValueError(
             f"{name} must be a count (int >= 0) or a fraction in (0, 1), got {max_exceptions!r}", field=name
@@ -337,12 +339,12 @@ async def gather_trajectory_groups(
 
 
 def _check_dynamic_sampling(target, cap) -> tuple[int, int]:
-    if not (isinstance(target, int) and not isinstance(target, bool) and target >= 1):
+    if not (is_int(target) and target >= 1):
         raise ArtValueError(
             f"min_groups_with_signal must be a positive int or None, got {target!r}", field="min_groups_with_signal"
         )
     cap = 4 * target if cap is None else cap
-    if not (isinstance(cap, int) and not isinstance(cap, bool) and cap >= target):
+    if not (is_int(cap) and cap >= target):
         raise ArtValueError(
             f"max_groups must be an int >= min_groups_with_signal ({target}), got {cap!r}", field="max_groups"
         )
@@ -458,7 +460,7 @@ async def trajectory_group_batches(
             ("max_concurrent_batches", max_concurrent_batches, 1),
             ("skip_batches", skip_batches, 0),
         )
-        if isinstance(value, bool) or not isinstance(value, int) or value < low
+        if not is_int(value) or value < low
     ]
     if problems:
         raise ArtValueError("; ".join(problems), field=problems[0].split(" ", 1)[0])

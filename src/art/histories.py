@@ -31,6 +31,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
+from art.numeric import is_int
+from art.types import as_dict
+
 from .exchange_tokens import (
     Sampled,
     chat_sampled,
@@ -225,7 +228,7 @@ def _ordered_choices(choices: Sequence[Any], protocol: str) -> list[Any]:
     if not choices:
         raise ValueError(f"{protocol} response contains no choices")
     indices = [c.index for c in choices]
-    if any(not isinstance(i, int) or isinstance(i, bool) or i < 0 for i in indices):
+    if any(not is_int(i) or i < 0 for i in indices):
         raise ValueError(f"{protocol} choice indices must be non-negative integers")
     if len(set(indices)) != len(indices):
         raise ValueError(f"{protocol} response contains duplicate choice indices")
@@ -364,7 +367,7 @@ def anthropic_key(message: Mapping[str, Any], *, visible_only: bool = False) -> 
     content = message.get("content")
     blocks = [{"type": "text", "text": content}] if isinstance(content, str) else []
     for block in content if isinstance(content, list) else []:
-        data = block.model_dump(mode="json", exclude_none=True) if hasattr(block, "model_dump") else dict(block)
+        data = as_dict(block, mode="json", exclude_none=True)
         if visible_only and data.get("type") in ("thinking", "redacted_thinking"):
             continue
         data.pop("token_ids", None)
@@ -492,10 +495,7 @@ def responses_input(value: Any) -> list[dict[str, Any]]:
 
 
 def responses_output_items(exchange: ResponsesExchange) -> list[dict[str, Any]]:
-    return [
-        item.model_dump(mode="json", exclude_none=True) if hasattr(item, "model_dump") else dict(item)
-        for item in exchange.response.output or []
-    ]
+    return [as_dict(item, mode="json", exclude_none=True) for item in exchange.response.output or []]
 
 
 def responses_histories(trajectory: TrajectoryLike, *, model: str | None) -> list[ResponsesHistory]:
@@ -686,13 +686,13 @@ def completion_prompts(value: Any) -> list[str | list[int]]:
     if isinstance(value, str):
         return [value]
     if isinstance(value, list):
-        if all(isinstance(t, int) and not isinstance(t, bool) for t in value):
+        if all(is_int(t) for t in value):
             return [_prompt_ids(value)]
         prompts: list[str | list[int]] = []
         for item in value:
             if isinstance(item, str):
                 prompts.append(item)
-            elif isinstance(item, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in item):
+            elif isinstance(item, list) and all(is_int(t) for t in item):
                 prompts.append(_prompt_ids(item))
             else:
                 raise ValueError("Invalid batched Completions prompt")
@@ -717,7 +717,7 @@ def completion_choice_groups(exchange: CompletionsExchange) -> list[list[Any]]:
     for choice in choices:
         given = extra_fields(choice).get("prompt_index")
         if given is not None:
-            if not isinstance(given, int) or isinstance(given, bool) or not 0 <= given < len(prompts):
+            if not is_int(given) or not 0 <= given < len(prompts):
                 raise ValueError("Completions choice prompt_index must identify a batched prompt")
             found[choice.index] = given
             continue

@@ -16,6 +16,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from art.numeric import is_number
+
 SECTIONS = (
     "reward",
     "loss",
@@ -128,7 +130,7 @@ class CumulativeTotals:
         """What a row holding `metrics` adds: cost roll-ups, the running totals of what accumulates,
         the count of unique scenarios (when ids came with it) and average throughput. Updates
         the totals."""
-        numbers = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        numbers = {k: float(v) for k, v in metrics.items() if is_number(v)}
         out = cost_rollups(numbers)
         for key, value in {**numbers, **out}.items():
             if accumulates(key):

@@ -37,6 +37,8 @@ from pydantic import (
 )
 from pydantic_core import to_jsonable_python
 
+from art.numeric import is_int
+
 from . import histories as _histories
 from .errors import TrajectoryError
 from .exchange_turns import ChatTurn, NotATurn, chat_turn
@@ -509,7 +511,7 @@ def sampled_steps(trajectory: Trajectory) -> list[int]:
             extra = getattr(item, "model_extra", None)
             if step is None and isinstance(extra, dict):
                 step = extra.get("step")
-            if isinstance(step, int) and not isinstance(step, bool):
+            if is_int(step):
                 steps.append(step)
     return steps
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from openai.types.chat.chat_completion import Choice
 from openai.types.chat.chat_completion_message_param import ChatCompletionMessageParam
@@ -14,6 +14,14 @@ MessageOrChoice = ChatCompletionMessageParam | Choice
 Messages = list[ChatCompletionMessageParam]
 MessagesAndChoices = list[MessageOrChoice]
 Tools = list[ChatCompletionToolParam]
+
+
+def as_dict(value: Any, **dump: Any) -> dict[str, Any]:
+    """A pydantic object's `model_dump(**dump)` (an SDK type, a config), else `dict(value)` (a
+    mapping already); None is {}."""
+    if value is None:
+        return {}
+    return value.model_dump(**dump) if hasattr(value, "model_dump") else dict(value)
 
 
 class TrainConfig(BaseModel):

@@ -36,7 +36,6 @@ glued on. The runners need verifiers' classic `Environment` API (`SingleTurnEnv`
 from __future__ import annotations
 
 import json
-import math
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from copy import deepcopy
@@ -45,6 +44,8 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from openai.types.chat.chat_completion import Choice
+
+from art.numeric import is_finite
 
 from .capture import AutoTrajectoryContext, message_key, message_text
 from .trajectories import (
@@ -96,7 +97,7 @@ def _trajectory(output: Mapping[str, Any], calls: _Calls) -> Trajectory:
     if tools is None:
         tools = _openai_tools(output.get("tool_defs"))
     reward = output.get("reward")
-    if not isinstance(reward, (int, float)) or isinstance(reward, bool) or not math.isfinite(reward):
+    if not is_finite(reward):
         if reward is not None:
             notes.append(f"verifiers reward {reward!r} is not a finite number; the reward is 0")
         reward = 0.0

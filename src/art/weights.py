@@ -14,6 +14,16 @@ from pathlib import Path
 ADAPTER_FILE = "adapter_model.safetensors"
 
 
+def is_peft(model) -> bool:
+    """A peft model (LoRA adapters around a transformers model), as opposed to one trained whole."""
+    return hasattr(model, "peft_config") and hasattr(model, "disable_adapter")
+
+
+def base_of(model):
+    """The transformers model a peft model wraps (the model itself when it is not one)."""
+    return model.get_base_model() if is_peft(model) else model
+
+
 def read_shards(folder: Path) -> dict:
     """Every tensor of a fully fine-tuned checkpoint's safetensors shards, by name."""
     from safetensors.torch import load_file

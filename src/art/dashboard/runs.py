@@ -9,12 +9,12 @@ polls every few seconds reads only what was appended since its last poll.
 from __future__ import annotations
 
 import json
-import math
 import re
 import time
 from datetime import datetime
 from pathlib import Path
 
+from art.numeric import is_finite
 from art.storage import step_files
 from art.storage.layout import ModelDir, validate_name
 
@@ -176,6 +176,6 @@ def _epoch(text: str) -> float | None:
 
 
 def _number(value) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    if not is_finite(value):
         return None
     return float(value)

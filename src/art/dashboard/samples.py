@@ -21,6 +21,7 @@ from pathlib import Path
 from art.dashboard.runs import loads
 from art.errors import ArtValueError, ModelNotFoundError
 from art.naming import MAX_STEP, echo
+from art.numeric import is_number
 from art.storage.layout import ModelDir
 from art.storage.run_log import trainer_logprobs_file
 from art.storage.step_files import read_step_rows
@@ -154,7 +155,7 @@ def _trainer_logprobs(directory: ModelDir, split: str, step: int, group: int, me
 
 def _at(values: list | None, position: int) -> float | None:
     value = values[position] if values is not None and position < len(values) else None
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    return float(value) if is_number(value) else None
 
 
 # -- reading ------------------------------------------------------------------------------
@@ -201,7 +202,7 @@ def _empty_group(index: int) -> dict:
 
 def _reward(row) -> float:
     reward = row.get("reward") if isinstance(row, dict) else None
-    return float(reward) if isinstance(reward, (int, float)) and not isinstance(reward, bool) else 0.0
+    return float(reward) if is_number(reward) else 0.0
 
 
 def _trajectory(index: int, row) -> dict:

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 from art.engine.base import AdapterRef
 from art.errors import ModelNotFoundError
+from art.weights import is_peft
 
 if TYPE_CHECKING:
     import torch
@@ -29,10 +30,6 @@ if TYPE_CHECKING:
 
 LIVE = "default"
 BASE = "__base__"
-
-
-def is_peft(model) -> bool:
-    return hasattr(model, "peft_config") and hasattr(model, "disable_adapter")
 
 
 class AdapterSet:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from art.errors import ArtValueError
+from art.numeric import is_int, is_number
 
 log = logging.getLogger(__name__)
 
@@ -165,7 +166,7 @@ class EngineConfig:
 
         def positive_int(name: str, minimum: int = 1) -> None:
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+            if not is_int(value) or value < minimum:
                 problems.append((name, f"engine_args.{name} must be an int >= {minimum}, got {value!r}"))
 
         if self.kv_layout not in (None, "fixed", "growable"):
@@ -180,7 +181,7 @@ class EngineConfig:
         if self.max_model_len is not None:
             positive_int("max_model_len")
         utilization = self.gpu_memory_utilization
-        if not isinstance(utilization, (int, float)) or isinstance(utilization, bool) or not 0 < utilization <= 1:
+        if not is_number(utilization) or not 0 < utilization <= 1:
             problems.append(
                 (
                     "gpu_memory_utilization",

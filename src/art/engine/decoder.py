@@ -21,9 +21,9 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from art.engine.adapters import is_peft
 from art.engine.kv_cache import KVCache
 from art.engine.served_weights import Route, ServedWeights
+from art.weights import base_of
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 SDPA_ENV = "ART_ENGINE_SDPA"
@@ -51,7 +51,7 @@ _LAYER_PARTS = (
 
 def causal_lm_parts(model):
     """(the transformers CausalLM under any peft wrapper, its decoder trunk)."""
-    base = model.get_base_model() if is_peft(model) else model
+    base = base_of(model)
     return base, getattr(base, "model", None)
 
 

@@ -30,6 +30,7 @@ from art.engine.config import EngineConfig
 from art.engine.kv_cache import PrefixKV
 from art.engine.memory import kv_budget, memory_error
 from art.engine.runner import Runner
+from art.weights import base_of
 
 
 @dataclass
@@ -59,7 +60,7 @@ class HFRunner(Runner[StagedPaddedKV]):
         self.batch = RunningBatch(model.config, self.device)
         self.prefill_computed_tokens = 0
         """Prompt tokens actually run through the model (the rest came from cached prefixes)."""
-        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        base = base_of(model)
         # transformers 5.x renamed `past_key_values` to `cache`; accept both.
         self.cache_kw = "cache" if "cache" in inspect.signature(type(base).forward).parameters else "past_key_values"
 

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from art.engine.adapters import LIVE, AdapterSet, is_peft
+from art.engine.adapters import LIVE, AdapterSet
 from art.engine.base import AdapterRef, Completion, FinishReason, ManagedEngine, SampledTokens, SamplingParams
 from art.engine.config import EngineConfig
 from art.engine.decoder import unsupported_reason
@@ -44,6 +44,7 @@ from art.engine.sequence import Request, Sample
 from art.engine.static_runner import StaticRunner
 from art.engine.stopping import IncrementalText, StopChecker
 from art.errors import BackendUnavailableError
+from art.weights import is_peft
 
 log = logging.getLogger(__name__)
 

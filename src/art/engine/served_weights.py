@@ -30,7 +30,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from art.engine.adapters import BASE, LIVE, is_peft
+from art.engine.adapters import BASE, LIVE
+from art.weights import is_peft
 
 log = logging.getLogger(__name__)
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from art.errors import ArtValueError
+from art.numeric import is_int
 
 MIN_DIFFICULTY, MAX_DIFFICULTY = 1, 5
 
@@ -116,11 +117,7 @@ class GeneratedScenario:
     def __post_init__(self) -> None:
         if not isinstance(self.task, str) or not self.task.strip():
             raise ArtValueError(f"a scenario's task must be a non-empty string, got {self.task!r}", "task")
-        if (
-            isinstance(self.difficulty, bool)
-            or not isinstance(self.difficulty, int)
-            or not MIN_DIFFICULTY <= self.difficulty <= MAX_DIFFICULTY
-        ):
+        if not is_int(self.difficulty) or not MIN_DIFFICULTY <= self.difficulty <= MAX_DIFFICULTY:
             raise ArtValueError(
                 f"difficulty must be an integer from {MIN_DIFFICULTY} to {MAX_DIFFICULTY}, got {self.difficulty!r}",
                 "difficulty",

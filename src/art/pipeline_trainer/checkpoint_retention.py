@@ -11,7 +11,6 @@ archived step stays in the run folder. A strategy written for ART runs here as i
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime, timezone
 from typing import Any
@@ -19,6 +18,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from art.errors import ArtValueError
+from art.numeric import is_finite, is_int
 
 CHECKPOINT_SAVED_METRIC = "checkpoint/saved"
 CHECKPOINT_CREATED_AT_METRIC = "checkpoint/created_at_unix"
@@ -98,7 +98,7 @@ def plan_checkpoint_retention(
 
 
 def _limit(name: str, value: object, least: int = 0) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+    if not is_int(value) or value < least:
         raise ArtValueError(f"{name} must be >= {least} (an int), got {value!r}", field=name)
 
 
@@ -156,12 +156,7 @@ def checkpoint_infos(
         at = row.get("step")
         if type(at) is int and at in steps:
             for key, value in row.items():
-                if (
-                    key not in ("step", "recorded_at")
-                    and isinstance(value, (int, float))
-                    and not isinstance(value, bool)
-                    and math.isfinite(value)
-                ):
+                if key not in ("step", "recorded_at") and is_finite(value):
                     sums.setdefault(at, {}).setdefault(key, []).append(float(value))
     out = []
     for at in sorted(steps):

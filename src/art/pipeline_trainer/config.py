@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import pydantic
 
+from art.numeric import is_int, is_number
+
 
 class PipelineRuntimeConfig(pydantic.BaseModel):
     model_config = pydantic.ConfigDict(extra="forbid")
@@ -68,23 +70,17 @@ def check_art_keywords(
         ("score_reference_groups_per_step", score_reference_groups_per_step, 0, True),
         ("score_reference_rollouts_per_group", score_reference_rollouts_per_group, 0, True),
     ):
-        if value is not None and (
-            isinstance(value, bool) or not isinstance(value, (int, float)) or value < low or (strict and value == low)
-        ):
+        if value is not None and (not is_number(value) or value < low or (strict and value == low)):
             problems.append(f"{name} must be {'>' if strict else '>='} {low}, got {value!r}")
     for name, value, low in (
         ("kl_penalty_step_lag", kl_penalty_step_lag, 1),
         ("grad_accumulation_sequences", grad_accumulation_sequences, 1),
     ):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
+        if value is not None and (not is_int(value) or value < low):
             problems.append(f"{name} must be >= {low}, got {value!r}")
-    if (
-        isinstance(optimizer_save_interval, bool)
-        or not isinstance(optimizer_save_interval, int)
-        or optimizer_save_interval <= 0
-    ):
+    if not is_int(optimizer_save_interval) or optimizer_save_interval <= 0:
         problems.append(f"optimizer_save_interval must be > 0, got {optimizer_save_interval!r}")
-    if isinstance(kl_penalty_coef, bool) or not isinstance(kl_penalty_coef, (int, float)) or kl_penalty_coef != 0:
+    if not is_number(kl_penalty_coef) or kl_penalty_coef != 0:
         problems.append(
             f"kl_penalty_coef must be 0.0 here, got {kl_penalty_coef!r}: the KL-penalised advantage "
             "is not available (use the loss's KL term, train option beta)"

@@ -8,6 +8,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Any
 
+from art.numeric import is_int, is_number
 from art.pipeline_trainer.config import PipelineRuntimeConfig
 
 RUNTIME_KEYWORDS = ("num_rollout_workers", "min_batch_size", "max_batch_size", "queue_maxsize")
@@ -73,7 +74,7 @@ class PipelineSettings:
             value = getattr(self, name)
             if value is None and none_ok:
                 return
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            if not is_int(value) or value < low:
                 problems.append(f"{name} must be an int >= {low}{' or None' if none_ok else ''}, got {value!r}")
 
         whole("num_rollout_workers", 1)
@@ -94,7 +95,7 @@ class PipelineSettings:
         if self.stale_groups == "wait" and self.max_steps_off_policy is None:
             problems.append("stale_groups='wait' needs a max_steps_off_policy to wait for")
         interval = self.log_interval_seconds
-        if isinstance(interval, bool) or not (isinstance(interval, (int, float)) and interval > 0):
+        if not is_number(interval) or not interval > 0:
             problems.append(f"log_interval_seconds must be > 0, got {interval!r}")
         return problems
 

@@ -254,6 +254,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         self.state = PipelineState()
         self._done = False
         self._failure: BaseException | None = None
+        self._changes = Broadcast()  # a new one per `train` call
 
     # -- the run ------------------------------------------------------------------------------
     async def train(self, *, handle_signals: bool = True) -> None:
@@ -335,8 +336,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
 
     def _stop(self) -> None:
         self._done = True
-        if hasattr(self, "_changes"):
-            self._changes.notify()
+        self._changes.notify()
 
     def _install_signals(self, main: asyncio.Task | None):
         loop, installed = asyncio.get_running_loop(), []

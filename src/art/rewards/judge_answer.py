@@ -16,6 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field, ValidationError
 
+from art.numeric import is_int
 from art.utils.json_in_text import json_in_text
 
 MAX_EXPLANATION = 200
@@ -145,7 +146,7 @@ def _plain_entry(entry: object, index: int, explicit: set[int]) -> object:
     if not isinstance(entry, dict):
         return entry
     entry = dict(entry)
-    if isinstance(entry.get("trajectory_id"), int) and not isinstance(entry["trajectory_id"], bool):
+    if is_int(entry.get("trajectory_id")):
         entry["trajectory_id"] = str(entry["trajectory_id"])
     score = entry.get("score")
     if isinstance(score, str):

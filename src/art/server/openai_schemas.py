@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from art.chat_template import ChatMessage
 from art.errors import ArtValueError
 from art.naming import echo
+from art.numeric import is_int
 
 # -- chat completions ------------------------------------------------------------------------
 
@@ -462,11 +463,7 @@ class CompletionRequest(SamplingFields):
     @classmethod
     def _prompt_shape(cls, value: Any, info: ValidationInfo) -> Any:
         def ids(item: Any) -> bool:
-            return (
-                isinstance(item, list)
-                and bool(item)
-                and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in item)
-            )
+            return isinstance(item, list) and bool(item) and all(is_int(t) and t >= 0 for t in item)
 
         if isinstance(value, str) or ids(value):
             return value

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from art.engine.config import DTYPES, EngineConfig, warn_ignored
 from art.errors import ArtValueError
+from art.numeric import is_int
 from art.training.options import LORA_DEFAULTS
 
 # ART's InternalModelConfig keys with no meaning for this backend.
@@ -153,12 +154,12 @@ def parse_internal_config(internal: dict | None) -> ModelSettings:
         key = "peft_args" if "peft_args" in internal else "lora_config"
         raise ArtValueError(f"{key} has no effect with full_finetune=True; drop one of them", field=key)
     seed = internal.get("seed", 0)
-    if not isinstance(seed, int) or isinstance(seed, bool):
+    if not is_int(seed):
         raise ArtValueError(f"seed must be an int, got {seed!r}", field="seed")
     counts = {}
     for key in ("trainer_ranks", "engine_replicas"):
         value = internal.get(key, 1)
-        if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_PROCESSES:
+        if not is_int(value) or not 1 <= value <= MAX_PROCESSES:
             raise ArtValueError(f"{key} must be an int from 1 to {MAX_PROCESSES}, got {value!r}", field=key)
         counts[key] = value
     placement = internal.get("placement")
@@ -183,7 +184,7 @@ def parse_internal_config(internal: dict | None) -> ModelSettings:
             field="serve_while_training",
         )
     threads = internal.get("training_threads")
-    if threads is not None and (not isinstance(threads, int) or isinstance(threads, bool) or threads < 1):
+    if threads is not None and (not is_int(threads) or threads < 1):
         raise ArtValueError(
             f"training_threads must be a positive int or None, got {threads!r}", field="training_threads"
         )

@@ -26,6 +26,7 @@ from typing import Any
 from openai.types.chat.chat_completion import Choice
 
 from art.errors import ArtValueError
+from art.numeric import is_int, is_number
 from art.trajectories import History, Trajectory, TrajectoryGroup, is_choice
 
 FORMAT_VERSION = 2
@@ -285,7 +286,7 @@ def _read_flat(rows: list[dict[str, Any]], path: str | Path) -> list[TrajectoryG
         group_index = _index(row.get("group_index", 0), "group_index", path)
         group_rows.setdefault(group_index, row)
         reward = row.get("reward")
-        if isinstance(reward, bool) or not isinstance(reward, (int, float)):
+        if not is_number(reward):
             raise ArtValueError(
                 f"{path}: group {group_index} has a trajectory whose reward is {reward!r}, not a number", field="reward"
             )
@@ -324,7 +325,7 @@ def _unflatten(row: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _index(value: Any, field: str, path: str | Path) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
+    if not is_int(value):
         raise ArtValueError(f"{path}: {field} must be an integer, got {value!r}", field=field)
     return value
 

@@ -13,6 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from art.weights import base_of
+
 CHUNK_TOKENS = 1024
 
 
@@ -35,7 +37,7 @@ def gathered_logprobs(
     sources: (row index [k], column index [k]) of the hidden state that predicts each target.
     """
     chunk = _chunk_with_entropy if with_entropy else _chunk
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    base = base_of(model)
     trunk, head = getattr(base, "model", None), getattr(base, "lm_head", None)
     rows, columns = sources
     if trunk is None or head is None or getattr(base.config, "final_logit_softcapping", None):

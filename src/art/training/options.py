@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from art.errors import ArtValueError
+from art.numeric import is_finite, is_int
+from art.types import as_dict
 
 LORA_DEFAULTS = {
     "r": 8,
@@ -103,7 +104,7 @@ class TrainOptions:
         """Merge `art.TrainConfig` and an `art.dev.TrainConfig` dict; report every bad field."""
         values: dict = {}
         if config is not None:
-            values.update(config.model_dump() if hasattr(config, "model_dump") else dict(config))
+            values.update(as_dict(config))
         known = {f.name for f in fields(cls)}
         unknown = [key for key in (dev or {}) if key not in known]
         problems = [f"unknown option {key!r}" for key in unknown]
@@ -133,18 +134,18 @@ class TrainOptions:
         out = [
             f"{name} must be at most {bound:g}, got {getattr(self, name)!r}"
             for name, bound in BOUNDS.items()
-            if _number(getattr(self, name)) and getattr(self, name) > bound
+            if is_finite(getattr(self, name)) and getattr(self, name) > bound
         ]
         for name in ("learning_rate", "max_grad_norm"):
             value = getattr(self, name)
-            if not _number(value) or value <= 0:
+            if not is_finite(value) or value <= 0:
                 out.append(f"{name} must be a positive number, got {value!r}")
         for name in ("beta", "entropy_bonus"):
-            if not _number(getattr(self, name)) or getattr(self, name) < 0:
+            if not is_finite(getattr(self, name)) or getattr(self, name) < 0:
                 out.append(f"{name} must be >= 0, got {getattr(self, name)!r}")
         for name in ("epsilon", "epsilon_high", "truncated_importance_sampling"):
             value = getattr(self, name)
-            if value is not None and not (_number(value) and value > 0):
+            if value is not None and not (is_finite(value) and value > 0):
                 out.append(f"{name} must be a positive number or None, got {value!r}")
         for name in ("ppo", "precalculate_logprobs", "gradient_checkpointing"):
             if not isinstance(getattr(self, name), bool):
@@ -159,18 +160,18 @@ class TrainOptions:
                 out.append(f"{name} must be one of {', '.join(map(repr, allowed))}, got {getattr(self, name)!r}")
         if not (isinstance(self.scale_rewards, bool) or self.scale_rewards in ("group", "batch", "none")):
             out.append(f"scale_rewards must be True, False, 'group', 'batch' or 'none', got {self.scale_rewards!r}")
-        if not _number(self.advantage_balance) or not -1 <= self.advantage_balance <= 1:
+        if not is_finite(self.advantage_balance) or not -1 <= self.advantage_balance <= 1:
             out.append(f"advantage_balance must be a number in [-1, 1], got {self.advantage_balance!r}")
         tokens = self.max_tokens_normalizer
-        if tokens is not None and not (_int(tokens) and tokens > 0):
+        if tokens is not None and not (is_int(tokens) and tokens > 0):
             out.append(f"max_tokens_normalizer must be a positive int or None, got {tokens!r}")
         elif tokens is None and self.loss_normalization == "constant":
             out.append('max_tokens_normalizer is required by loss_normalization="constant"')
         for name in ("micro_batch_tokens", "packed_row_tokens", "mini_batches", "epochs"):
             value = getattr(self, name)
-            if not _int(value) or value < 1:
+            if not is_int(value) or value < 1:
                 out.append(f"{name} must be a positive int, got {value!r}")
-        several_steps = _int(self.mini_batches) and _int(self.epochs) and self.mini_batches * self.epochs > 1
+        several_steps = is_int(self.mini_batches) and is_int(self.epochs) and self.mini_batches * self.epochs > 1
         if several_steps and self.truncated_importance_sampling is not None and self.precalculate_logprobs is False:
             out.append(
                 "truncated_importance_sampling with several optimizer steps (mini_batches x epochs > 1) "
@@ -192,14 +193,6 @@ class TrainOptions:
         return {**self.as_dict(), "epsilon": epsilon, "epsilon_high": epsilon_high}
 
 
-def _number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 OPTION_SOURCES = ("config", "dev_config", "options")
 """Where options come from, later ones winning: the user's config object (`art.TrainConfig`,
 `art.TrainSFTConfig`), the `art.dev` dict (`_config=`), and keyword options."""
@@ -214,11 +207,11 @@ def merge_option_sources(
     """`build` the merged options. A bad option's ArtValueError names the source it came from
     in its `field` (`options.beta`, `dev_config.epsilon`, `config.learning_rate`)."""
     given = {
-        "config": config.model_dump(exclude_unset=True) if hasattr(config, "model_dump") else dict(config or {}),
+        "config": as_dict(config, exclude_unset=True),
         "dev_config": dict(dev_config or {}),
         "options": dict(options or {}),
     }
-    base = config.model_dump() if hasattr(config, "model_dump") else dict(config or {})
+    base = as_dict(config)
     try:
         return build({**base, **given["dev_config"], **given["options"]})
     except ArtValueError as exc:

@@ -14,6 +14,8 @@ import math
 from collections import Counter
 from dataclasses import dataclass, field
 
+from art.trajectories import is_choice  # a model Choice (trained), not a message dict (context)
+
 # Reasons a part of the input is not trained; reported in metrics under `skipped/<reason>`
 # (SEQUENCE_BREAK is trained, as a new sequence: counted as `sequence_breaks`).
 NO_TOKEN_IDS = "choice_without_token_ids"
@@ -60,11 +62,6 @@ def choice_tokens(choice) -> tuple[list[int], list[int], list[float]] | str:
     if not content or len(content) != len(completion):
         return NO_LOGPROBS
     return list(prompt), list(completion), [float(entry.logprob) for entry in content]
-
-
-def is_choice(item) -> bool:
-    """A model `Choice` (trained), not a message dict (context)."""
-    return not isinstance(item, dict) and hasattr(item, "message")
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from art.errors import ArtValueError
+from art.numeric import is_finite, is_int
 from art.training.options import BOUNDS, PACKING_MODES, merge_option_sources
 
 AUTO_BATCH_SIZE = 2
@@ -64,7 +65,7 @@ class SFTOptions:
             out.append(("learning_rate", "learning_rate must not be an empty list"))
         # A schedule may reach 0 (ART's decays to min_lr=0 at its last batch); a single rate may not.
         low = 0 if isinstance(self.learning_rate, tuple) else math.ulp(0)
-        bad = [r for r in rates if not _number(r) or not low <= r <= BOUNDS["learning_rate"]]
+        bad = [r for r in rates if not is_finite(r) or not low <= r <= BOUNDS["learning_rate"]]
         if bad:
             out.append(
                 (
@@ -73,17 +74,17 @@ class SFTOptions:
                     f"list may also hold 0), got {bad[0]!r}",
                 )
             )
-        if not _int(self.batch_size) or self.batch_size < 1:
+        if not is_int(self.batch_size) or self.batch_size < 1:
             out.append(("batch_size", f"batch_size must be a positive int or 'auto', got {self.batch_size!r}"))
         if self.assistant_turns not in ("all", "last"):
             out.append(("assistant_turns", f"assistant_turns must be 'all' or 'last', got {self.assistant_turns!r}"))
-        if not _number(self.max_grad_norm) or not 0 < self.max_grad_norm <= BOUNDS["max_grad_norm"]:
+        if not is_finite(self.max_grad_norm) or not 0 < self.max_grad_norm <= BOUNDS["max_grad_norm"]:
             out.append(("max_grad_norm", f"max_grad_norm must be a positive number, got {self.max_grad_norm!r}"))
-        if not _number(self.weight_decay) or not 0 <= self.weight_decay <= 1:
+        if not is_finite(self.weight_decay) or not 0 <= self.weight_decay <= 1:
             out.append(("weight_decay", f"weight_decay must be in [0, 1], got {self.weight_decay!r}"))
         for name in ("micro_batch_tokens", "packed_row_tokens"):
             value = getattr(self, name)
-            if not _int(value) or not 1 <= value <= BOUNDS[name]:
+            if not is_int(value) or not 1 <= value <= BOUNDS[name]:
                 out.append((name, f"{name} must be an int in [1, {BOUNDS[name]}], got {value!r}"))
         if self.packing not in PACKING_MODES:
             out.append(
@@ -118,11 +119,3 @@ def resolve_sft_options(
 ) -> SFTOptions:
     """The one place SFT options are merged and checked (`merge_option_sources`)."""
     return merge_option_sources(SFTOptions.build, config, dev_config, options)
-
-
-def _number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)

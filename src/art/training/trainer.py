@@ -35,7 +35,7 @@ from art.training.optimizer_mode import enter_rl_mode
 from art.training.options import ADAMW_BETAS, ADAMW_WEIGHT_DECAY, TrainOptions
 from art.training.packing import BatchTensors, MicroBatch
 from art.training.sequences import Sequence
-from art.weights import load_full_weights, read_adapter, write_adapter
+from art.weights import base_of, is_peft, load_full_weights, read_adapter, write_adapter
 
 OPTIMIZER_FILE = "optimizer.pt"
 
@@ -123,7 +123,7 @@ class Trainer(TrainerHandle):
         self.device = torch.device(device) if device is not None else first.device
         self.dtype = dtype or first.dtype
         self.autocast = first.dtype == torch.float32 and self.dtype != torch.float32
-        self.full_finetune = not _is_peft(model)
+        self.full_finetune = not is_peft(model)
         self._load_reference = load_reference
         self._reference: torch.nn.Module | None = None
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
@@ -347,7 +347,7 @@ class Trainer(TrainerHandle):
 
     def set_gradient_checkpointing(self, enabled: bool) -> None:
         """transformers >= 5 names it activation checkpointing; older ones gradient checkpointing."""
-        base = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
+        base = base_of(self.model)
         new_names = hasattr(type(base), "is_activation_checkpointing")
         if (base.is_activation_checkpointing if new_names else base.is_gradient_checkpointing) == enabled:
             return
@@ -496,12 +496,6 @@ def _diverged(options: TrainOptions, what: str) -> ArtValueError:
         f"{options.learning_rate:g} is too high for this model (or extreme rewards); lower it",
         field="learning_rate",
     )
-
-
-def _is_peft(model) -> bool:
-    from peft import PeftModel
-
-    return isinstance(model, PeftModel)
 
 
 def keep_trainer_logprobs(batch: list[Sequence], logprobs: torch.Tensor) -> None:

@@ -18,11 +18,10 @@ counted as `train/context_assistant_turns`.
 
 from __future__ import annotations
 
-import math
-
 from art.errors import TrajectoryError
 from art.naming import echo
-from art.training.sequences import is_choice
+from art.numeric import is_finite
+from art.trajectories import is_choice
 
 LOGPROB_SLACK = 1e-4
 """A logprob may exceed 0 by float rounding, not more."""
@@ -34,7 +33,7 @@ def check_groups(groups, *, vocab_size: int, context: int) -> None:
         for t, trajectory in enumerate(group.trajectories):
             where = f"trajectory_groups[{g}].trajectories[{t}]"
             reward = trajectory.reward
-            if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward):
+            if not is_finite(reward):
                 raise TrajectoryError(
                     f"{where}.reward must be a finite number, got {echo(reward)}", field=f"{where}.reward"
                 )
@@ -76,12 +75,7 @@ def _check_choice(choice, where: str, vocab_size: int, context: int) -> None:
             )
         for i, entry in enumerate(content):
             value = getattr(entry, "logprob", None)
-            if (
-                isinstance(value, bool)
-                or not isinstance(value, (int, float))
-                or not math.isfinite(value)
-                or value > LOGPROB_SLACK
-            ):
+            if not is_finite(value) or value > LOGPROB_SLACK:
                 raise TrajectoryError(
                     f"{where}.logprobs.content[{i}].logprob must be a finite number <= 0, got {echo(value)}",
                     field=f"{where}.logprobs.content[{i}].logprob",

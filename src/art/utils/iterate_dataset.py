@@ -12,6 +12,8 @@ from collections.abc import Generator, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
+from art.numeric import is_int
+
 from ..errors import ArtValueError
 from ..observability.progress import progress_bar
 
@@ -50,7 +52,7 @@ def iterate_dataset(
             ("num_epochs", num_epochs, 0),
             ("initial_step", initial_step, 0),
         )
-        if isinstance(value, bool) or not isinstance(value, int) or value < low
+        if not is_int(value) or value < low
     ]
     if problems:
         raise ArtValueError("invalid iterate_dataset(): " + "; ".join(problems))

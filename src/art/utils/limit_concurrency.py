@@ -8,6 +8,8 @@ import weakref
 from collections.abc import Awaitable, Callable, Hashable
 from typing import Any, TypeVar
 
+from art.numeric import is_int
+
 from ..errors import ArtValueError
 
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
@@ -19,7 +21,7 @@ def limit_concurrency(n: int, derive_key: Callable[..., Hashable] | None = None)
     Semaphores are kept per event loop, because an asyncio semaphore cannot be shared across
     loops (each `asyncio.run`, or each test, has its own).
     """
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+    if not is_int(n) or n < 1:
         raise ArtValueError(f"limit_concurrency(n) needs an int n >= 1, got {n!r}", field="n")
 
     def decorate(func: F) -> F:

@@ -24,6 +24,7 @@ from openai.types.chat.chat_completion import Choice
 from pydantic_core import to_jsonable_python
 
 from art.errors import ArtValueError
+from art.numeric import is_int
 from art.storage import trajectory_parquet
 from art.trajectories import History, Trajectory, TrajectoryGroup, is_choice
 
@@ -106,7 +107,7 @@ def deserialize_trajectory_groups(serialized: str) -> list[TrajectoryGroup]:
             groups.append(dict_to_trajectory_group(entry))
         else:
             group = entry.get("group", 0)
-            if isinstance(group, bool) or not isinstance(group, int):
+            if not is_int(group):
                 raise ArtValueError(
                     f"entry {number} has neither 'trajectories' (a group) nor an integer 'group' (a run log line)",
                     field=f"[{number}].group",

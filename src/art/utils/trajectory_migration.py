@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from art.errors import ArtValueError
+from art.numeric import is_int
 from art.storage import trajectory_parquet
 from art.storage.step_files import is_sidecar
 from art.trajectories import TrajectoryGroup
@@ -152,7 +153,7 @@ def _run_log_groups(text: str, exceptions_path: Path) -> list[TrajectoryGroup]:
             continue
         entry = json.loads(line)
         group = entry.get("group") if isinstance(entry, dict) else None
-        if isinstance(group, bool) or not isinstance(group, int) or group < 0:
+        if not is_int(group) or group < 0:
             raise ArtValueError(
                 f"line {number + 1} has no group index (a run log line has an integer 'group')",
                 field=f"[{number}].group",
