@@ -71,7 +71,7 @@ def build(base_model: str, peers=None):
 
     from art import base_models
     from art.training.options import LORA_DEFAULTS
-    from art.training.ranks import LeadTrainer
+    from art.training.rank_group import LeadTrainer
     from art.training.trainer import Trainer
 
     base, tokenizer = base_models.load(base_model, dtype=torch.float32, device="cpu")
@@ -145,7 +145,8 @@ def main(args: argparse.Namespace) -> None:
 
 def bench_trainer(args: argparse.Namespace) -> dict:
     import art
-    from art.training.ranks import RankPeers, RankSpec
+    from art.training.rank_group import RankPeers
+    from art.training.ranks import RankSpec
     from art.training.options import LORA_DEFAULTS, TrainOptions
 
     os.environ["ART_RANK_THREADS"] = str(args.threads)  # the peer process reads it
