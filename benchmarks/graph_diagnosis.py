@@ -1,7 +1,7 @@
 """The CUDA graph test the first H200 run failed, under each attention kernel, with the controls that
 say where a difference comes from.
 
-    python benchmarks/graph_diagnosis.py [--kernels default,math,efficient,cudnn,flash] [--steps 8]
+    python benchmarks/graph_diagnosis.py [--kernels math,default,efficient,cudnn,flash] [--steps 8]
 
 The case is `tests/engine/test_cuda.py::test_graph_replay_equals_eager_decoding` (tiny Qwen3 with
 its live LoRA unmerged, bf16, three prompts, `--steps` decode steps; `tests/support/decoding.py`).
@@ -76,7 +76,7 @@ def sizes(runner: StaticRunner, steps: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--kernels", default="default,math,efficient,cudnn,flash")
+    parser.add_argument("--kernels", default="math,default,efficient,cudnn,flash")
     parser.add_argument("--steps", type=int, default=8)
     args = parser.parse_args()
     cuda = torch.cuda.is_available()
