@@ -37,6 +37,7 @@ from typing import Any, Literal, overload
 from .capture_hooks import install_hooks
 from .capture_recorder import close_recorder, open_recorder
 from .errors import CaptureError
+from .message_items import message_key, message_text
 from .trajectories import (
     SCOPE_HOOKS,
     ExceptionRecord,
@@ -47,8 +48,6 @@ from .trajectories import (
     current_group_scope,
     current_scope,
     hidden_scopes,
-    message_key,
-    message_text,
 )
 
 __all__ = [

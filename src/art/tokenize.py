@@ -29,7 +29,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 import pydantic
 
-from . import histories as h
+from . import completions_histories, histories as h
 from .chat_template import ChatMessage, template_messages
 from .exchange_tokens import Sampled, chat_logprobs, completion_sampled, is_sampled, sampled_of, token_ids
 from .exchange_turns import anthropic_chat_messages
@@ -393,7 +393,7 @@ def _check_spans(history: Any) -> None:
 
 
 def _completion_evidence(source: h.CompletionsSource) -> Sampled:
-    groups = h.completion_choice_groups(source.exchange)
+    groups = completions_histories.completion_choice_groups(source.exchange)
     if not 0 <= source.prompt_index < len(groups):
         raise ValueError("Completions prompt source index is out of bounds")
     group = groups[source.prompt_index]
@@ -432,7 +432,7 @@ def _prompt_part(values: Any, span: Any) -> Any:
 
 
 def _request_prompt(source: h.CompletionsSource) -> Any:
-    return h.completion_prompts(source.exchange.request.get("prompt"))[source.prompt_index]
+    return completions_histories.completion_prompts(source.exchange.request.get("prompt"))[source.prompt_index]
 
 
 def _completions_text(history: Any, render: _Renderer) -> TokenizedHistory:

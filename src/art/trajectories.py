@@ -14,22 +14,18 @@ import asyncio
 import contextlib
 import copy
 import inspect
-import json
 import math
 import traceback
 from collections.abc import Awaitable, Generator, Iterable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from datetime import datetime
-from typing import Annotated, Any, Protocol, TypeGuard, cast
+from typing import Any, Protocol, cast
 
-from openai.types.chat import ChatCompletionMessageParam
 from openai.types.chat.chat_completion import Choice
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    PlainSerializer,
-    PlainValidator,
     PrivateAttr,
     ValidationError,
     field_validator,
@@ -39,149 +35,35 @@ from pydantic_core import to_jsonable_python
 
 from art.numeric import is_int
 
-from . import histories as _histories
+from . import completions_histories as _completions, histories as _histories, trajectory_histories as _all_histories
 from .errors import TrajectoryError
 from .exchange_turns import ChatTurn, NotATurn, chat_turn
 from .exchanges import (  # the exchange types, importable from here as from ART's art.trajectories
     ChatCompletionsExchange as ChatCompletionsExchange,
-)
-from .exchanges import (
     ChatCompletionsRequest as ChatCompletionsRequest,
-)
-from .exchanges import (
     CompletionsExchange as CompletionsExchange,
-)
-from .exchanges import (
     CompletionsRequest as CompletionsRequest,
-)
-from .exchanges import (
     MessagesExchange as MessagesExchange,
-)
-from .exchanges import (
     MessagesRequest as MessagesRequest,
-)
-from .exchanges import (
     ResponsesExchange as ResponsesExchange,
-)
-from .exchanges import (
     ResponsesRequest as ResponsesRequest,
-)
-from .exchanges import (
     TrajectoryExchanges,
+)
+from .message_items import (
+    MessagesAndChoicesField,
+    ToolsField,
+    get_messages,
+    is_choice,
+    message_key,
+    tools_key,
 )
 from .observability import tracing
 from .tokenize import TokenizedTrajectoryGroup, tokenize_group, tokenize_history, tokenize_trajectory
-from .types import Messages, MessagesAndChoices, Tools
+from .types import Messages, Tools
 
 MetricValue = float | int | bool
 MetadataValue = Any
 """Any JSON value (nested dicts and lists too), as in ART; checked when the trajectory is dumped."""
-
-
-def is_choice(item: object) -> TypeGuard[Choice]:
-    """True for a chat `Choice` (of any class with that shape: read as one), False for a message dict."""
-    if isinstance(item, Choice):
-        return True
-    return not isinstance(item, Mapping) and hasattr(item, "message") and hasattr(item, "logprobs")
-
-
-def _as_choice(item: Any) -> Any:
-    # A Choice from another openai version or a subclass-free copy: re-home it in our Choice
-    # class (extras such as token_ids survive) so isinstance checks downstream hold.
-    if isinstance(item, Choice) or not hasattr(item, "model_dump"):
-        return item
-    try:
-        return Choice.model_validate(item.model_dump())
-    except Exception:
-        return item
-
-
-def _validate_items(value: Any) -> list[Any]:
-    if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Iterable):
-        raise ValueError(f"expected a list of message dicts and Choice objects, got {type(value).__name__}")
-    items: list[Any] = []
-    problems: list[str] = []
-    for i, item in enumerate(value):
-        if isinstance(item, Mapping) and "role" not in item and "message" in item:
-            try:  # a dumped Choice becomes one again; one no Choice takes (ART's) stays as given
-                items.append(Choice.model_validate(dict(item)))
-            except ValidationError:
-                items.append(dict(item))
-        elif isinstance(item, Mapping):
-            if "role" not in item:
-                problems.append(f"item {i} is a dict without a 'role' key")
-            items.append(item if isinstance(item, dict) else dict(item))
-        elif is_choice(item):
-            items.append(_as_choice(item))
-        elif hasattr(item, "role") and hasattr(item, "content"):
-            problems.append(
-                f"item {i} is a {type(item).__name__}, not a Choice: append the Choice itself to train "
-                "on it, or message.model_dump() to keep it as context"
-            )
-        else:
-            problems.append(f"item {i} is a {type(item).__name__}, neither a message dict nor a Choice")
-    if problems:
-        raise ValueError("; ".join(problems))
-    return items
-
-
-def _dump_items(items: list[Any], info: Any) -> list[Any]:
-    mode = getattr(info, "mode", "python")
-    out = []
-    for item in items:
-        if is_choice(item) and hasattr(item, "model_dump"):
-            out.append(item.model_dump(mode=mode))
-        elif mode == "json":
-            out.append(to_jsonable_python(item, serialize_unknown=True))
-        else:
-            out.append(dict(item) if isinstance(item, Mapping) else item)
-    return out
-
-
-def _validate_tools(value: Any) -> list[Any] | None:
-    # Kept as given: validating against the TypedDict would drop keys newer APIs add.
-    if value is None:
-        return None
-    if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Iterable):
-        raise ValueError(f"expected a list of tool dicts or None, got {type(value).__name__}")
-    tools = list(value)
-    bad = [i for i, tool in enumerate(tools) if not isinstance(tool, Mapping)]
-    if bad:
-        raise ValueError(f"tools {bad} are not dicts")
-    return tools
-
-
-def _dump_tools(tools: list[Any] | None, info: Any) -> list[Any] | None:
-    if tools is None or getattr(info, "mode", "python") != "json":
-        return tools
-    return to_jsonable_python(tools, serialize_unknown=True)
-
-
-_MessagesAndChoicesField = Annotated[MessagesAndChoices, PlainValidator(_validate_items), PlainSerializer(_dump_items)]
-_ToolsField = Annotated[Tools | None, PlainValidator(_validate_tools), PlainSerializer(_dump_tools)]
-
-
-def get_messages(messages_and_choices: Iterable[Any]) -> Messages:
-    """Plain message dicts: each Choice becomes the assistant message it carries."""
-    messages: Messages = []
-    for item in messages_and_choices:
-        if not is_choice(item):
-            messages.append(item)
-            continue
-        message = item.message
-        out: dict[str, Any] = {"role": "assistant", "content": message.content or ""}
-        calls: list[Any] = getattr(message, "tool_calls", None) or []  # function tool calls: what chat models make
-        if calls:
-            out["tool_calls"] = [
-                {
-                    "id": call.id,
-                    "type": call.type,
-                    "function": {"name": call.function.name, "arguments": call.function.arguments},
-                }
-                for call in calls
-            ]
-        messages.append(cast(ChatCompletionMessageParam, out))  # the assistant message OpenAI's TypedDict describes
-    return messages
 
 
 def add_turn(trajectory: Trajectory, turn: ChatTurn) -> None:
@@ -193,7 +75,7 @@ def add_turn(trajectory: Trajectory, turn: ChatTurn) -> None:
     target, best = None, -1
     for history in histories:
         items = history.messages_and_choices
-        if not items or len(items) > len(turn.messages) or _tools_key(history.tools) != _tools_key(turn.tools):
+        if not items or len(items) > len(turn.messages) or tools_key(history.tools) != tools_key(turn.tools):
             continue
         if [message_key(m) for m in get_messages(items)] == request[: len(items)] and len(items) > best:
             target, best = history, len(items)
@@ -211,50 +93,13 @@ def add_turn(trajectory: Trajectory, turn: ChatTurn) -> None:
         target.tools = cast(Tools, turn.tools)
 
 
-def message_key(message: Mapping[str, Any]) -> tuple:
-    """What must agree for a request message to be the recorded one. Libraries re-serialise
-    history: content may come back as None or as text parts, tool arguments re-spaced.
-    (art.verifiers matches verifiers' steps to recorded calls by the same key.)"""
-    calls = tuple(
-        ((call.get("function") or {}).get("name"), _json_key((call.get("function") or {}).get("arguments")))
-        for call in message.get("tool_calls") or []
-        if isinstance(call, Mapping)
-    )
-    return message.get("role"), message_text(message.get("content")), calls
-
-
-def message_text(content: Any) -> str:
-    """A message's content as one string: None is "", text parts are joined."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(
-            str(part.get("text", "")) if isinstance(part, Mapping) else str(getattr(part, "text", part))
-            for part in content
-        )
-    return str(content)
-
-
-def _json_key(text: Any) -> Any:
-    try:
-        return json.dumps(json.loads(text), sort_keys=True)
-    except (TypeError, ValueError):
-        return text
-
-
-def _tools_key(tools: Any) -> str:
-    return json.dumps(tools or [], sort_keys=True, default=str)
-
-
 class History(BaseModel):
     """Another conversation of the same rollout (e.g. a sub-agent), trained with its reward."""
 
     model_config = ConfigDict(arbitrary_types_allowed=True, validate_assignment=True)
 
-    messages_and_choices: _MessagesAndChoicesField = []
-    tools: _ToolsField = None
+    messages_and_choices: MessagesAndChoicesField = []
+    tools: ToolsField = None
 
     def messages(self) -> Messages:
         return get_messages(self.messages_and_choices)
@@ -322,9 +167,9 @@ class Trajectory(_CompactDump):
     exchanges: TrajectoryExchanges = Field(default_factory=TrajectoryExchanges)
     """The model calls a capture recorded, each as sent and received (ART's field). A trajectory
     given only exchanges gets `messages_and_choices` from them: the turns that train."""
-    messages_and_choices: _MessagesAndChoicesField = []
+    messages_and_choices: MessagesAndChoicesField = []
     """Message dicts (context) and `Choice` objects (trained when they carry logprobs)."""
-    tools: _ToolsField = None
+    tools: ToolsField = None
     """The tool definitions the model was given, as in an OpenAI request."""
     reward: float = 0.0
     """The scalar reward; must be finite."""
@@ -432,10 +277,10 @@ class Trajectory(_CompactDump):
     def history(self, *, model: str | None = None) -> Any:
         """The one history of the one API its (`model=`-selected) exchanges used; ValueError
         when there are several (then use `histories()`)."""
-        return _histories.trajectory_history(self, model=model)
+        return _all_histories.trajectory_history(self, model=model)
 
     def histories(self, *, model: str | None = None) -> list[Any]:
-        return _histories.trajectory_histories(self, model=model)
+        return _all_histories.trajectory_histories(self, model=model)
 
     def chat_completions_history(self, *, model: str | None = None) -> _histories.ChatCompletionsHistory:
         return _histories.chat_completions_history(self, model=model)
@@ -456,16 +301,16 @@ class Trajectory(_CompactDump):
         return _histories.responses_histories(self, model=model)
 
     def completions_token_history(self, *, model: str | None = None) -> _histories.CompletionsTokenHistory:
-        return _histories.completions_token_history(self, model=model)
+        return _completions.completions_token_history(self, model=model)
 
     def completions_token_histories(self, *, model: str | None = None) -> list[_histories.CompletionsTokenHistory]:
-        return _histories.completions_token_histories(self, model=model)
+        return _completions.completions_token_histories(self, model=model)
 
     def completions_string_history(self, *, model: str | None = None) -> _histories.CompletionsStringHistory:
-        return _histories.completions_string_history(self, model=model)
+        return _completions.completions_string_history(self, model=model)
 
     def completions_string_histories(self, *, model: str | None = None) -> list[_histories.CompletionsStringHistory]:
-        return _histories.completions_string_histories(self, model=model)
+        return _completions.completions_string_histories(self, model=model)
 
     def tokenize(
         self,

@@ -49,8 +49,13 @@ from art.engine.base import SamplingParams, ServedModel
 from art.errors import ArtError, ArtValueError, ModelNotFoundError
 from art.messages_format import MessagesFormatError
 from art.observability import tracing
-from art.responses_format import ResponseEvents, ResponsesFormatError, chat_request, response_object
-from art.responses_format import sse as responses_sse  # the Anthropic one is messages_format.sse
+from art.responses_format import (
+    ResponseEvents,
+    ResponsesFormatError,
+    chat_request,
+    response_object,
+    sse as responses_sse,  # the Anthropic one is messages_format.sse
+)
 from art.server import completions_format
 from art.server.errors import (
     AsciiJSONResponse,
