@@ -68,6 +68,7 @@ from art.server.errors import (
 from art.server.openai_format import (
     ChunkWriter,
     TokenText,
+    body_sampling,
     request_attributes,
     response_attributes,
     response_choice,
@@ -264,19 +265,8 @@ async def _complete(served: ServedModel, body: ChatCompletionRequest, default_ma
     # every other request keep being answered meanwhile.
     prompt, grammar = await asyncio.to_thread(_prompt_and_grammar, engine, tokenizer, body)
     max_tokens = _max_tokens(body, len(prompt), engine.max_model_len, default_max_tokens)
-    params = SamplingParams(
-        n=body.n,
-        temperature=body.temperature,
-        top_p=body.top_p,
-        top_k=max(body.top_k, 0),
-        min_p=body.min_p,
-        max_tokens=max_tokens,
-        stop=body.stop_strings,
-        seed=body.seed,
-        ignore_eos=body.ignore_eos,
-        top_logprobs=(body.top_logprobs or 0) if body.logprobs else 0,
-        grammar=grammar,
-    )
+    top_logprobs = (body.top_logprobs or 0) if body.logprobs else 0
+    params = body_sampling(body, max_tokens=max_tokens, top_logprobs=top_logprobs, grammar=grammar)
     tokens = TokenText(tokenizer)
     parse = tools_active(body.tools, body.tool_choice)
     if body.stream:

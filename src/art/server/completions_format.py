@@ -31,11 +31,18 @@ from typing import Any
 
 from fastapi.responses import StreamingResponse
 
-from art.engine.base import Completion, SampledTokens, SamplingParams, ServedModel
+from art.engine.base import Completion, SampledTokens, ServedModel
 from art.errors import ArtValueError, ContextLengthError
 from art.observability import tracing
 from art.server.errors import stream_error_event
-from art.server.openai_format import IncrementalText, TokenText, matched_stop, response_attributes, response_head
+from art.server.openai_format import (
+    IncrementalText,
+    TokenText,
+    body_sampling,
+    matched_stop,
+    response_attributes,
+    response_head,
+)
 from art.server.openai_schemas import CompletionRequest
 
 
@@ -136,17 +143,7 @@ class Batch:
             (p if isinstance(p, str) else engine.tokenizer.decode(ids)) if body.echo else ""
             for p, ids in zip(prompts, self.ids)
         ]
-        base = SamplingParams(
-            n=body.n,
-            temperature=body.temperature,
-            top_p=body.top_p,
-            top_k=max(body.top_k, 0),
-            min_p=body.min_p,
-            stop=body.stop_strings,
-            seed=body.seed,
-            ignore_eos=body.ignore_eos,
-            top_logprobs=body.logprobs or 0,
-        )
+        base = body_sampling(body, top_logprobs=body.logprobs or 0)
         self.params = [
             dataclasses.replace(
                 base,

@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from art.chat_template import CLOSE, OPEN
-from art.engine.base import Completion, SampledTokens, ServedModel
+from art.engine.base import Completion, SampledTokens, SamplingParams, ServedModel
 from art.server.openai_schemas import ChatCompletionRequest, CompletionRequest
 
 log = logging.getLogger(__name__)
@@ -406,3 +406,19 @@ def stream_deltas(content: str | None, calls: list[dict[str, Any]]) -> list[dict
     deltas: list[dict[str, Any]] = [{"content": content}] if content else []
     deltas += [{"tool_calls": [{"index": j, **call}]} for j, call in enumerate(calls)]
     return deltas
+
+
+def body_sampling(body: Any, **rest: Any) -> SamplingParams:
+    """The sampling fields a chat and a completions request share (OpenAI's and vLLM's names; a
+    negative top_k is vLLM's "off"), plus the fields only one of them sets (`rest`)."""
+    return SamplingParams(
+        n=body.n,
+        temperature=body.temperature,
+        top_p=body.top_p,
+        top_k=max(body.top_k, 0),
+        min_p=body.min_p,
+        stop=body.stop_strings,
+        seed=body.seed,
+        ignore_eos=body.ignore_eos,
+        **rest,
+    )

@@ -194,15 +194,13 @@ def _trainer(
     sharded all N, are processes of their own: `art.training.rank_group`). `lock`: the trainer's;
     `engine_lock`: the engine's, which a sharded trainer takes to load each checkpoint it serves."""
     lora = settings.lora
+
+    def local_trainer() -> Trainer:  # alone, or rank 0 of a group
+        reference = reference_loader(base_model, lora, dtype=dtype, device=device)
+        return Trainer(model, tokenizer, lock=lock, device=device, dtype=dtype, load_reference=reference)
+
     if settings.trainer_ranks == 1 and not settings.fsdp:
-        return Trainer(
-            model,
-            tokenizer,
-            lock=lock,
-            device=device,
-            dtype=dtype,
-            load_reference=reference_loader(base_model, lora, dtype=dtype, device=device),
-        )
+        return local_trainer()
     from art.training.rank_group import LeadTrainer, RankPeers, RankTransport, ShardedTrainer
     from art.training.ranks import RankSpec
 
@@ -218,12 +216,4 @@ def _trainer(
     )
     if settings.fsdp:
         return ShardedTrainer(model, peers, lock=engine_lock, device=device, dtype=dtype)
-    trainer = Trainer(
-        model,
-        tokenizer,
-        lock=lock,
-        device=device,
-        dtype=dtype,
-        load_reference=reference_loader(base_model, lora, dtype=dtype, device=device),
-    )
-    return LeadTrainer(trainer, peers)
+    return LeadTrainer(local_trainer(), peers)
