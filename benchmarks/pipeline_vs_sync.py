@@ -71,7 +71,8 @@ from pathlib import Path
 from _common import environment, ratio, table
 
 import art
-from art.gather import completion_tokens, has_signal
+from art.gather import has_signal
+from art.trajectories import completion_tokens
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 WINDOW = 64  # episodes in a reward reading: two steps' worth

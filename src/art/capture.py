@@ -38,17 +38,8 @@ from .capture_hooks import install_hooks
 from .capture_recorder import close_recorder, open_recorder
 from .errors import CaptureError
 from .message_items import message_key, message_text
-from .trajectories import (
-    SCOPE_HOOKS,
-    ExceptionRecord,
-    MetadataValue,
-    MetricValue,
-    Trajectory,
-    TrajectoryGroup,
-    current_group_scope,
-    current_scope,
-    hidden_scopes,
-)
+from .trajectories import ExceptionRecord, MetadataValue, MetricValue, Trajectory, TrajectoryGroup
+from .trajectory_scopes import SCOPE_HOOKS, current_group_scope, current_scope, hidden_scopes
 
 __all__ = [
     "AutoTrajectoryContext",
@@ -240,7 +231,7 @@ def _outcome(task: asyncio.Future[Any], return_exceptions: bool) -> Trajectory |
 
 
 class _ScopeHook:
-    """What `art.trajectories` calls when a trajectory scope opens and closes."""
+    """What `art.trajectory_scopes` calls when a trajectory scope opens and closes."""
 
     def entered(self, trajectory: Trajectory) -> None:
         install_hooks()

@@ -14,7 +14,8 @@ from typing import Any
 
 from .exchange_turns import NotATurn, chat_turn
 from .exchanges import Endpoint, IncompleteExchange, build_exchange, endpoint_of
-from .trajectories import Trajectory, add_turn, current_scope
+from .trajectories import Trajectory, add_turn
+from .trajectory_scopes import current_scope
 
 log = logging.getLogger(__name__)
 

@@ -16,14 +16,29 @@ API_KEY_ENV = "ART_API_KEY"
 
 
 def _parser() -> argparse.ArgumentParser:
+    """The `art` command line; each subcommand adds its own flags."""
     parser = argparse.ArgumentParser(prog="art", description="Agent Reinforcement Trainer.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_serve_command(commands)
+    _add_dashboard_command(commands)
+    return parser
+
+
+def _add_serve_command(commands) -> None:
+    """Add `art serve`; its many flags are added in groups, by what they control."""
     serve = commands.add_parser(
         "serve",
         help="serve and train models over HTTP (for art.RemoteBackend)",
         description="Run a backend that art.RemoteBackend (art.Backend) clients register, train and "
         "sample models on: the OpenAI routes under /v1 and the management routes under /art.",
     )
+    _add_serve_access_arguments(serve)
+    _add_serve_watchdog_arguments(serve)
+    _add_serve_engine_arguments(serve)
+
+
+def _add_serve_access_arguments(serve: argparse.ArgumentParser) -> None:
+    """Add the `art serve` flags for where it listens and what clients may send and load."""
     serve.add_argument(
         "--host",
         default="127.0.0.1",
@@ -62,6 +77,10 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="let clients load a base_model from any path on this machine (a key holder could probe which files exist)",
     )
+
+
+def _add_serve_watchdog_arguments(serve: argparse.ArgumentParser) -> None:
+    """Add the `art serve` flags for when a stuck engine or a long training step is reported."""
     serve.add_argument(
         "--watchdog-s",
         type=float,
@@ -76,6 +95,10 @@ def _parser() -> argparse.ArgumentParser:
         default=1800.0,
         help="report a training step running longer than this many seconds (default 1800; 0 off)",
     )
+
+
+def _add_serve_engine_arguments(serve: argparse.ArgumentParser) -> None:
+    """Add the `art serve` flags for which engine serves models and where replicas and ranks run."""
     serve.add_argument(
         "--engine",
         choices=("auto", "ours", "vllm"),
@@ -96,6 +119,10 @@ def _parser() -> argparse.ArgumentParser:
         metavar="ADDR",
         help="the Ray cluster to join (e.g. auto, or HEAD_IP:6379 after `ray start --head`); implies --ray",
     )
+
+
+def _add_dashboard_command(commands) -> None:
+    """Add `art dashboard`, the local page over stored runs."""
     dashboard = commands.add_parser(
         "dashboard",
         help="a local web page to watch runs: curves, samples, trained tokens",
@@ -107,7 +134,6 @@ def _parser() -> argparse.ArgumentParser:
         "--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; the page has no key, so only loopback)"
     )
     dashboard.add_argument("--port", type=int, default=7990, help="port (default 7990; 0 picks a free one)")
-    return parser
 
 
 def _dashboard(args: argparse.Namespace) -> int:
@@ -148,16 +174,10 @@ def is_loopback(host: str) -> bool:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    """Run `art serve` until SIGINT/SIGTERM; the exit status."""
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
     if api_key is None and not is_loopback(args.host):
-        print(
-            f"art serve: refusing to listen on {args.host} without an API key: anyone who can reach the "
-            f"port could sample and train your models. Set a key with `export {API_KEY_ENV}=$(python -c "
-            "'import secrets; print(secrets.token_urlsafe(32))')` (or --api-key KEY) and give the same key "
-            "to art.RemoteBackend(url, api_key=...) or the client's ART_API_KEY; or bind to 127.0.0.1 and "
-            "reach it through an SSH tunnel.",
-            file=sys.stderr,
-        )
+        print(_keyless_refusal(args.host), file=sys.stderr)
         return 2
     try:
         import uvicorn
@@ -172,9 +192,7 @@ def _serve(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 1
-    # The library's own INFO lines (a model ready, a step finished after its client left).
-    logging.basicConfig(format="%(levelname)s:     %(name)s: %(message)s")
-    logging.getLogger("art").setLevel(logging.INFO)
+    _log_library_info()
     redact_access_log()
     try:
         sock, port = bind(args.host, args.port)  # bound before anything starts: port 0 gives the real port
@@ -182,12 +200,7 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"art serve: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
         return 1
     roots = None if args.allow_any_model_path else default_model_roots(args.models_dir)
-    placement = "processes"
-    if args.ray or args.ray_address:
-        from art.ray_cluster import ensure_ray
-
-        ensure_ray(args.ray_address)  # a local instance, or the cluster at --ray-address
-        placement = "ray"
+    placement = _start_placement(args)
     app = create_serve_app(
         LocalService(args.path, placement=placement, engine=args.engine),
         api_key=api_key,
@@ -200,19 +213,49 @@ def _serve(args: argparse.Namespace) -> int:
     server = ArtServer(
         uvicorn.Config(app, log_level="info", timeout_graceful_shutdown=10, timeout_keep_alive=KEEP_ALIVE_S)
     )
-    url = url_for(args.host, port)
-    print(
-        f"art serve: listening on {url} (storage {args.path}, auth {'on' if api_key else 'off'}, "
-        f"replicas and ranks in {placement}, engine {args.engine}); "
-        f"OpenAI routes at {url}/v1, management at {url}/art, schema at {url}/openapi.json, "
-        f"dashboard at {url}/dashboard",
-        flush=True,
-    )
+    print(_listening_banner(url_for(args.host, port), args, api_key, placement), flush=True)
     try:  # until SIGINT/SIGTERM: training steps are abandoned, open requests finish, the lifespan stops the engines
         server.run(sockets=[sock])
     finally:
         sock.close()
     return 0
+
+
+def _keyless_refusal(host: str) -> str:
+    """Why `art serve` will not listen on a non-loopback `host` without a key, and how to set one."""
+    return (
+        f"art serve: refusing to listen on {host} without an API key: anyone who can reach the "
+        f"port could sample and train your models. Set a key with `export {API_KEY_ENV}=$(python -c "
+        "'import secrets; print(secrets.token_urlsafe(32))')` (or --api-key KEY) and give the same key "
+        "to art.RemoteBackend(url, api_key=...) or the client's ART_API_KEY; or bind to 127.0.0.1 and "
+        "reach it through an SSH tunnel."
+    )
+
+
+def _log_library_info() -> None:
+    """Show the library's own INFO lines (a model ready, a step finished after its client left)."""
+    logging.basicConfig(format="%(levelname)s:     %(name)s: %(message)s")
+    logging.getLogger("art").setLevel(logging.INFO)
+
+
+def _start_placement(args: argparse.Namespace) -> str:
+    """Where models' replicas and ranks beyond the first run: joins Ray first when --ray or --ray-address asks."""
+    if args.ray or args.ray_address:
+        from art.ray_cluster import ensure_ray
+
+        ensure_ray(args.ray_address)  # a local instance, or the cluster at --ray-address
+        return "ray"
+    return "processes"
+
+
+def _listening_banner(url: str, args: argparse.Namespace, api_key: str | None, placement: str) -> str:
+    """The line `art serve` prints once it listens, so a user sees its settings and where each route is."""
+    return (
+        f"art serve: listening on {url} (storage {args.path}, auth {'on' if api_key else 'off'}, "
+        f"replicas and ranks in {placement}, engine {args.engine}); "
+        f"OpenAI routes at {url}/v1, management at {url}/art, schema at {url}/openapi.json, "
+        f"dashboard at {url}/dashboard"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -65,6 +65,11 @@ from .history_sources import (
     only,
     select,
 )
+from .responses_calls import (  # responses_input and responses_output_items: re-exported for `art.tokenize`
+    ResponsesThreads,
+    responses_input as responses_input,
+    responses_output_items as responses_output_items,
+)
 from .responses_format import ResponsesFormatError, chat_messages, chat_tools
 
 TOKENIZE_HOOK: list[Callable[..., Any]] = []
@@ -481,91 +486,14 @@ def anthropic_as_chat(history: AnthropicMessagesHistory) -> ChatCompletionsHisto
 # -- Responses -------------------------------------------------------------------------------
 
 
-def responses_input(value: Any) -> list[dict[str, Any]]:
-    if isinstance(value, str):
-        return [{"role": "user", "content": value}]
-    if value is None:
-        return []
-    if not isinstance(value, list) or not all(isinstance(item, Mapping) for item in value):
-        raise ValueError("Responses input must be text or a list of input items")
-    return [copy.deepcopy(dict(item)) for item in value]
-
-
-def responses_output_items(exchange: ResponsesExchange) -> list[dict[str, Any]]:
-    return [as_dict(item, mode="json", exclude_none=True) for item in exchange.response.output or []]
-
-
 def responses_histories(trajectory: TrajectoryLike, *, model: str | None) -> list[ResponsesHistory]:
     out: list[ResponsesHistory] = []
     for name, exchanges in select(trajectory.exchanges.responses, model, "Responses"):
         branches: list[Branch] = []
-        # what a later call's `previous_response_id` or `conversation` brings back:
-        # (items, sources, conversation, previous id outside the trajectory)
-        earlier: dict[str, tuple[list[Any], list[Any], Any, str | None]] = {}
-        conversations: dict[str, tuple[list[Any], list[Any], Any, str | None]] = {}
+        threads = ResponsesThreads()
         for sequence, exchange in enumerate(exchanges):
-            request = exchange.request
-            prompt = responses_input(request.get("input"))
-            sources: list[Any] = [ResponsesItemSource(exchange, request_index=i) for i in range(len(prompt))]
-            previous, conversation = request.get("previous_response_id"), request.get("conversation")
-            prior = earlier.get(previous) if isinstance(previous, str) else None
-            if prior is None and conversation is not None:
-                prior = conversations.get(json_key(conversation))
-            outside, inherited = (previous if isinstance(previous, str) and previous not in earlier else None), None
-            if prior is not None:
-                prompt, sources = [*copy.deepcopy(prior[0]), *prompt], [*prior[1], *sources]
-                inherited = prior[2]
-                outside = outside or prior[3]
-            keys = [json_key(item) for item in prompt]
-            sources = lineage_sources(branches, keys, sources)
-            instructions = request.get("instructions")
-            if instructions is not None and not isinstance(instructions, str):
-                raise ValueError("Responses instructions must be text")
-            conversation = conversation if conversation is not None else inherited
-            output = responses_output_items(exchange)
-            generation_of: dict[int, int] = {}
-            for number, (sampled, indices) in enumerate(responses_generations(exchange)):
-                if sampled.prompt_ids is None:
-                    raise ValueError("Responses generation without an exact prompt cannot be projected")
-                if sampled.token_ids is None:
-                    raise ValueError(
-                        "Responses generation without exact output tokens cannot yet be projected as a history"
-                    )
-                generation_of.update({index: number for index in indices})
-            out_sources = [
-                ResponsesItemSource(exchange, output_index=i, generation_index=generation_of.get(i))
-                for i in range(len(output))
-            ]
-            out_keys = [json_key(item) for item in output]
-            context = json_key(
-                [
-                    instructions,
-                    request.get("tools"),
-                    conversation,
-                    outside,
-                    request.get("chat_template"),
-                    request.get("chat_template_kwargs"),
-                ]
-            )
-            grow(
-                branches,
-                Call(
-                    prompt,
-                    keys,
-                    keys,
-                    sources,
-                    [(0, output, out_keys, out_keys, out_sources)],
-                    context,
-                    sequence,
-                    exchange.start_time,
-                    exchange if instructions is not None else None,
-                ),
-                functools.partial(_continues, exchange=exchange),
-            )
-            record = ([*prompt, *output], [*sources, *out_sources], copy.deepcopy(conversation), outside)
-            earlier[exchange.response.id] = record
-            if conversation is not None:
-                conversations[json_key(conversation)] = record
+            call = threads.call(exchange, sequence, branches)
+            grow(branches, call, functools.partial(_continues, exchange=exchange))
         for branch in finished(branches):
             instructions, tools, conversation, outside, template, kwargs = json.loads(branch.context)
             out.append(

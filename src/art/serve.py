@@ -24,8 +24,9 @@ from fastapi import FastAPI
 
 from art.dashboard import dashboard_router, login
 from art.server.app import create_app
-from art.server.management import RunningSteps, management_router
+from art.server.management import management_router
 from art.server.security import BearerAuth, BodyLimit, RefuseQueryCredentials
+from art.server.train_stream import RunningSteps
 from art.service.watchdog import ENGINE_STALL_S, TRAINING_STEP_S, Watchdog
 
 if TYPE_CHECKING:

@@ -3,23 +3,21 @@
 Choices stay the OpenAI `Choice` objects the model returned, because their token ids and
 logprobs are what training needs; pydantic must neither turn them into dicts nor turn plain
 message dicts into choices, so both fields below use hand-written validators and serialisers.
-A group built from coroutines is awaitable: it runs them concurrently and keeps rollout
-exceptions aside instead of failing the group. This module knows nothing of models,
-backends or torch; `art.gather` adds the progress bar and the exception limit.
+A group built from coroutines is awaitable: it runs them concurrently (`art.rollout_runs`)
+and keeps rollout exceptions aside instead of failing the group. `with art.Trajectory()` and
+`with art.TrajectoryGroup()` open the scopes of `art.trajectory_scopes`. This module knows
+nothing of models, backends or torch; `art.gather` adds the progress bar and the exception limit.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import copy
 import inspect
 import math
 import traceback
-from collections.abc import Awaitable, Generator, Iterable, Iterator, Mapping, Sequence
-from contextvars import ContextVar
+from collections.abc import Awaitable, Generator, Iterable, Iterator, Mapping
 from datetime import datetime
-from typing import Any, Protocol, cast
+from typing import Any, cast
 
 from openai.types.chat.chat_completion import Choice
 from pydantic import (
@@ -58,7 +56,18 @@ from .message_items import (
     tools_key,
 )
 from .observability import tracing
+from .rollout_runs import (
+    ROLLOUT_REPORTER,
+    run_rollouts,
+)
 from .tokenize import TokenizedTrajectoryGroup, tokenize_group, tokenize_history, tokenize_trajectory
+from .trajectory_scopes import (
+    current_group_scope,
+    enter_group_scope,
+    enter_scope,
+    exit_group_scope,
+    exit_scope,
+)
 from .types import Messages, Tools
 
 MetricValue = float | int | bool
@@ -216,11 +225,18 @@ class Trajectory(_CompactDump):
 
     def __enter__(self) -> Trajectory:
         """Record the model calls made inside the block (this task and the tasks it starts)."""
+        self._entered_in = current_group_scope()
         enter_scope(self)
         return self
 
     def __exit__(self, *exc_info: Any) -> None:
+        """Stop recording, date and finish the trajectory, and join the group it was entered in."""
         exit_scope(self)
+        date_from_choices(self)
+        self.finish()
+        group, self._entered_in = self._entered_in, None
+        if group is not None:
+            group.trajectories.append(self)
 
     def messages(self) -> Messages:
         return get_messages(self.messages_and_choices)
@@ -335,6 +351,21 @@ class Trajectory(_CompactDump):
         )
 
 
+def completion_tokens(trajectory: Trajectory) -> int:
+    """Tokens its choices sampled, in every history (what the progress bars and throughput count)."""
+    histories = [trajectory.messages_and_choices]
+    histories += [h.messages_and_choices for h in trajectory.additional_histories]
+    tokens = 0
+    for item in (item for history in histories for item in history):
+        if not is_choice(item):
+            continue
+        token_ids = getattr(item, "token_ids", None)
+        if token_ids is None:  # an OpenAI-style server: one logprob entry per token
+            token_ids = getattr(getattr(item, "logprobs", None), "content", None) or ()
+        tokens += len(token_ids)
+    return tokens
+
+
 def validated(model: type[BaseModel], data: Any, where: str) -> Any:
     """`model.model_validate(data)`; the first problem raises TrajectoryError naming its field."""
     try:
@@ -377,67 +408,6 @@ def policy_versions(trajectory: Trajectory, started: int, ended: int) -> tuple[i
     return (min(steps), max(steps)) if steps else (started, ended)
 
 
-# -- capture scopes ----------------------------------------------------------------------
-# `with art.Trajectory()` and `with art.TrajectoryGroup()` open scopes in the current context
-# (`contextvars`: they follow the task and the tasks it starts). `art.capture` records calls into
-# the innermost trajectory scope; it registers itself in SCOPE_HOOKS, so that this module, below
-# it, never imports it.
-
-
-class ScopeHook(Protocol):
-    def entered(self, trajectory: Trajectory) -> None: ...
-    def exited(self, trajectory: Trajectory) -> None: ...
-
-
-SCOPE_HOOKS: list[ScopeHook] = []
-_TRAJECTORY_SCOPES: ContextVar[tuple[Trajectory, ...]] = ContextVar("art_trajectory_scopes", default=())
-_GROUP_SCOPES: ContextVar[tuple[TrajectoryGroup, ...]] = ContextVar("art_group_scopes", default=())
-
-
-def enter_scope(trajectory: Trajectory) -> None:
-    groups = _GROUP_SCOPES.get()
-    trajectory._entered_in = groups[-1] if groups else None
-    _TRAJECTORY_SCOPES.set((*_TRAJECTORY_SCOPES.get(), trajectory))
-    for hook in SCOPE_HOOKS:
-        hook.entered(trajectory)
-
-
-def exit_scope(trajectory: Trajectory) -> None:
-    scopes = _TRAJECTORY_SCOPES.get()
-    if not scopes or scopes[-1] is not trajectory:
-        raise RuntimeError("Trajectory contexts must exit in the order they were entered")
-    _TRAJECTORY_SCOPES.set(scopes[:-1])
-    for hook in SCOPE_HOOKS:
-        hook.exited(trajectory)
-    date_from_choices(trajectory)
-    trajectory.finish()
-    group, trajectory._entered_in = trajectory._entered_in, None
-    if group is not None:
-        group.trajectories.append(trajectory)
-
-
-def current_scope() -> Trajectory | None:
-    """The trajectory of the innermost open scope here, or None."""
-    scopes = _TRAJECTORY_SCOPES.get()
-    return scopes[-1] if scopes else None
-
-
-def current_group_scope() -> TrajectoryGroup | None:
-    groups = _GROUP_SCOPES.get()
-    return groups[-1] if groups else None
-
-
-@contextlib.contextmanager
-def hidden_scopes() -> Iterator[None]:
-    """Hide the enclosing scopes inside the block (new ones opened inside still count)."""
-    trajectories, groups = _TRAJECTORY_SCOPES.set(()), _GROUP_SCOPES.set(())
-    try:
-        yield
-    finally:
-        _TRAJECTORY_SCOPES.reset(trajectories)
-        _GROUP_SCOPES.reset(groups)
-
-
 class ExceptionRecord(BaseModel):
     """A rollout exception kept for logging (the exception object itself is not serialisable)."""
 
@@ -455,80 +425,6 @@ class ExceptionRecord(BaseModel):
 
 
 PydanticException = ExceptionRecord  # upstream ART's name for the same record
-
-
-class RolloutReporter(Protocol):
-    """What `art.gather`'s progress is to the rollouts it runs: told how many to expect, then of
-    each as it ends (it raises TooManyExceptionsError to stop them all)."""
-
-    def expect(self, key: object, n: int) -> None: ...
-    def record_trajectory(self, trajectory: Trajectory) -> None: ...
-    def record_exception(self, exception: BaseException) -> None: ...
-
-
-ROLLOUT_REPORTER: ContextVar[RolloutReporter | None] = ContextVar("art_gather_reporter", default=None)
-"""Set by `art.gather` so that groups awaited under it report each rollout as it finishes and
-stop as soon as too many have raised."""
-
-
-async def _run_one(item: Any, reporter: RolloutReporter | None) -> Trajectory | BaseException:
-    if isinstance(item, Trajectory):
-        result: Any = item
-    else:
-        # The rollout runs inside its span: its completions (our clients send the trace
-        # context) hang under it.
-        with tracing.span("art.rollout", {"openinference.span.kind": "AGENT"}) as current:
-            try:
-                result = await item
-            except Exception as e:  # a failed rollout; cancellation and interrupts propagate
-                tracing.record_failure(current, e)
-                if reporter is not None:
-                    reporter.record_exception(e)
-                return e
-            if not isinstance(result, Trajectory):
-                error = TrajectoryError(f"a rollout returned {type(result).__name__}, expected a Trajectory")
-                tracing.record_failure(current, error)
-                if reporter is not None:
-                    reporter.record_exception(error)
-                return error
-            if current is not None:
-                tracing.set_attributes(current, tracing.rollout_attributes(result))
-                tracing.send_scores(current, result)
-    if reporter is not None:
-        reporter.record_trajectory(result)
-    return result
-
-
-async def cancel_all(tasks: Iterable[asyncio.Future[Any]]) -> None:
-    """Cancel `tasks` and wait until each has ended (whatever it raised)."""
-    tasks = list(tasks)
-    for task in tasks:
-        task.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
-
-
-async def wait_all(tasks: Sequence[asyncio.Future[Any]]) -> list[Any]:
-    """Results in order; on the first task that raises (or our own cancellation) cancel the rest."""
-    if not tasks:
-        return []
-    try:
-        done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
-    except BaseException:
-        await cancel_all(tasks)
-        raise
-    if pending:
-        await cancel_all(pending)
-        errors = [t.exception() for t in done if not t.cancelled()]
-        first = next((e for e in errors if e is not None), None)
-        if first is not None:
-            raise first
-    return [t.result() for t in tasks]
-
-
-async def run_rollouts(items: list[Any], reporter: RolloutReporter | None) -> list[Trajectory | BaseException]:
-    """Await every rollout (or take every finished Trajectory) concurrently; failed ones come back
-    as exception objects."""
-    return await wait_all([asyncio.ensure_future(_run_one(item, reporter)) for item in items])
 
 
 class TrajectoryGroup(_CompactDump):
@@ -589,14 +485,11 @@ class TrajectoryGroup(_CompactDump):
 
     def __enter__(self) -> TrajectoryGroup:
         """Collect the trajectories whose `with art.Trajectory()` blocks close inside this one."""
-        _GROUP_SCOPES.set((*_GROUP_SCOPES.get(), self))
+        enter_group_scope(self)
         return self
 
     def __exit__(self, *exc_info: Any) -> None:
-        groups = _GROUP_SCOPES.get()
-        if not groups or groups[-1] is not self:
-            raise RuntimeError("TrajectoryGroup contexts must exit in the order they were entered")
-        _GROUP_SCOPES.set(groups[:-1])
+        exit_group_scope(self)
 
     def __len__(self) -> int:
         """As ART counts a group: before it has run, every rollout it was given, awaitables
@@ -637,7 +530,7 @@ class TrajectoryGroup(_CompactDump):
             reporter.expect(self, len(items))
         with tracing.span("art.group", {"openinference.span.kind": "CHAIN", "art.rollouts": len(items)}) as current:
             try:
-                results = await run_rollouts(items, reporter)
+                results = await run_rollouts(items, reporter, Trajectory)
             finally:
                 self._state = "done"
             if current is not None:

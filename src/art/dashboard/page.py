@@ -24,26 +24,7 @@ LOGOUT_FORM = (
 """A form, not a script: the cookie is HttpOnly, and posting needs no JavaScript."""
 
 
-def render(root: Path, *, logout: bool = False) -> str:
-    where = html.escape(str(Path(root).resolve()))
-    logout_form = LOGOUT_FORM if logout else ""
-    return f"""<!doctype html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<title>art dashboard</title>
-<link rel="stylesheet" href="{_asset("uPlot.min.css")}">
-<link rel="stylesheet" href="{_asset("dashboard.css")}">
-</head>
-<body>
-<header>
-  <h1>art dashboard</h1>
-  <span class="root" title="storage root">{where}</span>
-  <span id="updated" class="muted"></span>
-  {logout_form}
-</header>
-<main>
+MAIN = """<main>
   <aside>
     <h2>Runs</h2>
     <table id="runs"><thead><tr><th></th><th>run</th><th>step</th><th>reward</th><th>status</th></tr></thead>
@@ -84,7 +65,30 @@ def render(root: Path, *, logout: bool = False) -> str:
       sampled from.</p>
     <div id="token-text" class="token-text"></div>
   </section>
-</main>
+</main>"""
+"""The page's body: the runs table, the charts, the samples and the token view (static; the script fills them)."""
+
+
+def render(root: Path, *, logout: bool = False) -> str:
+    where = html.escape(str(Path(root).resolve()))
+    logout_form = LOGOUT_FORM if logout else ""
+    return f"""<!doctype html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>art dashboard</title>
+<link rel="stylesheet" href="{_asset("uPlot.min.css")}">
+<link rel="stylesheet" href="{_asset("dashboard.css")}">
+</head>
+<body>
+<header>
+  <h1>art dashboard</h1>
+  <span class="root" title="storage root">{where}</span>
+  <span id="updated" class="muted"></span>
+  {logout_form}
+</header>
+{MAIN}
 <script src="{_asset("uPlot.iife.min.js")}"></script>
 <script src="{_asset("dashboard.js")}"></script>
 </body>

@@ -14,8 +14,8 @@ import logging
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from art.checks import boolean, int_at_least, number_in, one_of
 from art.errors import ArtValueError
-from art.numeric import is_int, is_number
 
 log = logging.getLogger(__name__)
 
@@ -162,45 +162,25 @@ class EngineConfig:
 
     def validate(self) -> None:
         """Every bad field at once; `field` names the first."""
-        problems: list[tuple[str, str]] = []
-
-        def positive_int(name: str, minimum: int = 1) -> None:
-            value = getattr(self, name)
-            if not is_int(value) or value < minimum:
-                problems.append((name, f"engine_args.{name} must be an int >= {minimum}, got {value!r}"))
-
-        if self.kv_layout not in (None, "fixed", "growable"):
-            problems.append(
-                ("kv_layout", f"engine_args.kv_layout must be 'fixed', 'growable' or None, got {self.kv_layout!r}")
-            )
-        if self.max_num_seqs is not None:  # None: by device (`resolve`)
-            positive_int("max_num_seqs")
-        for name in ("kv_cache_bytes", "prefill_tokens", "max_loaded_adapters"):
-            positive_int(name)
-        positive_int("prefix_cache_tokens", 0)
-        if self.max_model_len is not None:
-            positive_int("max_model_len")
-        utilization = self.gpu_memory_utilization
-        if not is_number(utilization) or not 0 < utilization <= 1:
-            problems.append(
-                (
-                    "gpu_memory_utilization",
-                    f"engine_args.gpu_memory_utilization must be a number in (0, 1], got {utilization!r}",
-                )
-            )
-        if self.dtype != "auto" and self.dtype not in DTYPES:
-            problems.append(
-                (
-                    "dtype",
-                    f"engine_args.dtype must be 'auto' or one of {sorted(set(DTYPES.values()))}, got {self.dtype!r}",
-                )
-            )
+        checks = {"kv_layout": one_of("engine_args.kv_layout", self.kv_layout, ("fixed", "growable", None))}
+        for name, low, none_ok in (
+            ("max_num_seqs", 1, True),  # None: by device (`resolve`)
+            ("kv_cache_bytes", 1, False),
+            ("prefill_tokens", 1, False),
+            ("max_loaded_adapters", 1, False),
+            ("prefix_cache_tokens", 0, False),
+            ("max_model_len", 1, True),
+        ):
+            checks[name] = int_at_least(f"engine_args.{name}", getattr(self, name), low, none_ok=none_ok)
+        checks["gpu_memory_utilization"] = number_in(
+            "engine_args.gpu_memory_utilization", self.gpu_memory_utilization, 0, 1, low_open=True
+        )
+        checks["dtype"] = one_of("engine_args.dtype", self.dtype, ("auto", *DTYPES))
         if not isinstance(self.device, str) or not (self.device in ("auto", "cpu") or self.device.startswith("cuda")):
-            problems.append(("device", f"engine_args.device must be 'auto', 'cpu' or 'cuda[:N]', got {self.device!r}"))
+            checks["device"] = f"engine_args.device must be 'auto', 'cpu' or 'cuda[:N]', got {self.device!r}"
         for name in ("enforce_eager", "merge_lora", "pad_batches"):
-            value = getattr(self, name)
-            if not isinstance(value, bool) and value is not None:
-                problems.append((name, f"engine_args.{name} must be true or false, got {value!r}"))
+            checks[name] = boolean(f"engine_args.{name}", getattr(self, name), none_ok=True)
+        problems = [(name, problem) for name, problem in checks.items() if problem]
         if problems:
             raise ArtValueError("; ".join(message for _, message in problems), field=f"engine_args.{problems[0][0]}")
 

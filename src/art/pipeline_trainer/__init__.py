@@ -2,8 +2,10 @@
 
 ART's 2026 names: `PipelineTrainer`, `PipelineRuntimeConfig`, `make_group_rollout_fn`, the
 checkpoint retention helpers (`keep_recent_and_top`) and the `checkpoint/*` history metric names,
-and the function types. `trainer.py` holds the stages, `config.py` their sizes, `state.py` what
-survives a kill, `checkpoint_retention.py` which checkpoints are kept.
+and the function types. `trainer.py` holds the stages; `keywords.py` turns ART's keyword arguments
+into `settings.py`'s frozen settings (`config.py` is ART's runtime config); `admission.py` the
+staleness gate; `state.py` what survives a kill; `checkpoint_retention.py` which checkpoints are
+kept.
 """
 
 from art.pipeline_trainer.checkpoint_retention import (

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import pydantic
 
-from art.numeric import is_int, is_number
+from art.checks import int_at_least, number_at_least, positive_number
+from art.numeric import is_number
 
 
 class PipelineRuntimeConfig(pydantic.BaseModel):
@@ -51,7 +52,7 @@ def check_art_keywords(
     score_reference_rollouts_per_group,
 ) -> list[str]:
     """What is wrong with the `PipelineTrainer` keywords ART added in 2026, one line each, each
-    starting with the keyword's name (ART's bounds and wording)."""
+    starting with the keyword's name (ART's bounds, in `art.checks`' words)."""
     problems = []
     if pipeline is not None and not isinstance(pipeline, PipelineRuntimeConfig):
         problems.append(f"pipeline must be a PipelineRuntimeConfig, got {type(pipeline).__name__}")
@@ -65,21 +66,15 @@ def check_art_keywords(
             "rollout_executor: distributed rollout executors are not available here; rollouts run "
             "as tasks of the trainer's event loop"
         )
-    for name, value, low, strict in (
-        ("limit_mean_steps_off_policy", limit_mean_steps_off_policy, 0, False),
-        ("score_reference_groups_per_step", score_reference_groups_per_step, 0, True),
-        ("score_reference_rollouts_per_group", score_reference_rollouts_per_group, 0, True),
-    ):
-        if value is not None and (not is_number(value) or value < low or (strict and value == low)):
-            problems.append(f"{name} must be {'>' if strict else '>='} {low}, got {value!r}")
-    for name, value, low in (
-        ("kl_penalty_step_lag", kl_penalty_step_lag, 1),
-        ("grad_accumulation_sequences", grad_accumulation_sequences, 1),
-    ):
-        if value is not None and (not is_int(value) or value < low):
-            problems.append(f"{name} must be >= {low}, got {value!r}")
-    if not is_int(optimizer_save_interval) or optimizer_save_interval <= 0:
-        problems.append(f"optimizer_save_interval must be > 0, got {optimizer_save_interval!r}")
+    bounds = [
+        number_at_least("limit_mean_steps_off_policy", limit_mean_steps_off_policy, 0, none_ok=True),
+        positive_number("score_reference_groups_per_step", score_reference_groups_per_step, none_ok=True),
+        positive_number("score_reference_rollouts_per_group", score_reference_rollouts_per_group, none_ok=True),
+        int_at_least("kl_penalty_step_lag", kl_penalty_step_lag, 1, none_ok=True),
+        int_at_least("grad_accumulation_sequences", grad_accumulation_sequences, 1, none_ok=True),
+        int_at_least("optimizer_save_interval", optimizer_save_interval, 1),
+    ]
+    problems += [problem for problem in bounds if problem]
     if not is_number(kl_penalty_coef) or kl_penalty_coef != 0:
         problems.append(
             f"kl_penalty_coef must be 0.0 here, got {kl_penalty_coef!r}: the KL-penalised advantage "

@@ -8,11 +8,13 @@ import warnings
 from dataclasses import dataclass
 from typing import Any
 
-from art.numeric import is_int, is_number
+from art.checks import int_at_least, one_of, positive_number
 from art.pipeline_trainer.config import PipelineRuntimeConfig
 
 RUNTIME_KEYWORDS = ("num_rollout_workers", "min_batch_size", "max_batch_size", "queue_maxsize")
 """`PipelineRuntimeConfig`'s fields, which ART also takes (deprecated) as the trainer's own keywords."""
+STALE_GROUPS = ("drop", "wait")
+"""What may happen to a group past `max_steps_off_policy` (`PipelineSettings.stale_groups`)."""
 
 
 def runtime_config(
@@ -68,36 +70,32 @@ class PipelineSettings:
 
     def problems(self) -> list[str]:
         """Every setting that is out of range, as "name must be ..., got ..."."""
-        problems: list[str] = []
-
-        def whole(name: str, low: int, none_ok: bool = False) -> None:
-            value = getattr(self, name)
-            if value is None and none_ok:
-                return
-            if not is_int(value) or value < low:
-                problems.append(f"{name} must be an int >= {low}{' or None' if none_ok else ''}, got {value!r}")
-
-        whole("num_rollout_workers", 1)
-        whole("min_batch_size", 1)
-        whole("max_batch_size", 1, none_ok=True)
-        whole("max_steps_off_policy", 0, none_ok=True)
-        whole("queue_maxsize", 1, none_ok=True)
-        whole("max_steps", 0, none_ok=True)
-        whole("discard_queue_multiplier", 1)
-        whole("eval_every_n_steps", 0)
-        whole("checkpoint_retention_interval", 1)
-        whole("total_scenarios", 0, none_ok=True)
+        counts = [
+            int_at_least(name, getattr(self, name), low, none_ok=none_ok)
+            for name, low, none_ok in (
+                ("num_rollout_workers", 1, False),
+                ("min_batch_size", 1, False),
+                ("max_batch_size", 1, True),
+                ("max_steps_off_policy", 0, True),
+                ("queue_maxsize", 1, True),
+                ("max_steps", 0, True),
+                ("discard_queue_multiplier", 1, False),
+                ("eval_every_n_steps", 0, False),
+                ("checkpoint_retention_interval", 1, False),
+                ("total_scenarios", 0, True),
+            )
+        ]
         low, high = self.min_batch_size, self.max_batch_size
-        if isinstance(high, int) and isinstance(low, int) and high < low:
-            problems.append(f"max_batch_size ({high}) must be >= min_batch_size ({low})")
-        if self.stale_groups not in ("drop", "wait"):
-            problems.append(f"stale_groups must be 'drop' or 'wait', got {self.stale_groups!r}")
-        if self.stale_groups == "wait" and self.max_steps_off_policy is None:
-            problems.append("stale_groups='wait' needs a max_steps_off_policy to wait for")
-        interval = self.log_interval_seconds
-        if not is_number(interval) or not interval > 0:
-            problems.append(f"log_interval_seconds must be > 0, got {interval!r}")
-        return problems
+        crossed = isinstance(high, int) and isinstance(low, int) and high < low
+        waits_for_nothing = self.stale_groups == "wait" and self.max_steps_off_policy is None
+        problems = [
+            *counts,
+            f"max_batch_size ({high}) must be >= min_batch_size ({low})" if crossed else None,
+            one_of("stale_groups", self.stale_groups, STALE_GROUPS),
+            "stale_groups='wait' needs a max_steps_off_policy to wait for" if waits_for_nothing else None,
+            positive_number("log_interval_seconds", self.log_interval_seconds),
+        ]
+        return [problem for problem in problems if problem]
 
     @property
     def batch_cap(self) -> int:

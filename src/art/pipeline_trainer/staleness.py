@@ -3,8 +3,7 @@
 
 from __future__ import annotations
 
-from art.gather import completion_tokens
-from art.trajectories import TrajectoryGroup
+from art.trajectories import TrajectoryGroup, completion_tokens
 
 
 def mean_steps_off_policy(group: TrajectoryGroup, step: int, default_version: int) -> float:

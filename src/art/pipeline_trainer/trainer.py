@@ -46,17 +46,15 @@ the synchronous loop: the same groups, in the same order, give the same update.
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
-import signal
 import time
 from collections.abc import AsyncIterator, Iterable, Mapping
 from typing import Any, Generic, Literal
 
 from tqdm.auto import tqdm
 
-from art.errors import ArtValueError, TooManyExceptionsError
-from art.gather import completion_tokens, has_signal
+from art.errors import TooManyExceptionsError
+from art.gather import has_signal
 from art.metrics_taxonomy import route
 from art.observability.progress import progress_bar
 from art.pipeline_trainer.admission import Gate, signal_share
@@ -67,14 +65,18 @@ from art.pipeline_trainer.checkpoint_retention import (
     CheckpointRetentionStrategy,
 )
 from art.pipeline_trainer.checkpoints import log_checkpoint, retain_checkpoints
-from art.pipeline_trainer.config import PipelineRuntimeConfig, check_art_keywords
+from art.pipeline_trainer.config import PipelineRuntimeConfig
 from art.pipeline_trainer.evaluation import Evaluations, metrics_context
-from art.pipeline_trainer.settings import RUNTIME_KEYWORDS, PipelineSettings, runtime_config
+from art.pipeline_trainer.keywords import ArtAttributes, resolve_keywords
+from art.pipeline_trainer.rollouts import date_group, rollout_group, unused_scenarios
+from art.pipeline_trainer.settings import runtime_config
+from art.pipeline_trainer.signals import install_stop_signals
 from art.pipeline_trainer.staleness import mean_steps_off_policy
 from art.pipeline_trainer.state import STATE_KEY, PipelineState
 from art.pipeline_trainer.step_metrics import FinishedGroup, Interval, step_metrics
 from art.pipeline_trainer.types import ConfigT, EvalFn, RolloutFn, ScenarioT
-from art.trajectories import TrajectoryGroup, cancel_all, policy_versions
+from art.rollout_runs import cancel_all
+from art.trajectories import TrajectoryGroup, completion_tokens
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +91,7 @@ MODEL COLLAPSE DETECTED - training stopped
 """
 
 
-class PipelineTrainer(Generic[ScenarioT, ConfigT]):
+class PipelineTrainer(ArtAttributes, Generic[ScenarioT, ConfigT]):
     """Rollouts, training and evaluation as an asynchronous pipeline (see the module docstring)."""
 
     def __init__(
@@ -159,7 +161,19 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         `adam_params`/`loss_fn_config` other than None and `kl_penalty_coef` other than 0 are
         refused by `backend.train`; ART's autotuner and distributed rollout executors are not
         available: `autotune` other than off and a `rollout_executor` are refused.)"""
-        problems = check_art_keywords(
+        sized = runtime_config(  # asked here, so that its DeprecationWarning points at the caller's line
+            pipeline,
+            dict(
+                num_rollout_workers=num_rollout_workers,
+                min_batch_size=min_batch_size,
+                max_batch_size=max_batch_size,
+                queue_maxsize=queue_maxsize,
+            ),
+        )
+        resolved = resolve_keywords(
+            sized,
+            rollout_fn=rollout_fn,
+            eval_fn=eval_fn,
             pipeline=pipeline,
             autotune=autotune,
             rollout_executor=rollout_executor,
@@ -170,21 +184,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             optimizer_save_interval=optimizer_save_interval,
             score_reference_groups_per_step=score_reference_groups_per_step,
             score_reference_rollouts_per_group=score_reference_rollouts_per_group,
-        )
-        config_given, aliases, alias_problems = runtime_config(
-            pipeline,
-            dict(
-                num_rollout_workers=num_rollout_workers,
-                min_batch_size=min_batch_size,
-                max_batch_size=max_batch_size,
-                queue_maxsize=queue_maxsize,
-            ),
-        )
-        sizes = {name: aliases.get(name, getattr(config_given, name)) for name in RUNTIME_KEYWORDS}
-        settings = PipelineSettings(
-            **sizes,
             max_steps_off_policy=max_steps_off_policy,
-            limit_mean_steps_off_policy=limit_mean_steps_off_policy,
             stale_groups=stale_groups,
             max_steps=max_steps,
             discard_queue_multiplier=discard_queue_multiplier,
@@ -193,44 +193,9 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             total_scenarios=total_scenarios,
             log_interval_seconds=log_interval_seconds,
         )
-        problems += alias_problems + settings.problems()
-        if not callable(rollout_fn):
-            problems.append("rollout_fn must be an async function (model, scenario, config) -> TrajectoryGroup")
-        if eval_fn is not None and not callable(eval_fn):
-            problems.append("eval_fn must be an async function (model, step, config) or None")
-        if problems:
-            field_name = problems[0].split(" ", 1)[0].rstrip(":,")
-            raise ArtValueError("invalid PipelineTrainer settings: " + "; ".join(problems), field=field_name)
-        self.settings = settings
-        self.model, self.backend, self.rollout_fn, self.config, self.eval_fn = (
-            model,
-            backend,
-            rollout_fn,
-            config,
-            eval_fn,
-        )
-        self.pipeline = PipelineRuntimeConfig(**{**config_given.model_dump(exclude_unset=True), **aliases})
-        # ART's attribute names, read by its code and ours.
-        self.num_rollout_workers = settings.num_rollout_workers
-        self.min_batch_size = settings.min_batch_size
-        self.max_batch_size = settings.batch_cap
-        self.max_steps_off_policy = max_steps_off_policy
-        self.limit_mean_steps_off_policy = limit_mean_steps_off_policy
-        self._age_bound = settings.age_bound
-        self.stale_groups = stale_groups
-        self.queue_maxsize = settings.queue_limit
-        self.kl_penalty_step_lag = kl_penalty_step_lag
-        self.optimizer_save_interval = optimizer_save_interval
-        self.score_reference_groups_per_step = (
-            score_reference_groups_per_step
-            if score_reference_groups_per_step is not None
-            else config_given.score_reference_groups_per_step
-        )
-        self.score_reference_rollouts_per_group = (
-            score_reference_rollouts_per_group
-            if score_reference_rollouts_per_group is not None
-            else config_given.score_reference_rollouts_per_group
-        )
+        self.settings, self.pipeline = resolved.settings, resolved.pipeline
+        self.model, self.backend, self.config = model, backend, config
+        self.rollout_fn, self.eval_fn = rollout_fn, eval_fn
         self.train_kwargs = {
             "learning_rate": learning_rate,
             "loss_fn": loss_fn,
@@ -239,17 +204,12 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             "adam_params": adam_params,
             **dict(train_options or {}),
         }
-        self.max_steps = max_steps
-        self.collapse_after = discard_queue_multiplier * settings.min_batch_size
-        self.discard_queue_multiplier = discard_queue_multiplier
-        self.log_interval_seconds = float(log_interval_seconds)
-        self.total_scenarios = total_scenarios
-        self.eval_every_n_steps = eval_every_n_steps
-        self.eval_at_start = eval_at_start
-        self.save_checkpoint = save_checkpoint
+        # ART's keywords that are not settings (those are read-only properties below), under ART's names.
+        self.eval_at_start, self.save_checkpoint, self.resume = eval_at_start, save_checkpoint, resume
         self.checkpoint_retention_strategy = checkpoint_retention_strategy
-        self.checkpoint_retention_interval = checkpoint_retention_interval
-        self.resume = resume
+        self.kl_penalty_step_lag, self.optimizer_save_interval = kl_penalty_step_lag, optimizer_save_interval
+        self.score_reference_groups_per_step = resolved.score_reference_groups_per_step
+        self.score_reference_rollouts_per_group = resolved.score_reference_rollouts_per_group
         self._scenarios = scenarios
         self.state = PipelineState()
         self._done = False
@@ -262,50 +222,13 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         policy collapses or `request_stop()` (SIGINT/SIGTERM with `handle_signals`: the step
         being trained finishes and is saved first; a second signal stops at once)."""
         start = await self.model.get_step()
-        saved = (self.model.read_state() or {}).get(STATE_KEY) if self.resume else None
-        self.state = PipelineState.from_saved(saved)
-        if saved and self.state.training_step != start:
-            log.warning(
-                "the saved pipeline state is at step %d and the model at step %d: resuming at the model's step",
-                self.state.training_step,
-                start,
-            )
-        self.state.training_step = start
-        self._done, self._failure = False, None
-        self._changes = Broadcast()
-        self._policy = self._next_step = start
-        self._last_step = None if self.max_steps is None else start + self.max_steps - 1
-        """The last step this call trains (`max_steps`); None: until the scenarios run out."""
-        self._ready: list[FinishedGroup] = []
-        self._running: dict[int, int] = {}  # scenario index -> policy step when its rollout started
-        self._exhausted = False
-        self._source = self._numbered(self._scenarios)
-        self._source_lock = asyncio.Lock()
-        self._interval = Interval()
-        self._idle_since = self._interval.started  # the trainer waits for its first batch from here
-        self._zero_variance_in_a_row = 0
-        self._groups_with_signal = self._groups_without_signal = 0
-        self._set_aside: list[TrajectoryGroup] = []
-        self._waited: set[int] = set()  # scenarios the trainer waited for before the step being formed
-        self._evals = (
-            Evaluations(
-                self.model,
-                self.backend,
-                self.eval_fn,
-                self.config,
-                self.state,
-                every_n_steps=self.eval_every_n_steps,
-                changes=self._changes,
-            )
-            if self.eval_fn is not None
-            else None
+        self._resume_state(start)
+        self._begin_call(start)
+        restore = (
+            install_stop_signals(asyncio.current_task(), lambda: self._done, self._stop)
+            if handle_signals
+            else (lambda: None)
         )
-        total = self.max_steps if self.max_steps is not None else None
-        self._bar = progress_bar(total=total, desc="pipeline", unit="step", dynamic_ncols=True)
-        if self._evals is not None and self.eval_at_start and start not in self.state.completed_eval_steps:
-            self._evals.schedule(start)
-        main = asyncio.current_task()
-        restore = self._install_signals(main) if handle_signals else (lambda: None)
         workers = self._workers = [
             asyncio.create_task(self._worker(), name=f"rollout-worker-{i}") for i in range(self.num_rollout_workers)
         ]
@@ -330,6 +253,55 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             self._bar.close()
             self.model.merge_state({STATE_KEY: self.state.saved()})
 
+    def _resume_state(self, start: int) -> None:
+        """Load the saved pipeline state (with `resume`) so a killed run skips what it already trained."""
+        saved = (self.model.read_state() or {}).get(STATE_KEY) if self.resume else None
+        self.state = PipelineState.from_saved(saved)
+        if saved and self.state.training_step != start:
+            log.warning(
+                "the saved pipeline state is at step %d and the model at step %d: resuming at the model's step",
+                self.state.training_step,
+                start,
+            )
+        self.state.training_step = start
+
+    def _begin_call(self, start: int) -> None:
+        """Fresh counters, queues, evaluations and progress bar, so each `train` call starts clean."""
+        self._done, self._failure = False, None
+        self._changes = Broadcast()
+        self._policy = self._next_step = start
+        self._last_step = None if self.max_steps is None else start + self.max_steps - 1
+        """The last step this call trains (`max_steps`); None: until the scenarios run out."""
+        self._ready: list[FinishedGroup] = []
+        self._running: dict[int, int] = {}  # scenario index -> policy step when its rollout started
+        self._exhausted = False
+        self._source = unused_scenarios(self._scenarios, self.state)
+        self._source_lock = asyncio.Lock()
+        self._interval = Interval()
+        self._idle_since = self._interval.started  # the trainer waits for its first batch from here
+        self._zero_variance_in_a_row = 0
+        self._groups_with_signal = self._groups_without_signal = 0
+        self._set_aside: list[TrajectoryGroup] = []
+        self._waited: set[int] = set()  # scenarios the trainer waited for before the step being formed
+        self._evals = self._evaluations()
+        self._bar = progress_bar(total=self.max_steps, desc="pipeline", unit="step", dynamic_ncols=True)
+        if self._evals is not None and self.eval_at_start and start not in self.state.completed_eval_steps:
+            self._evals.schedule(start)
+
+    def _evaluations(self) -> Evaluations | None:
+        """The evaluation queue of this call (None without an `eval_fn`), woken by this call's changes."""
+        if self.eval_fn is None:
+            return None
+        return Evaluations(
+            self.model,
+            self.backend,
+            self.eval_fn,
+            self.config,
+            self.state,
+            every_n_steps=self.eval_every_n_steps,
+            changes=self._changes,
+        )
+
     def request_stop(self) -> None:
         """Stop after the step being trained (workers start no new scenario)."""
         self._stop()
@@ -338,49 +310,12 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         self._done = True
         self._changes.notify()
 
-    def _install_signals(self, main: asyncio.Task | None):
-        loop, installed = asyncio.get_running_loop(), []
-
-        def on_signal(sig: signal.Signals) -> None:
-            if self._done and main is not None:  # the second one: now
-                main.cancel()
-                return
-            tqdm.write(f"[art] {sig.name}: stopping after the current step (again to stop now)")
-            self._stop()
-
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            try:
-                loop.add_signal_handler(sig, on_signal, sig)
-                installed.append(sig)
-            except (NotImplementedError, RuntimeError, ValueError):  # not the main thread, or Windows
-                pass
-
-        def restore() -> None:
-            for sig in installed:
-                loop.remove_signal_handler(sig)
-
-        return restore
-
     # -- rollouts -----------------------------------------------------------------------------
-    async def _numbered(self, scenarios) -> AsyncIterator[tuple[int, Any]]:
-        """(index, scenario) of every scenario not used up yet (a resumed run skips those)."""
-        index = 0
-        if isinstance(scenarios, AsyncIterator) or hasattr(scenarios, "__aiter__"):
-            async for scenario in scenarios:
-                if not self.state.is_used(index):
-                    yield index, scenario
-                index += 1
-            return
-        for scenario in scenarios:
-            if not self.state.is_used(index):
-                yield index, scenario
-            index += 1
-
     def _gate(self) -> Gate:
         return Gate(
             next_step=self._next_step,
             max_batch_size=self.max_batch_size,
-            age_bound=self._age_bound,
+            age_bound=self.settings.age_bound,
             last_step=self._last_step,
             queue_maxsize=self.queue_maxsize,
             wait_for_stale=self.stale_groups == "wait",
@@ -420,13 +355,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         self.state.total_scenarios_consumed += 1
         costs = metrics_context(self.model, "train")
         try:
-            group = self.rollout_fn(self.model, scenario, self.config)
-            if inspect.isawaitable(group) and not isinstance(group, TrajectoryGroup):
-                group = await group
-            if isinstance(group, TrajectoryGroup) and group.pending:  # built from coroutines: run them
-                group = await group
-            if not isinstance(group, TrajectoryGroup):
-                raise TypeError(f"rollout_fn returned {type(group).__name__}, expected a TrajectoryGroup")
+            group = await rollout_group(self.rollout_fn, self.model, scenario, self.config)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -448,12 +377,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             )
             self._stop()
             return
-        oldest = []
-        for trajectory in group.trajectories:
-            initial, final = policy_versions(trajectory, version, self._policy)
-            trajectory.initial_policy_version, trajectory.final_policy_version = initial, final
-            oldest.append(initial)
-        group_version = min(oldest, default=version)
+        group_version = date_group(group, version, self._policy)
         if has_signal(group):
             self._groups_with_signal += 1
             self._zero_variance_in_a_row = 0

@@ -99,6 +99,16 @@ def create_app(
     app = FastAPI(title="art", docs_url=None, redoc_url=None)
     created = int(time.time())
     install_error_handlers(app)
+    serving = _Serving(registry, recover, default_max_tokens)
+    # Registered in this order, which is also the order of the OpenAPI document's paths.
+    _add_status_routes(app, registry, watchdog, created)
+    _add_openai_routes(app, serving)
+    _add_anthropic_routes(app, serving)
+    return app
+
+
+def _add_status_routes(app: FastAPI, registry: ModelRegistry, watchdog, created: int) -> None:
+    """/health and /v1/models: what the server is up to, without sampling anything."""
 
     @app.get("/health")
     async def health(request: Request) -> dict[str, Any]:
@@ -139,15 +149,32 @@ def create_app(
         ]
         return {"object": "list", "data": data}
 
-    async def resolve(model: str) -> ServedModel:
+
+class _Serving:
+    """What every sampling route shares: resolving its model (recovering it once if need be) and
+    answering inside the request's span."""
+
+    def __init__(
+        self,
+        registry: ModelRegistry,
+        recover: Callable[[str], Awaitable[bool]] | None,
+        default_max_tokens: int,
+    ) -> None:
+        self.registry = registry
+        self.recover = recover
+        self.default_max_tokens = default_max_tokens
+
+    async def resolve(self, model: str) -> ServedModel:
+        """The served model named `model`, offered to `recover` once if the registry lacks it."""
         try:
-            return registry.resolve(model)
+            return self.registry.resolve(model)
         except ModelNotFoundError:
-            if recover is None or not await recover(model):
+            if self.recover is None or not await self.recover(model):
                 raise
-            return registry.resolve(model)  # stored on disk, loaded again just now
+            return self.registry.resolve(model)  # stored on disk, loaded again just now
 
     async def serve(
+        self,
         what: str,
         body: ChatCompletionRequest | CompletionRequest,
         request: Request,
@@ -169,7 +196,7 @@ def create_app(
                 if current is not None:
                     tracing.set_attributes(current, attributes(body))
                 try:
-                    response = await answer(await resolve(body.model), current)
+                    response = await answer(await self.resolve(body.model), current)
                     return response
                 except (ArtError, StarletteHTTPException):
                     raise
@@ -180,9 +207,35 @@ def create_app(
             if current is not None and not isinstance(response, StreamingResponse):
                 current.end()
 
+    def answer_as(self, chat: ChatCompletionRequest, fields: dict[str, str], events, sse, written):
+        """The `answer` of a request served as the chat request `chat` it means, written back in
+        its own API's shape: `fields` renames chat fields in a 400, `events()` and `sse` write a
+        stream, `written(result)` a whole answer."""
+
+        async def answer(served: ServedModel, span):
+            try:
+                result = await _complete(served, chat, self.default_max_tokens, span)
+            except ArtValueError as exc:  # named as chat names it: say the request's own field instead
+                if exc.field is not None:
+                    exc.field = fields.get(exc.field, exc.field)
+                raise
+            if isinstance(result, StreamingResponse):
+                return StreamingResponse(
+                    _chat_stream_as(result.body_iterator, events(), sse), media_type="text/event-stream"
+                )
+            # ASCII JSON: the answer repeats request text (instructions, tools), which may hold a lone surrogate.
+            return AsciiJSONResponse(written(result))
+
+        return answer
+
+
+def _add_openai_routes(app: FastAPI, serving: _Serving) -> None:
+    """OpenAI's sampling routes: chat completions, legacy completions and the Responses API."""
+    default_max_tokens = serving.default_max_tokens
+
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request):
-        return await serve(
+        return await serving.serve(
             "chat completion", body, request, lambda served, span: _complete(served, body, default_max_tokens, span)
         )
 
@@ -190,7 +243,7 @@ def create_app(
     async def completions(body: CompletionRequest, request: Request):
         """OpenAI's legacy Completions: a prompt (text or token ids) without a chat template
         (`art.server.completions_format`)."""
-        return await serve(
+        return await serving.serve(
             "completion",
             body,
             request,
@@ -205,23 +258,18 @@ def create_app(
         stream events."""
         wire = body.model_dump(exclude_none=True)
         chat = _chat_body(wire)
+        answer = serving.answer_as(
+            chat,
+            _RESPONSES_FIELDS,
+            lambda: ResponseEvents(wire),
+            responses_sse,
+            lambda result: response_object(result, wire),
+        )
+        return await serving.serve("response", chat, request, answer)
 
-        async def answer(served: ServedModel, span):
-            try:
-                result = await _complete(served, chat, default_max_tokens, span)
-            except ArtValueError as exc:  # named as chat names it: say the Responses field instead
-                if exc.field is not None:
-                    exc.field = _RESPONSES_FIELDS.get(exc.field, exc.field)
-                raise
-            if isinstance(result, StreamingResponse):
-                return StreamingResponse(
-                    _chat_stream_as(result.body_iterator, ResponseEvents(wire), responses_sse),
-                    media_type="text/event-stream",
-                )
-            # ASCII JSON: the Response repeats request text (instructions, tools), which may hold a lone surrogate.
-            return AsciiJSONResponse(response_object(result, wire))
 
-        return await serve("response", chat, request, answer)
+def _add_anthropic_routes(app: FastAPI, serving: _Serving) -> None:
+    """Anthropic's routes: the Messages API and its token count."""
 
     @app.post("/v1/messages")
     async def messages(body: MessagesRequest, request: Request):
@@ -230,32 +278,22 @@ def create_app(
         in Anthropic's shape."""
         wire = body.model_dump(exclude_none=True)
         chat = _chat_body(wire, messages_format.chat_request, messages_format.FIELDS)
-
-        async def answer(served: ServedModel, span):
-            try:
-                result = await _complete(served, chat, default_max_tokens, span)
-            except ArtValueError as exc:  # named as chat names it: say the Messages field instead
-                if exc.field is not None:
-                    exc.field = messages_format.FIELDS.get(exc.field, exc.field)
-                raise
-            if isinstance(result, StreamingResponse):
-                return StreamingResponse(
-                    _chat_stream_as(result.body_iterator, messages_format.MessageEvents(), messages_format.sse),
-                    media_type="text/event-stream",
-                )
-            return AsciiJSONResponse(messages_format.message_object(result))
-
-        return as_anthropic(await serve("message", chat, request, answer))
+        answer = serving.answer_as(
+            chat,
+            messages_format.FIELDS,
+            messages_format.MessageEvents,
+            messages_format.sse,
+            messages_format.message_object,
+        )
+        return as_anthropic(await serving.serve("message", chat, request, answer))
 
     @app.post("/v1/messages/count_tokens")
     async def count_tokens(body: MessagesCountRequest) -> dict[str, int]:
         """Anthropic's token count: the length of the prompt the same Messages request renders."""
         chat = _chat_body(body.model_dump(exclude_none=True), messages_format.chat_request, messages_format.FIELDS)
-        engine = (await resolve(chat.model)).engine
+        engine = (await serving.resolve(chat.model)).engine
         prompt, _ = await asyncio.to_thread(_prompt_and_grammar, engine, engine.tokenizer, chat)
         return {"input_tokens": len(prompt)}
-
-    return app
 
 
 async def _complete(served: ServedModel, body: ChatCompletionRequest, default_max_tokens: int, span=None):

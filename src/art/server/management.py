@@ -4,7 +4,8 @@ They sit beside the OpenAI routes (`art.server.app`) in the app that `art serve`
 hold no model state: every call goes to the service living in the server process (an
 `art.service.Service`, which `LocalBackend` also adapts in process, and `art.RemoteService`
 speaks from the other side). This module only turns JSON into those calls and back; the
-routes' bodies and the train stream's lines are specified in `art.server.management_schemas`.
+routes' bodies and the train stream's lines are specified in `art.server.management_schemas`, and a
+step's stream is `art.server.train_stream`'s.
 """
 
 from __future__ import annotations
@@ -13,8 +14,6 @@ import asyncio
 import functools
 import json
 import logging
-import time
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fastapi import APIRouter, Depends, Query, Request
@@ -23,9 +22,8 @@ from fastapi.responses import Response, StreamingResponse
 from pydantic import TypeAdapter
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from art.errors import ArtError, ArtValueError, BackendUnavailableError, StepCancelledError, StepConflictError
+from art.errors import ArtError, ArtValueError
 from art.naming import MAX_METRIC_NAME, echo
-from art.observability import tracing
 from art.server.errors import error_object, error_response
 from art.server.management_schemas import (
     Cancelled,
@@ -42,13 +40,15 @@ from art.server.management_schemas import (
     TrainRequest,
     TrainSFTRequest,
     TrajectoryGroupPayload,
+    TrajectoryPayload,
 )
 from art.server.security import check_base_model
-from art.service import ModelKey, ModelSpec, Progress, Service, TrainEvent, TrainResult, resolve_train_options
+from art.server.train_stream import RunningSteps, train_stream
+from art.service import ModelKey, ModelSpec, Service, TrainEvent, resolve_train_options
 from art.storage.history import rows_for_split
 from art.storage.layout import validate_name
 from art.training.sft_options import resolve_sft_options
-from art.trajectories import TrajectoryGroup
+from art.trajectories import Trajectory, TrajectoryGroup
 
 log = logging.getLogger(__name__)
 
@@ -60,9 +60,9 @@ def _groups(payloads: list[TrajectoryGroupPayload]) -> list[TrajectoryGroup]:
     return [g.to_group(f"trajectory_groups[{i}]") for i, g in enumerate(payloads)]
 
 
-def _line(event: dict[str, Any]) -> bytes:
-    # Python's json: a diverged loss arrives as NaN rather than failing the whole stream.
-    return (json.dumps(event, default=str) + "\n").encode()
+def _trajectories(payloads: list[TrajectoryPayload]) -> list[Trajectory]:
+    """An SFT request's trajectories, each error naming its index (CPU work: off the event loop)."""
+    return [t.to_trajectory(f"trajectories[{i}]") for i, t in enumerate(payloads)]
 
 
 def _json(content: Any) -> Response:
@@ -93,175 +93,10 @@ def model_key(project: str, name: str) -> ModelKey:
     return validate_name(project, "project"), validate_name(name, "name")
 
 
-_SHUTDOWN = object()
-"""Put in a running step's event queue when the server starts shutting down."""
-
-
-class RunningSteps:
-    """The training steps a server runs, each as its own task that outlives its request (kept
-    referenced here until it ends).
-
-    When the server shuts down (`abandon`, called by `art.serve` before it waits for open
-    connections) every running step is cancelled: it stops at its next micro-batch and rolls
-    back. Its stream ends within `stream_wait_s` with an error saying so, and new steps are
-    refused. `settle`, from the app's shutdown, waits for the steps to end and logs, one line
-    per model, what became of each step."""
-
-    def __init__(self, *, stream_wait_s: float = 5.0, settle_wait_s: float = 120.0) -> None:
-        self.stream_wait_s = stream_wait_s
-        """How long a stream waits for its cancelled step; below uvicorn's graceful timeout (10 s)."""
-        self.settle_wait_s = settle_wait_s
-        """How long shutdown waits for a cancelled step to reach its next micro-batch."""
-        self.shutting_down = False
-        self._tasks: dict[asyncio.Task, tuple[ModelKey, asyncio.Queue]] = {}
-        self._abandoned: dict[asyncio.Task, tuple[ModelKey, asyncio.Queue]] = {}
-
-    def add(self, task: asyncio.Task, key: ModelKey, queue: asyncio.Queue) -> None:
-        self._tasks[task] = (key, queue)
-        task.add_done_callback(self._tasks.pop)  # the task itself is the key: removed once it ends
-
-    async def abandon(self, service: Service) -> None:
-        """Cancel every running step and wake its stream; refuse new ones from now on."""
-        self.shutting_down = True
-        self._abandoned = dict(self._tasks)
-        for key in {key for key, _ in self._abandoned.values()}:
-            try:
-                await service.cancel_training(key)
-            except Exception as exc:  # the shutdown goes on; `settle` says what became of the step
-                log.warning("shutting down: could not stop the training step of %s/%s: %s", *key, exc)
-        for _, queue in self._abandoned.values():
-            queue.put_nowait(_SHUTDOWN)
-
-    async def settle(self, service: Service) -> None:
-        """Wait for the abandoned steps to end; log in one line per model what became of them."""
-        if not self._abandoned:
-            return
-        await asyncio.wait(list(self._abandoned), timeout=self.settle_wait_s)
-        reported: set[ModelKey] = set()
-        for task, (key, _) in self._abandoned.items():
-            if key in reported or (task.done() and not _stopped(task)):
-                continue  # a step that finished (or failed) before it could stop was logged as usual
-            reported.add(key)
-            stays = await service.step(key)
-            if task.done():
-                log.warning("shutting down: training step of %s/%s abandoned; the model stays at step %d", *key, stays)
-            else:
-                log.warning(
-                    "shutting down: training step of %s/%s did not stop within %g s; abandoned, the model "
-                    "stays at step %d unless the step's checkpoint lands before the process ends",
-                    *key,
-                    self.settle_wait_s,
-                    stays,
-                )
-
-    def refuse_if_shutting_down(self) -> None:
-        if self.shutting_down:
-            raise BackendUnavailableError("the server is shutting down: send the step again once it is back")
-
-
-def _stopped(task: asyncio.Task) -> bool:
-    """Whether an ended train task was stopped (cancelled), rather than trained or failed."""
-    return task.cancelled() or isinstance(task.exception(), StepCancelledError)
-
-
-def _abandoned(key: ModelKey, step: int, *, stopped: bool) -> BackendUnavailableError:
-    """What the client of a step abandoned at shutdown is told."""
-    how = "was abandoned and rolled back" if stopped else "is being abandoned (it rolls back at its next micro-batch)"
-    return BackendUnavailableError(
-        f"the server is shutting down: the training step of {key[0]}/{key[1]} {how}; "
-        f"the model stays at step {step}. Send the step again once the server is back"
-    )
-
-
-async def train_stream(
-    service: Service,
-    key: ModelKey,
-    run: Callable[[Progress], Awaitable[TrainResult]],
-    *,
-    body: TrainRequest | TrainSFTRequest,
-    request: Request,
-    accepted: dict[str, Any],
-    heartbeat_s: float,
-    running: RunningSteps,
-) -> StreamingResponse:
-    """Start `run(progress)` (a service update of `key`) as its own task and stream its TrainEvents
-    as NDJSON lines: `accepted` (with `accepted`'s counts), progress, heartbeats every
-    `heartbeat_s` of silence, and the result or the error."""
-    current = await service.step(key)
-    if body.expected_step is not None and body.expected_step != current:
-        raise StepConflictError.between(f"{key[0]}/{key[1]}", body.expected_step, current)
-    loop = asyncio.get_running_loop()
-    queue: asyncio.Queue[TrainEvent | None] = asyncio.Queue()
-
-    def progress(event: TrainEvent) -> None:  # called from the training thread
-        loop.call_soon_threadsafe(queue.put_nowait, event)
-
-    caller = tracing.extract_context(request.headers)  # the client's trace continues in the step
-
-    async def train_step():
-        with tracing.span("art.train_request", {"art.model": f"{key[0]}/{key[1]}"}, kind="SERVER", context=caller):
-            return await run(progress)
-
-    running.refuse_if_shutting_down()  # no await from here to `add`: a step is either refused or abandoned
-    task = asyncio.ensure_future(train_step())
-    running.add(task, key, queue)
-
-    def finished(task: asyncio.Task) -> None:
-        queue.put_nowait(None)
-        if not (running.shutting_down and _stopped(task)):  # an abandoned step: `RunningSteps.settle` says so
-            _report(task, key)
-
-    task.add_done_callback(finished)
-    started = time.monotonic()
-
-    async def lines():
-        try:
-            async for line in events():
-                yield line
-        finally:  # the generator ends early when the client disconnects
-            if body.cancel_on_disconnect and not task.done():
-                log.warning("client of %s/%s left: cancelling its training step", *key)
-                await service.cancel_training(key)
-
-    async def events():
-        yield _line({"type": "accepted", "step": current + 1, **accepted})
-        while True:
-            try:
-                event = await asyncio.wait_for(queue.get(), heartbeat_s)
-            except asyncio.TimeoutError:
-                yield _line({"type": "heartbeat", "elapsed_s": round(time.monotonic() - started, 1)})
-                continue
-            if event is _SHUTDOWN:
-                await asyncio.wait([task], timeout=running.stream_wait_s)  # ends at its next micro-batch
-                if not task.done():
-                    yield _line(
-                        {
-                            "type": "error",
-                            "error": error_object(_abandoned(key, await service.step(key), stopped=False)),
-                        }
-                    )
-                    return
-                break
-            if event is None:
-                break
-            yield _line(event)
-        if running.shutting_down and _stopped(task):
-            yield _line(
-                {"type": "error", "error": error_object(_abandoned(key, await service.step(key), stopped=True))}
-            )
-        elif task.cancelled():
-            cancelled = BackendUnavailableError("the step was cancelled (server shutdown)")
-            yield _line({"type": "error", "error": error_object(cancelled)})
-        elif task.exception() is not None:
-            yield _line({"type": "error", "error": error_object(task.exception())})
-        else:
-            result = task.result()
-            yield _line({"type": "result", "step": result.step, "metrics": result.metrics})
-
-    return StreamingResponse(lines(), media_type="application/x-ndjson")
-
-
 # -- the routes ------------------------------------------------------------------------------
+
+_Uploads = dict[ModelKey, tuple[str, list[TrajectoryGroup]]]
+"""Each model's last train groups, under the client's `upload_id`, so its log need not send them again."""
 
 
 def management_router(
@@ -272,16 +107,29 @@ def management_router(
     (the server abandons them when it shuts down)."""
     router = APIRouter(prefix="/art", tags=["management"])
     running = running if running is not None else RunningSteps()
-    uploads: dict[ModelKey, tuple[str, list[TrajectoryGroup]]] = {}  # each model's last train groups, for its log
+    uploads: _Uploads = {}
+    # Registered in this order, which is also the order of the OpenAPI document's paths.
+    _add_model_routes(router, service, model_roots)
+    _add_training_routes(router, service, uploads, heartbeat_s=heartbeat_s, running=running)
+    _add_log_route(router, service, uploads)
+    _add_checkpoint_routes(router, service, model_roots)
+    _add_metrics_route(router, service)
+    return router
 
-    async def info(spec: ModelSpec) -> ModelInfo:
-        return ModelInfo(
-            project=spec.project,
-            name=spec.name,
-            trainable=spec.trainable,
-            base_model=spec.base_model,
-            step=await service.step(spec.key),
-        )
+
+async def _model_info(service: Service, spec: ModelSpec) -> ModelInfo:
+    """A registered model as the routes answer it: its spec and latest step."""
+    return ModelInfo(
+        project=spec.project,
+        name=spec.name,
+        trainable=spec.trainable,
+        base_model=spec.base_model,
+        step=await service.step(spec.key),
+    )
+
+
+def _add_model_routes(router: APIRouter, service: Service, model_roots: list | None) -> None:
+    """Register, list, and read a model's step: what a client does before it trains."""
 
     @router.post("/models", response_model=ModelInfo, summary="Register a model")
     @_answer_errors
@@ -290,28 +138,34 @@ def management_router(
             check_base_model(body.base_model, model_roots)
         spec = ModelSpec(**body.model_dump())
         await service.register(spec)
-        return await info(spec)
+        return await _model_info(service, spec)
 
     @router.get("/models", response_model=list[ModelInfo], summary="List registered models")
     @_answer_errors
     async def list_models() -> list[ModelInfo]:
-        return [await info(spec) for spec in await service.specs()]
+        return [await _model_info(service, spec) for spec in await service.specs()]
 
     @router.get("/models/{project}/{name}/step", response_model=StepInfo, summary="Latest step")
     @_answer_errors
     async def get_step(key: ModelKey = Depends(model_key)) -> StepInfo:
         return StepInfo(step=await service.step(key))
 
+
+def _train_responses(description: str) -> dict[int | str, dict[str, Any]]:
+    """The OpenAPI answer of a training route: NDJSON lines, each a `TrainEvent`."""
+    return {200: {"description": description, "content": {"application/x-ndjson": {"schema": TRAIN_EVENT_SCHEMA}}}}
+
+
+def _add_training_routes(
+    router: APIRouter, service: Service, uploads: _Uploads, *, heartbeat_s: float, running: RunningSteps
+) -> None:
+    """Train a step (RL or SFT), streamed, and cancel the running one."""
+
     @router.post(
         "/models/{project}/{name}/train",
         summary="Train one step (streams NDJSON progress)",
         response_class=StreamingResponse,
-        responses={
-            200: {
-                "description": "One JSON object per line; see `TrainEvent`.",
-                "content": {"application/x-ndjson": {"schema": TRAIN_EVENT_SCHEMA}},
-            }
-        },
+        responses=_train_responses("One JSON object per line; see `TrainEvent`."),
     )
     @_answer_errors
     async def train(body: TrainRequest, request: Request, key: ModelKey = Depends(model_key)) -> StreamingResponse:
@@ -334,34 +188,21 @@ def management_router(
         "/models/{project}/{name}/train_sft",
         summary="Supervised fine-tuning, one checkpoint (streams NDJSON progress)",
         response_class=StreamingResponse,
-        responses={
-            200: {
-                "description": "One JSON object per line; see `TrainEvent` (one `gradient_step` per batch).",
-                "content": {"application/x-ndjson": {"schema": TRAIN_EVENT_SCHEMA}},
-            }
-        },
+        responses=_train_responses("One JSON object per line; see `TrainEvent` (one `gradient_step` per batch)."),
     )
     @_answer_errors
     async def train_sft(
         body: TrainSFTRequest, request: Request, key: ModelKey = Depends(model_key)
     ) -> StreamingResponse:
         options = resolve_sft_options(body.config, body.dev_config, body.options)  # a 400 naming where
-        trajectories = await asyncio.to_thread(
-            lambda: [t.to_trajectory(f"trajectories[{i}]") for i, t in enumerate(body.trajectories)]
-        )
+        trajectories = await asyncio.to_thread(_trajectories, body.trajectories)
 
         def run(progress):
             return service.train_sft(key, trajectories, options, expected_step=body.expected_step, progress=progress)
 
+        accepted = {"trajectories": len(trajectories)}
         return await train_stream(
-            service,
-            key,
-            run,
-            body=body,
-            request=request,
-            accepted={"trajectories": len(trajectories)},
-            heartbeat_s=heartbeat_s,
-            running=running,
+            service, key, run, body=body, request=request, accepted=accepted, heartbeat_s=heartbeat_s, running=running
         )
 
     @router.delete(
@@ -372,6 +213,10 @@ def management_router(
     @_answer_errors
     async def cancel(key: ModelKey = Depends(model_key)) -> Cancelled:
         return Cancelled(cancelled=await service.cancel_training(key))
+
+
+def _add_log_route(router: APIRouter, service: Service, uploads: _Uploads) -> None:
+    """Log a step's metrics and trajectories, sent or held from the model's last train call."""
 
     @router.post("/models/{project}/{name}/log", response_model=Logged, summary="Log metrics and trajectories")
     @_answer_errors
@@ -396,6 +241,10 @@ def management_router(
             key, split=body.split, step=body.step, metrics=body.metrics, groups=groups, scenario_ids=body.scenario_ids
         )
         return Logged(split=body.split, step=body.step, trajectories=sum(len(g.trajectories) for g in groups), row=row)
+
+
+def _add_checkpoint_routes(router: APIRouter, service: Service, model_roots: list | None) -> None:
+    """List, prune and fork a model's checkpoints, and restart the replicas that serve them."""
 
     @router.get("/models/{project}/{name}/checkpoints", response_model=Checkpoints, summary="Saved steps")
     @_answer_errors
@@ -454,6 +303,10 @@ def management_router(
         )
         return Forked(step=step)
 
+
+def _add_metrics_route(router: APIRouter, service: Service) -> None:
+    """Read a model's history rows (what `log` wrote), for the client and the dashboard."""
+
     @router.get(
         "/models/{project}/{name}/metrics",
         summary="History rows (history.jsonl)",
@@ -468,15 +321,3 @@ def management_router(
         if split is not None:
             rows = rows_for_split(rows, split)
         return _json({"rows": rows})
-
-    return router
-
-
-def _report(task: asyncio.Task, key: tuple[str, str]) -> None:
-    """Log how a train task ended (its client may be gone; this also retrieves the exception)."""
-    if task.cancelled():
-        log.warning("training of %s/%s was cancelled", *key)
-    elif task.exception() is not None:
-        log.warning("training of %s/%s failed: %s", *key, task.exception())
-    else:
-        log.info("%s/%s trained to step %d", *key, task.result().step)

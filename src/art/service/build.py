@@ -85,56 +85,20 @@ def load_model(root, spec: ModelSpec, placement: str = "processes", default_engi
     torch.manual_seed(settings.seed)  # reproducible adapter init at step 0
     model, tokenizer = load_policy(base_model, lora, dtype=dtype, device=device, trainable=not settings.fsdp)
     lock = threading.RLock()
-    ours: LLMEngine | None = None  # vLLM serves from a process of its own, started once a checkpoint exists
-    adapters: AdapterSet | None = None
-    if kind == "vllm":
-        serve_while_training = settings.serve_while_training is not False
-    else:
-        adapters = AdapterSet(model)
-        ours = LLMEngine(model, tokenizer, engine_config, lock=lock, adapters=adapters)
-        serve_while_training = _serves_while_training(settings, ours)
+    ours, adapters, serve_while_training = _our_engine(kind, model, tokenizer, engine_config, lock, settings)
     # Beside a serving engine the trainer needs no lock of the engine's: the engine reads only
     # its own copies of the live weights (`art.engine.served_weights`).
     trainer_lock = threading.RLock() if serve_while_training else lock
-    replicas = None
-    if settings.engine_replicas > 1:  # replicas 1..N-1 build the same model in processes of their own
-        replicas = _replica_set(ours, settings, base_model, lora, on_ray)
+    replicas = _replica_set(ours, settings, base_model, lora, on_ray)  # None with a single replica
     trainer = _trainer(model, tokenizer, settings, base_model, trainer_lock, lock, device, dtype, on_ray)
     store = CheckpointStore(directory.checkpoints)
-    latest = store.latest_step()
-    if latest is None:
-        store.write(0, trainer.save)
-        latest = 0
-        trainer.sync_peers(store.path(0))
-    else:
-        trainer.restore(store.path(latest))
+    latest = _resume_or_start(store, trainer)
     engine: ManagedEngine
     if ours is None or adapters is None:  # vLLM: its server starts on the checkpoint of `latest`
-        engine = start_vllm(
-            settings,
-            base_model=base_model,
-            name=name,
-            model=model,
-            tokenizer=tokenizer,
-            device=str(device),
-            lora=lora,
-            step=latest,
-            checkpoint=store.path(latest),
-            log_path=directory.path / "vllm.log",
-        )
+        engine = _start_vllm(settings, base_model, name, model, tokenizer, device, latest, store, directory)
     else:
         engine = ours
         adapters.live_step = latest
-    model_json = {
-        "name": name,
-        "project": project,
-        "base_model": base_model,
-        "config": spec.config,
-        "internal_config": internal,
-        "lora": lora,
-        "engine": engine_record(engine),
-        "updated_at": time.time(),
-    }
     loaded = LoadedModel(
         name=name,
         project=project,
@@ -151,7 +115,7 @@ def load_model(root, spec: ModelSpec, placement: str = "processes", default_engi
         trainer=trainer,
         store=store,
         step=latest,
-        model_json=model_json,
+        model_json=_model_record(spec, internal, lora, engine),
         serve_while_training=serve_while_training,
         thread_split=(
             cpu_split(str(device), settings.training_threads) if serve_while_training and kind == "ours" else None
@@ -159,17 +123,88 @@ def load_model(root, spec: ModelSpec, placement: str = "processes", default_engi
     )
     if replicas is not None:
         replicas.restart(latest, loaded.live_weights())  # all start, on the weights of `latest`
+    _announce_ready(loaded)
+    return loaded
+
+
+def _our_engine(
+    kind: str, model, tokenizer, engine_config, lock: threading.RLock, settings
+) -> tuple[LLMEngine | None, AdapterSet | None, bool]:
+    """Our in-process engine and its adapters (None when vLLM serves), and whether training runs beside serving."""
+    if kind == "vllm":  # vLLM serves from a process of its own, started once a checkpoint exists
+        return None, None, settings.serve_while_training is not False
+    adapters = AdapterSet(model)
+    ours = LLMEngine(model, tokenizer, engine_config, lock=lock, adapters=adapters)
+    return ours, adapters, _serves_while_training(settings, ours)
+
+
+def _resume_or_start(store: CheckpointStore, trainer: TrainerHandle) -> int:
+    """The step a model starts at: its latest complete checkpoint (a restart), or step 0 of fresh weights."""
+    latest = store.latest_step()
+    if latest is None:
+        store.write(0, trainer.save)
+        trainer.sync_peers(store.path(0))
+        return 0
+    trainer.restore(store.path(latest))
+    return latest
+
+
+def _start_vllm(
+    settings,
+    base_model: str,
+    name: str,
+    model,
+    tokenizer,
+    device,
+    step: int,
+    store: CheckpointStore,
+    directory: ModelDir,
+) -> ManagedEngine:
+    """vLLM's server for the model, started on the checkpoint of `step`, logging beside the model's files."""
+    return start_vllm(
+        settings,
+        base_model=base_model,
+        name=name,
+        model=model,
+        tokenizer=tokenizer,
+        device=str(device),
+        lora=settings.lora,
+        step=step,
+        checkpoint=store.path(step),
+        log_path=directory.path / "vllm.log",
+    )
+
+
+def _model_record(spec: ModelSpec, internal: dict, lora: dict | None, engine: ManagedEngine) -> dict:
+    """What model.json says of the model: its spec, its LoRA settings and the engine serving it."""
+    return {
+        "name": spec.name,
+        "project": spec.project,
+        "base_model": spec.base_model,
+        "config": spec.config,
+        "internal_config": internal,
+        "lora": lora,
+        "engine": engine_record(engine),
+        "updated_at": time.time(),
+    }
+
+
+def _announce_ready(loaded: LoadedModel) -> None:
+    """Write the model's model.json, keeping a fork's `forked_from`, and say which engine serves it."""
+    directory, model_json = loaded.dir, loaded.model_json
     forked_from = (directory.read_model_json() or {}).get("forked_from")  # a fork made before registering
     if forked_from is not None:
         model_json["forked_from"] = forked_from
     directory.write_model_json(model_json)
-    print(f"[art] {project}/{name}: {describe(engine)}", file=sys.stderr, flush=True)
-    log.info("%s/%s ready at step %d", project, name, latest)
-    return loaded
+    print(f"[art] {loaded.project}/{loaded.name}: {describe(loaded.engine)}", file=sys.stderr, flush=True)
+    log.info("%s/%s ready at step %d", loaded.project, loaded.name, loaded.step)
 
 
 def _replica_set(ours: LLMEngine | None, settings, base_model: str, lora: dict | None, on_ray: bool):
-    """Engine replicas 1..N-1 beside `ours` (replica 0), as local processes or Ray actors."""
+    """Engine replicas 1..N-1 beside `ours` (replica 0), as local processes or Ray actors; None
+    when `engine_replicas` asks for one. The replicas build the same model in processes of their own."""
+    if settings.engine_replicas <= 1:
+        return None
     from art.devices import process_threads
     from art.engine.replica_process import REPLICA_THREADS, CalledReplica, ReplicaSpec
     from art.engine.replicas import ReplicaSet

@@ -12,10 +12,11 @@ here are honoured (`engine` and `vllm_python` (`art.service.engines`), `engine_a
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
+from art.checks import boolean, int_at_least, int_in, integer, one_of
 from art.engine.config import DTYPES, EngineConfig, warn_ignored
 from art.errors import ArtValueError
-from art.numeric import is_int
 from art.training.options import LORA_DEFAULTS
 
 # ART's InternalModelConfig keys with no meaning for this backend.
@@ -102,11 +103,8 @@ class ModelSettings:
     keeps the other cores (at least one). None: half the cores each."""
 
 
-def parse_internal_config(internal: dict | None) -> ModelSettings:
-    """Raises ArtValueError naming the field for what cannot be honoured as given."""
-    internal = dict(internal or {})
-    init = dict(internal.get("init_args") or {})
-    known = {
+KNOWN_KEYS = frozenset(
+    {
         "engine_args",
         "peft_args",
         "lora_config",
@@ -123,19 +121,35 @@ def parse_internal_config(internal: dict | None) -> ModelSettings:
         "engine",
         "vllm_python",
     }
-    warn_ignored([k for k in internal if k not in known], "_internal_config")
-    warn_ignored(
-        [k for k in init if k not in ("max_seq_length", "gpu_memory_utilization", "full_finetuning")], "init_args"
-    )
+)
+"""The `_internal_config` keys that mean something here (the rest are ART's, named in a warning)."""
+INIT_ARGS = ("max_seq_length", "gpu_memory_utilization", "full_finetuning")
+"""The `init_args` keys (Unsloth's) that mean something here."""
 
+
+def parse_internal_config(internal: dict | None) -> ModelSettings:
+    """Raises ArtValueError naming the field for what cannot be honoured as given."""
+    internal = dict(internal or {})
+    init = dict(internal.get("init_args") or {})
+    warn_ignored([k for k in internal if k not in KNOWN_KEYS], "_internal_config")
+    warn_ignored([k for k in init if k not in INIT_ARGS], "init_args")
+    engine = _engine_settings(internal, init)
+    weights = _weight_settings(internal, init)
+    processes = _process_settings(internal, full=weights["full_finetune"])
+    if engine["engine_kind"] == "vllm":
+        _refuse_scaling_with_vllm(processes)
+    return ModelSettings(**engine, **weights, **processes)
+
+
+def _engine_settings(internal: dict, init: dict) -> dict[str, Any]:
+    """Which engine serves and with what args, grouped so `engine_args` is checked by the engine that takes it."""
     engine_args = dict(internal.get("engine_args") or {})
     if "max_seq_length" in init:  # Unsloth's context length; vLLM's max_model_len wins when both are given
         engine_args.setdefault("max_model_len", init["max_seq_length"])
     if "gpu_memory_utilization" in init:
         engine_args.setdefault("gpu_memory_utilization", init["gpu_memory_utilization"])
     kind = internal.get("engine")
-    if kind not in (None, *ENGINES):
-        raise ArtValueError(f"engine must be one of {', '.join(ENGINES)}, got {kind!r}", field="engine")
+    _refuse(one_of("engine", kind, (*ENGINES, None)), "engine")
     vllm_python = internal.get("vllm_python")
     if vllm_python is not None and (not isinstance(vllm_python, str) or not vllm_python):
         raise ArtValueError(
@@ -147,24 +161,29 @@ def parse_internal_config(internal: dict | None) -> ModelSettings:
         engine = EngineConfig(dtype=engine_args["dtype"] if engine_args.get("dtype") in DTYPES else "auto")
     else:
         engine = EngineConfig.from_engine_args(engine_args)
+    return {"engine": engine, "engine_kind": kind, "engine_args": engine_args, "vllm_python": vllm_python}
 
+
+def _weight_settings(internal: dict, init: dict) -> dict[str, Any]:
+    """What is trained (the whole model or a LoRA adapter) and its seed: the group the others depend on."""
     full = _flag("full_finetune", internal.get("full_finetune", init.get("full_finetuning", False)))
     lora_given = {**internal.get("peft_args", {}), **_lora_config(internal.get("lora_config"))}
     if full and lora_given:
         key = "peft_args" if "peft_args" in internal else "lora_config"
         raise ArtValueError(f"{key} has no effect with full_finetune=True; drop one of them", field=key)
     seed = internal.get("seed", 0)
-    if not is_int(seed):
-        raise ArtValueError(f"seed must be an int, got {seed!r}", field="seed")
+    _refuse(integer("seed", seed), "seed")
+    return {"full_finetune": full, "lora": None if full else {**LORA_DEFAULTS, **lora_given}, "seed": seed}
+
+
+def _process_settings(internal: dict, full: bool) -> dict[str, Any]:
+    """How many processes train and serve, and where: together, as they constrain each other."""
     counts = {}
     for key in ("trainer_ranks", "engine_replicas"):
-        value = internal.get(key, 1)
-        if not is_int(value) or not 1 <= value <= MAX_PROCESSES:
-            raise ArtValueError(f"{key} must be an int from 1 to {MAX_PROCESSES}, got {value!r}", field=key)
-        counts[key] = value
+        counts[key] = internal.get(key, 1)
+        _refuse(int_in(key, counts[key], 1, MAX_PROCESSES), key)
     placement = internal.get("placement")
-    if placement not in (None, *PLACEMENTS):
-        raise ArtValueError(f"placement must be one of {', '.join(PLACEMENTS)}, got {placement!r}", field="placement")
+    _refuse(one_of("placement", placement, (*PLACEMENTS, None)), "placement")
     fsdp = _flag("fsdp", internal.get("fsdp", False))
     if fsdp and not full:
         raise ArtValueError(
@@ -173,10 +192,7 @@ def parse_internal_config(internal: dict | None) -> ModelSettings:
             field="fsdp",
         )
     serve = internal.get("serve_while_training")
-    if serve not in (None, True, False):
-        raise ArtValueError(
-            f"serve_while_training must be True, False or None, got {serve!r}", field="serve_while_training"
-        )
+    _refuse(boolean("serve_while_training", serve, none_ok=True), "serve_while_training")
     if serve and full:
         raise ArtValueError(
             "serve_while_training needs a LoRA adapter: a fully fine-tuned model's served weights are "
@@ -184,49 +200,47 @@ def parse_internal_config(internal: dict | None) -> ModelSettings:
             field="serve_while_training",
         )
     threads = internal.get("training_threads")
-    if threads is not None and (not is_int(threads) or threads < 1):
-        raise ArtValueError(
-            f"training_threads must be a positive int or None, got {threads!r}", field="training_threads"
-        )
+    _refuse(int_at_least("training_threads", threads, 1, none_ok=True), "training_threads")
     dedicated = _flag("dedicated_samplers", internal.get("dedicated_samplers", False))
     if dedicated and counts["engine_replicas"] < 2:
         raise ArtValueError(
             "dedicated_samplers leaves sampling to replicas 1..N-1: set engine_replicas to 2 or more",
             field="dedicated_samplers",
         )
-    if kind == "vllm":
-        for key, value in (
-            ("engine_replicas", counts["engine_replicas"] > 1),
-            ("trainer_ranks", counts["trainer_ranks"] > 1),
-            ("fsdp", fsdp),
-        ):
-            if value:
-                raise ArtValueError(
-                    f"{key} is not available with engine='vllm' yet (vLLM scales with its own "
-                    "engine_args, e.g. data_parallel_size); use engine='ours' for it",
-                    field=key,
-                )
-    return ModelSettings(
-        engine=engine,
-        engine_kind=kind,
-        engine_args=engine_args,
-        vllm_python=vllm_python,
-        full_finetune=full,
-        fsdp=fsdp,
-        lora=None if full else {**LORA_DEFAULTS, **lora_given},
-        seed=seed,
-        placement=placement,
-        serve_while_training=serve,
-        training_threads=threads,
-        dedicated_samplers=dedicated,
+    return {
         **counts,
-    )
+        "placement": placement,
+        "fsdp": fsdp,
+        "serve_while_training": serve,
+        "training_threads": threads,
+        "dedicated_samplers": dedicated,
+    }
+
+
+def _refuse_scaling_with_vllm(processes: dict[str, Any]) -> None:
+    """vLLM scales with its own engine_args, so our replicas, ranks and FSDP are refused beside it."""
+    for key, value in (
+        ("engine_replicas", processes["engine_replicas"] > 1),
+        ("trainer_ranks", processes["trainer_ranks"] > 1),
+        ("fsdp", processes["fsdp"]),
+    ):
+        if value:
+            raise ArtValueError(
+                f"{key} is not available with engine='vllm' yet (vLLM scales with its own "
+                "engine_args, e.g. data_parallel_size); use engine='ours' for it",
+                field=key,
+            )
+
+
+def _refuse(problem: str | None, field: str) -> None:
+    """Raise a check's problem at once: these settings are refused one at a time, in order."""
+    if problem:
+        raise ArtValueError(problem, field=field)
 
 
 def _flag(key: str, value) -> bool:
     """`value` of the switch `key`; anything but True or False is an ArtValueError naming it."""
-    if value not in (True, False):
-        raise ArtValueError(f"{key} must be True or False, got {value!r}", field=key)
+    _refuse(boolean(key, value), key)
     return bool(value)
 
 

@@ -211,6 +211,12 @@ def read_groups(path: str | Path) -> list[TrajectoryGroup]:
 
 
 def _read_versioned(rows: list[dict[str, Any]], path: str | Path) -> list[TrajectoryGroup]:
+    by_group = _rows_by_group(rows, path)
+    return [_read_group(group_index, by_group[group_index], path) for group_index in range(len(by_group))]
+
+
+def _rows_by_group(rows: list[dict[str, Any]], path: str | Path) -> dict[int, list[dict[str, Any]]]:
+    """The rows of each group, once every row is known to be version 2 and the groups to run 0 to n - 1."""
     by_group: dict[int, list[dict[str, Any]]] = {}
     for row in rows:
         if row.get("format_version") != FORMAT_VERSION:
@@ -225,55 +231,60 @@ def _read_versioned(rows: list[dict[str, Any]], path: str | Path) -> list[Trajec
             f"expected 0 to {len(by_group) - 1})",
             field="group_index",
         )
-    groups = []
-    for group_index in range(len(by_group)):
-        members = by_group[group_index]
-        payloads = {row.get("group_json") for row in members}
-        if len(payloads) != 1:
-            raise ArtValueError(f"{path}: group {group_index} has conflicting group_json rows", field="group_json")
-        group_data = _json_object(payloads.pop(), path, f"group {group_index}'s group_json", "group_json")
-        placeholders = [row for row in members if row.get("trajectory_index") is None]
-        if any(row.get("trajectory_json") is not None for row in placeholders):
-            raise ArtValueError(
-                f"{path}: group {group_index} has a trajectory without a trajectory_index", field="trajectory_index"
-            )
-        indexed = sorted(
-            (
-                (_index(row["trajectory_index"], "trajectory_index", path), row["trajectory_json"])
-                for row in members
-                if row.get("trajectory_index") is not None
-            ),
-            key=lambda p: p[0],
+    return by_group
+
+
+def _read_group(group_index: int, members: list[dict[str, Any]], path: str | Path) -> TrajectoryGroup:
+    """One group back from its rows: the group's JSON, shared by every row, and its trajectories in order."""
+    payloads = {row.get("group_json") for row in members}
+    if len(payloads) != 1:
+        raise ArtValueError(f"{path}: group {group_index} has conflicting group_json rows", field="group_json")
+    group_data = _json_object(payloads.pop(), path, f"group {group_index}'s group_json", "group_json")
+    trajectories = [
+        Trajectory.from_logging(
+            _json_object(text, path, f"group {group_index}'s trajectory {index}", "trajectory_json"),
+            where=f"trajectory_groups[{group_index}].trajectories[{index}]",
         )
-        if [index for index, _ in indexed] != list(range(len(indexed))):
-            raise ArtValueError(
-                f"{path}: group {group_index} has duplicate or missing trajectories "
-                f"(indexes {[index for index, _ in indexed]})",
-                field="trajectory_index",
-            )
-        if len(placeholders) != (0 if indexed else 1):
-            raise ArtValueError(
-                f"{path}: group {group_index} must have trajectories or exactly one row without, "
-                f"got {len(indexed)} and {len(placeholders)}",
-                field="trajectory_index",
-            )
-        trajectories = [
-            Trajectory.from_logging(
-                _json_object(text, path, f"group {group_index}'s trajectory {index}", "trajectory_json"),
-                where=f"trajectory_groups[{group_index}].trajectories[{index}]",
-            )
-            for index, text in indexed
-        ]
-        groups.append(
-            TrajectoryGroup(
-                trajectories,
-                exceptions=group_data.get("exceptions") or (),
-                metadata=group_data.get("metadata"),
-                metrics=group_data.get("metrics"),
-                logs=group_data.get("logs") or (),
-            )
+        for index, text in _trajectory_rows(group_index, members, path)
+    ]
+    return TrajectoryGroup(
+        trajectories,
+        exceptions=group_data.get("exceptions") or (),
+        metadata=group_data.get("metadata"),
+        metrics=group_data.get("metrics"),
+        logs=group_data.get("logs") or (),
+    )
+
+
+def _trajectory_rows(group_index: int, members: list[dict[str, Any]], path: str | Path) -> list[tuple[int, Any]]:
+    """(index, trajectory_json) of a group's trajectories in order, once they run 0 to n - 1 and a
+    group without any keeps exactly one placeholder row."""
+    placeholders = [row for row in members if row.get("trajectory_index") is None]
+    if any(row.get("trajectory_json") is not None for row in placeholders):
+        raise ArtValueError(
+            f"{path}: group {group_index} has a trajectory without a trajectory_index", field="trajectory_index"
         )
-    return groups
+    indexed = sorted(
+        (
+            (_index(row["trajectory_index"], "trajectory_index", path), row["trajectory_json"])
+            for row in members
+            if row.get("trajectory_index") is not None
+        ),
+        key=lambda p: p[0],
+    )
+    if [index for index, _ in indexed] != list(range(len(indexed))):
+        raise ArtValueError(
+            f"{path}: group {group_index} has duplicate or missing trajectories "
+            f"(indexes {[index for index, _ in indexed]})",
+            field="trajectory_index",
+        )
+    if len(placeholders) != (0 if indexed else 1):
+        raise ArtValueError(
+            f"{path}: group {group_index} must have trajectories or exactly one row without, "
+            f"got {len(indexed)} and {len(placeholders)}",
+            field="trajectory_index",
+        )
+    return indexed
 
 
 def _read_flat(rows: list[dict[str, Any]], path: str | Path) -> list[TrajectoryGroup]:

@@ -6,8 +6,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from art.checks import boolean, int_in, number_in, one_of
 from art.errors import ArtValueError
-from art.numeric import is_finite, is_int
+from art.numeric import is_int
 from art.types import as_dict
 
 LORA_DEFAULTS = {
@@ -19,6 +20,8 @@ LORA_DEFAULTS = {
 ADAMW_BETAS = (0.9, 0.99)
 ADAMW_WEIGHT_DECAY = 0.1
 PACKING_MODES = ("shared_prefix", "packed", "padded")  # see art.training.packing
+IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
+LOSS_NORMALIZATIONS = ("token", "sequence", "constant")
 # Upper bounds: far above any sensible run, low enough that a typo cannot run for days or
 # blow the weights up (each bound is in the error message that names the field).
 BOUNDS = {
@@ -131,53 +134,48 @@ class TrainOptions:
         return "none" if self.scale_rewards is False else str(self.scale_rewards)
 
     def _problems(self) -> list[str]:
-        out = [
-            f"{name} must be at most {bound:g}, got {getattr(self, name)!r}"
-            for name, bound in BOUNDS.items()
-            if is_finite(getattr(self, name)) and getattr(self, name) > bound
+        """Every bad field; the error's `field` names the first, so this order is kept as it was."""
+        checks = [
+            number_in("learning_rate", self.learning_rate, 0, BOUNDS["learning_rate"], low_open=True),
+            number_in("max_grad_norm", self.max_grad_norm, 0, BOUNDS["max_grad_norm"], low_open=True),
+            number_in("beta", self.beta, 0, BOUNDS["beta"]),
+            number_in("entropy_bonus", self.entropy_bonus, 0, BOUNDS["entropy_bonus"]),
+            number_in("epsilon", self.epsilon, 0, BOUNDS["epsilon"], low_open=True, none_ok=True),
+            number_in("epsilon_high", self.epsilon_high, 0, BOUNDS["epsilon_high"], low_open=True, none_ok=True),
+            number_in(
+                "truncated_importance_sampling",
+                self.truncated_importance_sampling,
+                0,
+                BOUNDS["truncated_importance_sampling"],
+                low_open=True,
+                none_ok=True,
+            ),
+            boolean("ppo", self.ppo),
+            boolean("precalculate_logprobs", self.precalculate_logprobs),
+            boolean("gradient_checkpointing", self.gradient_checkpointing),
+            one_of("importance_sampling_level", self.importance_sampling_level, IMPORTANCE_SAMPLING_LEVELS),
+            one_of("loss_normalization", self.loss_normalization, LOSS_NORMALIZATIONS),
+            one_of("packing", self.packing, PACKING_MODES),
+            one_of("scale_rewards", self.scale_rewards, (True, False, "group", "batch", "none")),
+            number_in("advantage_balance", self.advantage_balance, -1, 1),
+            int_in(
+                "max_tokens_normalizer", self.max_tokens_normalizer, 1, BOUNDS["max_tokens_normalizer"], none_ok=True
+            ),
+            int_in("micro_batch_tokens", self.micro_batch_tokens, 1, BOUNDS["micro_batch_tokens"]),
+            int_in("packed_row_tokens", self.packed_row_tokens, 1, BOUNDS["packed_row_tokens"]),
+            int_in("mini_batches", self.mini_batches, 1, BOUNDS["mini_batches"]),
+            int_in("epochs", self.epochs, 1, BOUNDS["epochs"]),
         ]
-        for name in ("learning_rate", "max_grad_norm"):
-            value = getattr(self, name)
-            if not is_finite(value) or value <= 0:
-                out.append(f"{name} must be a positive number, got {value!r}")
-        for name in ("beta", "entropy_bonus"):
-            if not is_finite(getattr(self, name)) or getattr(self, name) < 0:
-                out.append(f"{name} must be >= 0, got {getattr(self, name)!r}")
-        for name in ("epsilon", "epsilon_high", "truncated_importance_sampling"):
-            value = getattr(self, name)
-            if value is not None and not (is_finite(value) and value > 0):
-                out.append(f"{name} must be a positive number or None, got {value!r}")
-        for name in ("ppo", "precalculate_logprobs", "gradient_checkpointing"):
-            if not isinstance(getattr(self, name), bool):
-                out.append(f"{name} must be True or False, got {getattr(self, name)!r}")
-        choices = {
-            "importance_sampling_level": ("token", "sequence"),
-            "loss_normalization": ("token", "sequence", "constant"),
-            "packing": PACKING_MODES,
-        }
-        for name, allowed in choices.items():
-            if getattr(self, name) not in allowed:
-                out.append(f"{name} must be one of {', '.join(map(repr, allowed))}, got {getattr(self, name)!r}")
-        if not (isinstance(self.scale_rewards, bool) or self.scale_rewards in ("group", "batch", "none")):
-            out.append(f"scale_rewards must be True, False, 'group', 'batch' or 'none', got {self.scale_rewards!r}")
-        if not is_finite(self.advantage_balance) or not -1 <= self.advantage_balance <= 1:
-            out.append(f"advantage_balance must be a number in [-1, 1], got {self.advantage_balance!r}")
-        tokens = self.max_tokens_normalizer
-        if tokens is not None and not (is_int(tokens) and tokens > 0):
-            out.append(f"max_tokens_normalizer must be a positive int or None, got {tokens!r}")
-        elif tokens is None and self.loss_normalization == "constant":
-            out.append('max_tokens_normalizer is required by loss_normalization="constant"')
-        for name in ("micro_batch_tokens", "packed_row_tokens", "mini_batches", "epochs"):
-            value = getattr(self, name)
-            if not is_int(value) or value < 1:
-                out.append(f"{name} must be a positive int, got {value!r}")
+        problems = [problem for problem in checks if problem]
+        if self.max_tokens_normalizer is None and self.loss_normalization == "constant":
+            problems.append('max_tokens_normalizer is required by loss_normalization="constant"')
         several_steps = is_int(self.mini_batches) and is_int(self.epochs) and self.mini_batches * self.epochs > 1
         if several_steps and self.truncated_importance_sampling is not None and self.precalculate_logprobs is False:
-            out.append(
+            problems.append(
                 "truncated_importance_sampling with several optimizer steps (mini_batches x epochs > 1) "
                 "needs precalculate_logprobs=True: the weight compares the pre-update policy with the sampler"
             )
-        return out
+        return problems
 
     @property
     def optimizer_steps(self) -> int:

@@ -37,7 +37,7 @@ from art.training.chat_tokens import render_chat
 from art.training.optimizer_mode import switch_optimizer_mode
 from art.training.sequences import Sequence
 from art.training.sft_options import SFTOptions
-from art.training.trainer import ProgressCallback, TrainerHandle
+from art.training.trainer import ProgressCallback, Trainer, TrainerHandle
 
 log = logging.getLogger(__name__)
 
@@ -157,18 +157,9 @@ def fit(
 ) -> dict[str, float]:
     """One optimizer step per batch of `plan` on the model of `handle`'s trainer; the step's
     metrics. `on_optimizer_step(done, total, metrics)` follows each step (the HTTP stream's events)."""
-    trainer = handle.sole_trainer()
-    if trainer is None:  # a handle on a group of ranks (`art.training.rank_group`)
-        raise ArtValueError(
-            "SFT does not support data-parallel or sharded (fsdp) trainer ranks yet; register the "
-            "model with trainer_ranks=1 and without fsdp for SFT",
-            field="trainer_ranks",
-        )
-    if any(getattr(module, "merged", False) for module in trainer.model.modules()):
-        raise RuntimeError("the adapter is merged into the base weights for serving; unmerge it before training")
+    trainer = _trainer_for_sft(handle)
     trainer.last_trainer_logprobs = []  # no sampler to audit against
-    optimizer = trainer.optimizer
-    switch_optimizer_mode(optimizer, "sft", options.weight_decay)
+    switch_optimizer_mode(trainer.optimizer, "sft", options.weight_decay)
     plans = [
         packing.plan(
             [batch.sequences],
@@ -178,61 +169,100 @@ def fit(
         )
         for batch in plan.batches
     ]
-    losses: list[float] = []
-    norms: list[float] = []
-    rates: list[float] = []
-    computed = 0
+    steps: list[OptimizerStep] = []
     with trainer.training(options.gradient_checkpointing, sum(map(len, plans)), desc, quiet) as bar:
         for index, (batch, micro) in enumerate(zip(plan.batches, plans)):
-            for group in optimizer.param_groups:
-                group["lr"] = batch.learning_rate
-            optimizer.zero_grad(set_to_none=True)
-            tokens = sum(s.num_trained for s in batch.sequences)
-            summed = torch.zeros((), dtype=torch.float64, device=trainer.device)  # read once per optimizer step
-            for part in micro:
-                if should_stop is not None and should_stop():
-                    raise StepCancelledError("the SFT step was cancelled before it finished; it is rolled back")
-                inputs = part.to_tensors(trainer.pad_id, trainer.device, trainer.dtype)
-                logprobs = trainer.token_logprobs(inputs)  # [sequences, tokens-1], 0 where not trained
-                share = -(logprobs * inputs.mask).sum() / tokens  # this micro-batch's part of the mean
-                share.backward()
-                summed += share.detach()
-                computed += part.tokens_computed
-                bar.update(1)
-            norm = float(torch.nn.utils.clip_grad_norm_(trainer.params, options.max_grad_norm))
-            loss = float(summed)
-            if not (math.isfinite(loss) and math.isfinite(norm)):
-                raise _diverged(batch, f"the loss ({loss}) or its gradient norm ({norm}) is not finite")
-            optimizer.step()
-            if not trainer.weights_finite():  # one sync, not one per tensor
-                raise _diverged(batch, "a trained weight became NaN or Inf after the optimizer step")
-            losses.append(loss)
-            norms.append(norm)
-            rates.append(batch.learning_rate)
+            step = _optimizer_step(trainer, batch, micro, options, should_stop, bar)
+            steps.append(step)
             if on_optimizer_step is not None:
-                on_optimizer_step(
-                    index + 1,
-                    len(plan.batches),
-                    {
-                        "loss/train": loss,
-                        "loss/grad_norm": norm,
-                        "loss/learning_rate": batch.learning_rate,
-                        "data/step_trainer_tokens": float(sum(len(s.token_ids) for s in batch.sequences)),
-                    },
-                )
-            bar.set_postfix(loss=f"{loss:.4f}")
+                on_optimizer_step(index + 1, len(plan.batches), step.metrics(batch))
+            bar.set_postfix(loss=f"{step.loss:.4f}")
+    return _summary(trainer, plan, steps)
+
+
+@dataclass
+class OptimizerStep:
+    """What one optimizer step measured, for its progress event and the call's summary."""
+
+    loss: float
+    norm: float
+    learning_rate: float
+    tokens_computed: int
+
+    def metrics(self, batch: Batch) -> dict[str, float]:
+        """The step's own metrics, in ART's names, as `on_optimizer_step` reports them."""
+        return {
+            "loss/train": self.loss,
+            "loss/grad_norm": self.norm,
+            "loss/learning_rate": self.learning_rate,
+            "data/step_trainer_tokens": float(sum(len(s.token_ids) for s in batch.sequences)),
+        }
+
+
+def _trainer_for_sft(handle: TrainerHandle) -> Trainer:
+    """Refuse, before anything changes, what SFT cannot train: a group of ranks or a merged adapter."""
+    trainer = handle.sole_trainer()
+    if trainer is None:  # a handle on a group of ranks (`art.training.rank_group`)
+        raise ArtValueError(
+            "SFT does not support data-parallel or sharded (fsdp) trainer ranks yet; register the "
+            "model with trainer_ranks=1 and without fsdp for SFT",
+            field="trainer_ranks",
+        )
+    if any(getattr(module, "merged", False) for module in trainer.model.modules()):
+        raise RuntimeError("the adapter is merged into the base weights for serving; unmerge it before training")
+    return trainer
+
+
+def _optimizer_step(
+    trainer: Trainer,
+    batch: Batch,
+    micro: list[packing.MicroBatch],
+    options: SFTOptions,
+    should_stop: Callable[[], bool] | None,
+    bar,
+) -> OptimizerStep:
+    """One AdamW step on `batch` over its micro-batches; raise on divergence so the update rolls back."""
+    optimizer = trainer.optimizer
+    for group in optimizer.param_groups:
+        group["lr"] = batch.learning_rate
+    optimizer.zero_grad(set_to_none=True)
+    tokens = sum(s.num_trained for s in batch.sequences)
+    summed = torch.zeros((), dtype=torch.float64, device=trainer.device)  # read once per optimizer step
+    computed = 0
+    for part in micro:
+        if should_stop is not None and should_stop():
+            raise StepCancelledError("the SFT step was cancelled before it finished; it is rolled back")
+        inputs = part.to_tensors(trainer.pad_id, trainer.device, trainer.dtype)
+        logprobs = trainer.token_logprobs(inputs)  # [sequences, tokens-1], 0 where not trained
+        share = -(logprobs * inputs.mask).sum() / tokens  # this micro-batch's part of the mean
+        share.backward()
+        summed += share.detach()
+        computed += part.tokens_computed
+        bar.update(1)
+    norm = float(torch.nn.utils.clip_grad_norm_(trainer.params, options.max_grad_norm))
+    loss = float(summed)
+    if not (math.isfinite(loss) and math.isfinite(norm)):
+        raise _diverged(batch, f"the loss ({loss}) or its gradient norm ({norm}) is not finite")
+    optimizer.step()
+    if not trainer.weights_finite():  # one sync, not one per tensor
+        raise _diverged(batch, "a trained weight became NaN or Inf after the optimizer step")
+    return OptimizerStep(loss, norm, batch.learning_rate, computed)
+
+
+def _summary(trainer: Trainer, plan: Plan, steps: list[OptimizerStep]) -> dict[str, float]:
+    """The call's metrics: the steps' averages, first and last loss, and what the plan trained."""
     sequences = [s for batch in plan.batches for s in batch.sequences]
     metrics = {
-        "loss/train": sum(losses) / len(losses),
-        "loss/grad_norm": sum(norms) / len(norms),
-        "loss/learning_rate": sum(rates) / len(rates),
+        "loss/train": sum(step.loss for step in steps) / len(steps),
+        "loss/grad_norm": sum(step.norm for step in steps) / len(steps),
+        "loss/learning_rate": sum(step.learning_rate for step in steps) / len(steps),
         **plan.counts(),
         "data/step_trainer_tokens": float(sum(len(s.token_ids) for s in sequences)),
-        "sft/loss_first": losses[0],
-        "sft/loss_last": losses[-1],
+        "sft/loss_first": steps[0].loss,
+        "sft/loss_last": steps[-1].loss,
         "sft/sequences": float(len(sequences)),
         "sft/trained_tokens": float(sum(s.num_trained for s in sequences)),
-        "sft/tokens_computed": float(computed),
+        "sft/tokens_computed": float(sum(step.tokens_computed for step in steps)),
     }
     if trainer.device.type == "cuda":
         metrics["sft/peak_gpu_memory_gb"] = torch.cuda.max_memory_allocated(trainer.device) / 2**30

@@ -11,12 +11,14 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from art.checks import boolean, int_in, number_in, one_of
 from art.errors import ArtValueError
 from art.numeric import is_finite, is_int
 from art.training.options import BOUNDS, PACKING_MODES, merge_option_sources
 
 AUTO_BATCH_SIZE = 2
 """What `batch_size="auto"` means: ART's LocalBackend uses 2 trajectories per batch."""
+ASSISTANT_TURNS = ("all", "last")
 
 
 @dataclass(frozen=True)
@@ -76,27 +78,18 @@ class SFTOptions:
             )
         if not is_int(self.batch_size) or self.batch_size < 1:
             out.append(("batch_size", f"batch_size must be a positive int or 'auto', got {self.batch_size!r}"))
-        if self.assistant_turns not in ("all", "last"):
-            out.append(("assistant_turns", f"assistant_turns must be 'all' or 'last', got {self.assistant_turns!r}"))
-        if not is_finite(self.max_grad_norm) or not 0 < self.max_grad_norm <= BOUNDS["max_grad_norm"]:
-            out.append(("max_grad_norm", f"max_grad_norm must be a positive number, got {self.max_grad_norm!r}"))
-        if not is_finite(self.weight_decay) or not 0 <= self.weight_decay <= 1:
-            out.append(("weight_decay", f"weight_decay must be in [0, 1], got {self.weight_decay!r}"))
-        for name in ("micro_batch_tokens", "packed_row_tokens"):
-            value = getattr(self, name)
-            if not is_int(value) or not 1 <= value <= BOUNDS[name]:
-                out.append((name, f"{name} must be an int in [1, {BOUNDS[name]}], got {value!r}"))
-        if self.packing not in PACKING_MODES:
-            out.append(
-                ("packing", f"packing must be one of {', '.join(map(repr, PACKING_MODES))}, got {self.packing!r}")
-            )
-        if not isinstance(self.gradient_checkpointing, bool):
-            out.append(
-                (
-                    "gradient_checkpointing",
-                    f"gradient_checkpointing must be True or False, got {self.gradient_checkpointing!r}",
-                )
-            )
+        checks = {
+            "assistant_turns": one_of("assistant_turns", self.assistant_turns, ASSISTANT_TURNS),
+            "max_grad_norm": number_in("max_grad_norm", self.max_grad_norm, 0, BOUNDS["max_grad_norm"], low_open=True),
+            "weight_decay": number_in("weight_decay", self.weight_decay, 0, 1),
+            "micro_batch_tokens": int_in(
+                "micro_batch_tokens", self.micro_batch_tokens, 1, BOUNDS["micro_batch_tokens"]
+            ),
+            "packed_row_tokens": int_in("packed_row_tokens", self.packed_row_tokens, 1, BOUNDS["packed_row_tokens"]),
+            "packing": one_of("packing", self.packing, PACKING_MODES),
+            "gradient_checkpointing": boolean("gradient_checkpointing", self.gradient_checkpointing),
+        }
+        out += [(name, problem) for name, problem in checks.items() if problem]
         return out
 
     def rate(self, batch: int) -> float:
