@@ -71,7 +71,7 @@ def build(base_model: str, peers=None):
 
     from art import base_models
     from art.training.options import LORA_DEFAULTS
-    from art.training.rank_group import LeadTrainer
+    from art.training.rank_trainers import LeadTrainer
     from art.training.trainer import Trainer
 
     base, tokenizer = base_models.load(base_model, dtype=torch.float32, device="cpu")

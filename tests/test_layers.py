@@ -36,6 +36,7 @@ LAYERS: list[tuple[str, ...]] = [
         "art.weights",
         "art.chat_template",
         "art.responses_format",
+        "art.responses_events",
         "art.exchanges",
         "art.message_items",
         "art.messages_format",

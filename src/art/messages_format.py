@@ -4,7 +4,8 @@ completions, both ways, as `art.responses_format` does for OpenAI's Responses AP
 The server answers a Messages request by turning it into the chat request it means
 (`chat_request`), sampling that as any chat request (the chat template renders the prompt, so
 the token invariant is chat's), and writing the chat completion back as an Anthropic `Message`
-(`message_object`), or a chat stream's chunks as Anthropic's stream events (`MessageEvents`).
+(`message_object`), or a chat stream's chunks as Anthropic's stream events (`MessageEvents`,
+written on the wire by `art.responses_events.sse`).
 
 How content maps:
 - `system` (a string or text blocks) -> a leading system message; text blocks join with newlines.
@@ -489,8 +490,3 @@ class MessageEvents:
     def failed(self, message: str) -> list[dict[str, Any]]:
         """The event that ends a stream whose sampling failed after it started."""
         return [{"type": "error", "error": {"type": "api_error", "message": message}}]
-
-
-def sse(event: Mapping[str, Any]) -> str:
-    """One stream event as a server-sent event (named by its type, as Anthropic sends them)."""
-    return f"event: {event['type']}\ndata: {json.dumps(event)}\n\n"

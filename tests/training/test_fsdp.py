@@ -15,7 +15,8 @@ from art.training.batch import plan_micro_batches, prepare_batch, split_mini_bat
 from art.training.collective import Collective
 from art.training.fsdp import OPTIMIZER_FILE
 from art.training.options import TrainOptions
-from art.training.rank_group import RankPeers, ShardedTrainer
+from art.training.rank_group import RankPeers
+from art.training.rank_trainers import ShardedTrainer
 from art.training.ranks import RankSpec
 from art.training.trainer import Trainer
 from tests.support.fakes import greedy_logprobs, groups_of_choices

@@ -1,5 +1,5 @@
-"""Data-parallel training (`art.training.ranks`, `art.training.rank_group`): two gloo ranks make the update one
-process makes, and a rank that dies mid-step costs that step only."""
+"""Data-parallel training (`art.training.ranks`, `art.training.rank_group`, `art.training.rank_trainers`):
+two gloo ranks make the update one process makes, and a rank that dies mid-step costs that step only."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ from art.training.batch import prepare_batch
 from art.training.collective import Collective, PeerLost, host_store, start_group
 from art.training.options import TrainOptions
 from art.training import sft
-from art.training.rank_group import WATCH_INTERVAL_S, LeadTrainer, PeerWatcher, RankPeers, ShardedTrainer
+from art.training.rank_group import WATCH_INTERVAL_S, PeerWatcher, RankPeers
+from art.training.rank_trainers import LeadTrainer, ShardedTrainer
 from art.training.ranks import RankSpec
 from art.training.sft_options import SFTOptions
 from art.training.trainer import Trainer, TrainerHandle

@@ -49,13 +49,8 @@ from art.engine.base import SamplingParams, ServedModel
 from art.errors import ArtError, ArtValueError, ModelNotFoundError
 from art.messages_format import MessagesFormatError
 from art.observability import tracing
-from art.responses_format import (
-    ResponseEvents,
-    ResponsesFormatError,
-    chat_request,
-    response_object,
-    sse as responses_sse,  # the Anthropic one is messages_format.sse
-)
+from art.responses_events import ResponseEvents, sse
+from art.responses_format import ResponsesFormatError, chat_request, response_object
 from art.server import completions_format
 from art.server.errors import (
     AsciiJSONResponse,
@@ -262,7 +257,7 @@ def _add_openai_routes(app: FastAPI, serving: _Serving) -> None:
             chat,
             _RESPONSES_FIELDS,
             lambda: ResponseEvents(wire),
-            responses_sse,
+            sse,
             lambda result: response_object(result, wire),
         )
         return await serving.serve("response", chat, request, answer)
@@ -282,7 +277,7 @@ def _add_anthropic_routes(app: FastAPI, serving: _Serving) -> None:
             chat,
             messages_format.FIELDS,
             messages_format.MessageEvents,
-            messages_format.sse,
+            sse,
             messages_format.message_object,
         )
         return as_anthropic(await serving.serve("message", chat, request, answer))

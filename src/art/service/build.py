@@ -226,7 +226,7 @@ def _trainer(
     model, tokenizer, settings, base_model: str, lock, engine_lock, device, dtype: torch.dtype, on_ray: bool
 ) -> TrainerHandle:
     """The model's trainer: a lone `Trainer`, or the handle on its trainer ranks (ranks 1..N-1,
-    sharded all N, are processes of their own: `art.training.rank_group`). `lock`: the trainer's;
+    sharded all N, are processes of their own: `art.training.rank_trainers`). `lock`: the trainer's;
     `engine_lock`: the engine's, which a sharded trainer takes to load each checkpoint it serves."""
     lora = settings.lora
 
@@ -236,7 +236,8 @@ def _trainer(
 
     if settings.trainer_ranks == 1 and not settings.fsdp:
         return local_trainer()
-    from art.training.rank_group import LeadTrainer, RankPeers, RankTransport, ShardedTrainer
+    from art.training.rank_group import RankPeers, RankTransport
+    from art.training.rank_trainers import LeadTrainer, ShardedTrainer
     from art.training.ranks import RankSpec
 
     transport: Callable[[int, RankSpec, int], RankTransport] | None = None

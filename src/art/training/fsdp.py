@@ -10,7 +10,7 @@ reduce-scatter (a sum) of its gradients after its backward.
 FSDP2 runs on torch's default process group, of which a process has one, so every rank,
 rank 0 included, is a process of its own (`RankPeers` with `RankSpec.sharded`); the backend's
 process keeps only the engine's served copy of the model, in the serving dtype. That copy is
-reloaded from each checkpoint the ranks write (`art.training.rank_group.ShardedTrainer`), and the
+reloaded from each checkpoint the ranks write (`art.training.rank_trainers.ShardedTrainer`), and the
 weight-sync probe asks the ranks for their logprobs, so it compares the served copy with the
 trained shards for real.
 

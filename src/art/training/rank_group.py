@@ -1,4 +1,4 @@
-"""The backend's handles on a group of trainer ranks (the processes of `art.training.ranks`).
+"""The backend's side of a group of trainer ranks: starting them, commanding them, noticing a dead one.
 
 `RankPeers` starts the peer ranks through a `RankTransport` (`ProcessRanks`: local processes
 over pipes; `art.ray_cluster.RayRanks`: Ray actors), sends them each command and reads their
@@ -9,8 +9,9 @@ polls the peers and, when one dies, ends those waits (and aborts an NCCL group),
 fails at once and rolls back instead of hanging in a collective (gloo notices a closed socket
 by itself, NCCL does not notice at all).
 
-The backend holds a group through `LeadTrainer` (rank 0 trains here, its peers alongside) or
-`ShardedTrainer` (every rank is a process); both are `TrainerHandle`s, as a lone `Trainer` is.
+This module is the group's transport and lifecycle; the backend holds a group as one trainer
+through `art.training.rank_trainers` (`LeadTrainer`, `ShardedTrainer`), and what runs inside a
+rank process is `art.training.ranks`.
 """
 
 from __future__ import annotations
@@ -27,12 +28,10 @@ import torch
 import torch.distributed as dist
 
 from art.devices import device_for, local_gpus
-from art.errors import ArtError, ArtValueError, BackendError, StepCancelledError, from_wire
+from art.errors import ArtValueError, BackendError, StepCancelledError, from_wire
 from art.training.collective import STEP_TIMEOUT, STOP_KEY, Collective, host_store, start_group
-from art.training.options import TrainOptions
 from art.training.ranks import RankSpec, peer_main
-from art.training.trainer import ProgressCallback, Trainer, TrainerHandle
-from art.weights import load_full_weights
+from art.training.trainer import ProgressCallback
 
 log = logging.getLogger(__name__)
 
@@ -407,127 +406,3 @@ def peer_error(detail, rank: int, what: str) -> Exception:
     if isinstance(detail, dict):
         return from_wire(detail["status"], detail)
     return BackendError(f"trainer rank {rank} failed during {what}: {detail}")
-
-
-class LeadTrainer(TrainerHandle):
-    """Rank 0 of a data-parallel group: the backend's `Trainer` (`trainer`), whose `peers` train
-    each step alongside and load each checkpoint it restores."""
-
-    def __init__(self, trainer: Trainer, peers: RankPeers) -> None:
-        self.trainer, self.peers = trainer, peers
-        self.dtype = trainer.dtype
-        trainer.collective = peers.collective
-
-    @property
-    def last_trainer_logprobs(self) -> list[dict]:
-        """Rank 0's rows of the last step, its peers' gathered in (`Trainer.step`)."""
-        return self.trainer.last_trainer_logprobs
-
-    @last_trainer_logprobs.setter
-    def last_trainer_logprobs(self, rows: list[dict]) -> None:
-        self.trainer.last_trainer_logprobs = rows
-
-    def step(
-        self,
-        groups,
-        options: TrainOptions,
-        *,
-        desc: str = "train",
-        on_optimizer_step: ProgressCallback | None = None,
-        should_stop: Callable[[], bool] | None = None,
-        quiet: bool = False,
-    ) -> dict[str, float]:
-        """`Trainer.step`, with the peers training the same step alongside."""
-        failed = True
-        try:
-            self.peers.begin_step(groups, options)
-            metrics = self.trainer.step(
-                groups, options, desc=desc, on_optimizer_step=on_optimizer_step, should_stop=should_stop, quiet=quiet
-            )
-            failed = False
-            return metrics
-        except (ArtError, torch.cuda.OutOfMemoryError):
-            raise
-        except Exception as exc:  # most often a collective that lost a rank
-            raise BackendError(
-                f"the data-parallel step failed ({type(exc).__name__}: {exc}); it is rolled back, "
-                "and ranks that died are started again before the next step"
-            ) from exc
-        finally:
-            self.peers.end_step(failed)
-
-    def save(self, folder: Path) -> None:
-        """Rank 0 saves: every rank holds the same weights and optimizer state."""
-        self.trainer.save(folder)
-
-    def restore(self, folder: Path) -> None:
-        self.trainer.restore(folder)
-        self.sync_peers(folder)
-
-    def sync_peers(self, folder: Path) -> None:
-        """Every peer loads checkpoint `folder`, the one rank 0 holds (peers that died are
-        started again first)."""
-        self.trainer.collective = self.peers.restore(Path(folder))
-
-    def probe_logprobs(self, prompt: list[int], completion: list[int]) -> list[float]:
-        """Rank 0's logprobs: its weights are every rank's."""
-        return self.trainer.probe_logprobs(prompt, completion)
-
-    def sole_trainer(self) -> None:
-        return None
-
-    def close(self) -> None:
-        self.peers.close()
-
-
-class ShardedTrainer(TrainerHandle):
-    """The backend's handle on a sharded trainer: what `LoadedModel` asks of a trainer (step,
-    save, restore, the probe's logprobs), done by the rank processes in `peers`. `model` is the
-    engine's served copy; it takes the weights of each checkpoint written or restored."""
-
-    def __init__(
-        self, model, peers: RankPeers, *, lock: threading.RLock, device: torch.device | str, dtype: torch.dtype
-    ) -> None:
-        self.model, self.peers, self.lock = model, peers, lock
-        self.device, self.dtype = torch.device(device), dtype
-        self.last_trainer_logprobs: list[dict] = []
-        peers.start()  # the ranks build the base model's shards; a checkpoint is restored into them next
-
-    def step(
-        self,
-        groups,
-        options: TrainOptions,
-        *,
-        desc: str = "train",
-        on_optimizer_step: ProgressCallback | None = None,
-        should_stop: Callable[[], bool] | None = None,
-        quiet: bool = False,
-    ) -> dict[str, float]:
-        metrics, self.last_trainer_logprobs = self.peers.sharded_step(groups, options, on_optimizer_step, should_stop)
-        return metrics
-
-    def save(self, folder: Path) -> None:
-        self.peers.command("save", str(folder))
-        self._serve(folder)
-
-    def restore(self, folder: Path) -> None:
-        self.peers.restore(Path(folder))
-        self._serve(folder)
-
-    def sync_peers(self, folder: Path) -> None:
-        """The ranks already hold what they saved; only started again when they died."""
-        if not self.peers.healthy:
-            self.peers.restore(Path(folder))
-
-    def probe_logprobs(self, prompt: list[int], completion: list[int]) -> list[float]:
-        return self.peers.command("logprobs", prompt, completion)
-
-    def sole_trainer(self) -> None:
-        return None
-
-    def close(self) -> None:
-        self.peers.close()
-
-    def _serve(self, folder: Path) -> None:
-        with self.lock:
-            load_full_weights(self.model, Path(folder))

@@ -7,8 +7,9 @@ Rank 0 is the trainer inside the backend (it shares its model with the engine). 
 (`art.training.collective`) carries only the tensors of a step. Sharded (`art.training.fsdp`,
 FSDP2), every rank is such a process and also saves and scores.
 
-This module is what runs in those processes; the backend's handles on them (starting them,
-sending commands, watching for a dead rank) are `art.training.rank_group`'s.
+This module is what runs in those processes; the backend's side of them (starting them,
+sending commands, watching for a dead rank) is `art.training.rank_group`'s, and its trainer
+handles over a group (`LeadTrainer`, `ShardedTrainer`) are `art.training.rank_trainers`'.
 """
 
 from __future__ import annotations

@@ -202,7 +202,7 @@ class OptimizerStep:
 def _trainer_for_sft(handle: TrainerHandle) -> Trainer:
     """Refuse, before anything changes, what SFT cannot train: a group of ranks or a merged adapter."""
     trainer = handle.sole_trainer()
-    if trainer is None:  # a handle on a group of ranks (`art.training.rank_group`)
+    if trainer is None:  # a handle on a group of ranks (`art.training.rank_trainers`)
         raise ArtValueError(
             "SFT does not support data-parallel or sharded (fsdp) trainer ranks yet; register the "
             "model with trainer_ranks=1 and without fsdp for SFT",

@@ -46,7 +46,7 @@ ProgressCallback = Callable[[int, int, dict[str, float]], None]
 class TrainerHandle(Protocol):
     """What the service (`art.service`) and SFT (`art.training.sft`) call on a model's trainer,
     whichever kind holds it: a `Trainer` alone in this process, or the handle on a group of
-    trainer ranks (`art.training.rank_group`: `LeadTrainer`, `ShardedTrainer`). Each kind
+    trainer ranks (`art.training.rank_trainers`: `LeadTrainer`, `ShardedTrainer`). Each kind
     subclasses it, so mypy checks that it implements every member."""
 
     dtype: torch.dtype
@@ -163,7 +163,7 @@ class Trainer(TrainerHandle):
         `skipped/<reason>` counts, `context_assistant_turns` and, when nothing could be trained,
         `nothing_to_train` = 1 and a warning that says why and, when every group's rewards were
         equal, what to do about it). `on_optimizer_step(done, total, metrics)` follows each
-        optimizer step. Rank 0 of a group trains through `art.training.rank_group.LeadTrainer`,
+        optimizer step. Rank 0 of a group trains through `art.training.rank_trainers.LeadTrainer`,
         which keeps its peers in step."""
         self.last_trainer_logprobs = []
         if any(getattr(module, "merged", False) for module in self.model.modules()):
