@@ -17,11 +17,13 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import pydantic
-from anthropic.types import Message as AnthropicMessage
 from openai.types import Completion
 from openai.types.chat import ChatCompletion
 from openai.types.responses import Response
 from typing_extensions import TypedDict
+
+if TYPE_CHECKING:
+    from anthropic.types import Message as AnthropicMessage
 
 Endpoint = Literal["chat_completions", "completions", "responses", "messages"]
 
@@ -99,6 +101,23 @@ class MessagesRequest(TypedDict, total=False, extra_items=Any):  # type: ignore[
 _RequestField = Annotated[dict[str, Any], pydantic.SkipValidation]
 
 
+def anthropic_message_type() -> type[AnthropicMessage]:
+    """`anthropic.types.Message`, imported on first use: the anthropic package takes over a second
+    to import, which every `import art` (every rollout process) paid though few runs call Anthropic."""
+    from anthropic.types import Message
+
+    return Message
+
+
+def _as_anthropic_message(value: Any) -> AnthropicMessage:
+    message = anthropic_message_type()
+    return value if isinstance(value, message) else message.model_validate(value)
+
+
+_AnthropicMessageField = Annotated[Any, pydantic.AfterValidator(_as_anthropic_message)]
+"""An `anthropic.types.Message`, validated as one; dumped as any pydantic model is."""
+
+
 class _Exchange(pydantic.BaseModel):
     request: _RequestField
     start_time: datetime
@@ -135,7 +154,10 @@ class ResponsesExchange(_Exchange):
 class MessagesExchange(_Exchange):
     """An Anthropic Messages call: the request and the `Message` (a stream's, rebuilt)."""
 
-    response: AnthropicMessage
+    if TYPE_CHECKING:
+        response: AnthropicMessage
+    else:
+        response: _AnthropicMessageField
 
 
 Exchange = ChatCompletionsExchange | CompletionsExchange | ResponsesExchange | MessagesExchange
@@ -224,7 +246,7 @@ def build_exchange(
         # schema grows fields other servers, and older releases of ours, do not send.
         return endpoint, ResponsesExchange(request=kept, response=Response.construct(**answer), **times)
     answer = stream_message(body) if streamed else _json_object(body, "content")
-    return endpoint, MessagesExchange(request=kept, response=AnthropicMessage.model_validate(answer), **times)
+    return endpoint, MessagesExchange(request=kept, response=anthropic_message_type().model_validate(answer), **times)
 
 
 def _json_object(body: bytes, required: str) -> dict[str, Any]:

@@ -425,9 +425,13 @@ def read_step_groups(run, step: int) -> list[art.TrajectoryGroup]:
     return read_trajectory_groups_parquet(run / "trajectories" / "train" / f"{step:04d}.parquet")
 
 
+SCENARIOS = 20
+"""Ten steps of two groups: the kill comes after step 3, with later steps training and rolling out."""
 SCRIPT = textwrap.dedent("""
     import asyncio, sys
     import art
+
+    SCENARIOS = {scenarios}
 
     async def rollout(model, scenario, config):
         messages = [{"role": "user", "content": f"Pick {scenario}."}]
@@ -442,13 +446,13 @@ SCRIPT = textwrap.dedent("""
         backend = art.LocalBackend(path=path)
         await model.register(backend)
         print("start", await model.get_step(), flush=True)
-        trainer = art.PipelineTrainer(model, backend, art.make_group_rollout_fn(rollout, n=6), range(40), None,
+        trainer = art.PipelineTrainer(model, backend, art.make_group_rollout_fn(rollout, n=6), range(SCENARIOS), None,
                                       num_rollout_workers=3, min_batch_size=2, max_batch_size=2, learning_rate=1e-2)
         await trainer.train()
         print("end", await model.get_step(), flush=True)
 
     asyncio.run(main(sys.argv[1], sys.argv[2]))
-""")
+""").replace("{scenarios}", str(SCENARIOS))
 
 
 def test_a_pipeline_killed_mid_run_resumes_without_losing_a_completed_step(tiny_model_path, tmp_path):
@@ -477,13 +481,13 @@ def test_a_pipeline_killed_mid_run_resumes_without_losing_a_completed_step(tiny_
         for line in path.open() if path.exists() else []:
             trained.setdefault(json.loads(line)["metadata"]["scenario"], set()).add(step)
     state = json.loads((run / "state.json").read_text())["_pipeline_trainer"]
-    assert state["scenario_offset"] == 40 and state["training_step"] == final
+    assert state["scenario_offset"] == SCENARIOS and state["training_step"] == final
     # A scenario trains twice only if the kill fell between its step's checkpoint and the saved
     # state: at most the one step in progress.
     assert sum(len(steps) - 1 for steps in trained.values()) <= 2
     counted = state["accepted_trainable_groups"] + state["discarded_stale_groups"] + state[
         "discarded_zero_variance_groups"] + state["failed_rollouts"]
-    assert counted >= 40 - 2 * 3  # everything was used up (the first run's in-flight ones again)
+    assert counted >= SCENARIOS - 2 * 3  # everything was used up (the first run's in-flight ones again)
 
 
 def load_pipeline_example():

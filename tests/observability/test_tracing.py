@@ -86,16 +86,23 @@ def _ancestor_ids(span: dict, by_id: dict) -> list[str]:
     return out
 
 
+def check_train_request_under_train(spans: list[dict]) -> None:
+    """The train call crossed HTTP: the server's step hangs under the client's art.train."""
+    by_id = {s["span_id"]: s for s in spans}
+    request = next(s for s in spans if s["name"] == "art.train_request")
+    assert "art.train" in ancestors(request, by_id)
+
+
 @pytest.mark.parametrize("remote", [False, True], ids=["local", "remote"])
 def test_two_training_steps_are_traced(tiny_model_path, tmp_path, remote):
+    if remote and PHOENIX.exists():
+        pytest.skip("test_traces_reach_phoenix checks the same remote run's trace, exported to a real server")
     spans_file = tmp_path / "spans.json"
     run_traced(tiny_model_path, tmp_path / "runs", "--memory", str(spans_file), *(["--remote"] if remote else []))
     spans = json.loads(spans_file.read_text())
     check_trace_shape(spans)
-    if remote:  # the train call crossed HTTP: the server's step hangs under the client's art.train
-        by_id = {s["span_id"]: s for s in spans}
-        request = next(s for s in spans if s["name"] == "art.train_request")
-        assert "art.train" in ancestors(request, by_id)
+    if remote:
+        check_train_request_under_train(spans)
 
 
 def test_tracing_is_off_and_not_imported_unless_configured():
@@ -153,6 +160,9 @@ def phoenix(tmp_path):
 
 
 def test_traces_reach_phoenix(tiny_model_path, tmp_path, phoenix):
+    """Two steps through `art serve` and RemoteBackend, exported over OTLP/HTTP to Phoenix and read
+    back through its REST API: the whole trace shape, across HTTP (this is also the remote case of
+    test_two_training_steps_are_traced, which skips it when Phoenix is installed)."""
     run_traced(tiny_model_path, tmp_path / "runs", "--otlp", f"{phoenix}/v1/traces", "--remote")
     spans, cursor = [], None
     for _ in range(20):  # pages of the project's spans, through Phoenix's own REST API
@@ -165,6 +175,7 @@ def test_traces_reach_phoenix(tiny_model_path, tmp_path, phoenix):
     shaped = [{"name": s["name"], "span_id": s["context"]["span_id"], "parent_id": s.get("parent_id"),
                "attributes": s.get("attributes") or {}} for s in spans]
     check_trace_shape(shaped)
+    check_train_request_under_train(shaped)
 
 
 # -- Langfuse ---------------------------------------------------------------------------------
