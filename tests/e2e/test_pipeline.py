@@ -102,16 +102,21 @@ def sampled_by(group: art.TrajectoryGroup, step: int) -> art.TrajectoryGroup:
     return group
 
 
-async def started_with_bound_1(tmp_path, tiny_model_path, name: str, rollout, scenarios, workers: int):
-    """A pipeline of 4 steps of 2 groups, bound 1, training in the background for 2 s by now:
-    (backend, trainer, the training task)."""
+async def started_with_bound_1(tmp_path, tiny_model_path, name: str, rollout, scenarios, workers: int,
+                               started: list[int], expected: int):
+    """A pipeline of 4 steps of 2 groups, bound 1, training in the background until `expected`
+    rollouts have started, then for a moment more in which any further one would start (the gate
+    decides on the event loop, at once): (backend, trainer, the training task)."""
     backend, model = await registered(tmp_path, tiny_model_path, name)
     trainer = art.PipelineTrainer(model, backend, rollout, scenarios, None, max_steps_off_policy=1,
                                   num_rollout_workers=workers, min_batch_size=2, max_batch_size=2, max_steps=4,
                                   learning_rate=1e-2)
     training = asyncio.ensure_future(trainer.train(handle_signals=False))
-    for _ in range(100):
+    deadline = time.monotonic() + 120
+    while len(started) < expected and not training.done():
+        assert time.monotonic() < deadline, f"only {started} started"
         await asyncio.sleep(0.02)
+    await asyncio.sleep(0.5)
     return backend, trainer, training
 
 
@@ -211,7 +216,7 @@ async def test_workers_do_not_sample_groups_that_could_not_train_in_time(tiny_mo
         return group
 
     backend, trainer, training = await started_with_bound_1(tmp_path, tiny_model_path, "capacity", rollout,
-                                                            range(12), workers=8)
+                                                            range(12), workers=8, started=started, expected=6)
     assert sorted(started) == [0, 1, 2, 3, 4, 5]  # 4 / (3/4), not 8
     release.set()
     await asyncio.wait_for(training, timeout=120)
@@ -241,7 +246,7 @@ async def test_a_spare_too_old_for_any_place_left_does_not_hold_one(tiny_model_p
         return sampled_by(fixed_group(scenario), step)
 
     backend, trainer, training = await started_with_bound_1(tmp_path, tiny_model_path, "spares", rollout,
-                                                            range(24), workers=10)
+                                                            range(24), workers=10, started=started, expected=6)
     assert sorted(started) == [0, 1, 2, 3, 4, 5]
     first.set()
     for _ in range(600):  # until steps 0 and 1 are trained and nothing more starts

@@ -235,13 +235,14 @@ async def test_rows_finishing_in_every_position_move_at_most_one_row_each(setup)
 
 async def test_a_long_prompt_is_prefilled_in_blocks_beside_running_rows(setup):
     """With prefill_tokens=32 a 150-token prompt is prefilled in five blocks while another request
-    decodes (300 tokens: far from done when the long one is); both match the reference. A prefill that fails (here an injected out-of-memory)
-    fails its own request only: the running one finishes."""
+    decodes (100 tokens: far from done when the long one is, about 15 steps after it started);
+    both match the reference. A prefill that fails (here an injected out-of-memory) fails its own
+    request only: the running one finishes."""
     _, reference, _ = setup
     model, tokenizer = reference.model, reference.stopping.tokenizer
     engine = LLMEngine(model, tokenizer, adapters=reference.adapters, max_num_seqs=8, prefill_tokens=32)
     try:
-        running_params = SamplingParams(temperature=1.0, max_tokens=300, seed=5, ignore_eos=True)  # still running
+        running_params = SamplingParams(temperature=1.0, max_tokens=100, seed=5, ignore_eos=True)  # still running
         long_prompt = [(7 * i) % 250 + 3 for i in range(150)]
         params = SamplingParams(temperature=1.0, max_tokens=6, seed=6, ignore_eos=True)
         running = asyncio.ensure_future(engine.generate([1, 2, 3], running_params, ADAPTERS["live"]))

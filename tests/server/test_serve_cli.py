@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -60,32 +59,6 @@ def test_remote_client_imports_no_server_or_torch():
     )
     result = run("-c", code)
     assert result.returncode == 0, result.stderr
-
-
-@pytest.mark.integration
-def test_art_serve_with_ray_places_peers_in_ray(tmp_path):
-    """`art serve --ray` starts a local Ray instance, says where replicas and ranks go, serves,
-    and stops cleanly on SIGTERM (the Ray placement itself: tests/service/test_ray_placement.py)."""
-    pytest.importorskip("ray")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")])}
-    env.pop("ART_API_KEY", None)
-    server = subprocess.Popen([sys.executable, "-m", "art", "serve", "--port", "0", "--path", str(tmp_path), "--ray"],
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    try:
-        line = server.stdout.readline()  # the first line, once Ray is up and the port is bound
-        assert "replicas and ranks in ray" in line, line
-        url = re.search(r"listening on (\S+)", line).group(1)
-        for _ in range(100):
-            try:
-                assert httpx.get(f"{url}/health", timeout=5).json()["status"] == "ok"
-                break
-            except httpx.ConnectError:
-                time.sleep(0.1)
-        else:
-            raise AssertionError("the server never answered /health")
-    finally:
-        server.send_signal(signal.SIGTERM)
-        assert server.wait(timeout=60) is not None
 
 
 def _files(root: Path) -> dict[str, bytes]:

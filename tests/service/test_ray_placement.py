@@ -1,11 +1,20 @@
 """Ray as the cluster layer (`art.ray_cluster`): a local Ray instance places the second engine
 replica and the second trainer rank as actors; the loop trains, both replicas serve the new
-weights, and a killed actor of either kind costs one step or some requests, not the run."""
+weights, and a killed actor of either kind costs one step or some requests, not the run; and
+`art serve --ray` starts its own local instance."""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
+import httpx
 import pytest
 
 import art
@@ -18,6 +27,33 @@ from tests.support.ranks import rank_groups
 pytestmark = pytest.mark.integration
 
 ray = pytest.importorskip("ray")
+
+SRC = Path(__file__).resolve().parents[2] / "src"
+
+
+def test_art_serve_with_ray_places_peers_in_ray(tmp_path):
+    """`art serve --ray` starts a local Ray instance, says where replicas and ranks go, serves,
+    and stops cleanly on SIGTERM. First in this file, before `local_ray` starts the tests' own
+    instance (one file runs on one test worker: two local Ray instances never overlap)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")])}
+    env.pop("ART_API_KEY", None)
+    server = subprocess.Popen([sys.executable, "-m", "art", "serve", "--port", "0", "--path", str(tmp_path), "--ray"],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        line = server.stdout.readline()  # the first line, once Ray is up and the port is bound
+        assert "replicas and ranks in ray" in line, line
+        url = re.search(r"listening on (\S+)", line).group(1)
+        for _ in range(100):
+            try:
+                assert httpx.get(f"{url}/health", timeout=5).json()["status"] == "ok"
+                break
+            except httpx.ConnectError:
+                time.sleep(0.1)
+        else:
+            raise AssertionError("the server never answered /health")
+    finally:
+        server.send_signal(signal.SIGTERM)
+        assert server.wait(timeout=60) is not None
 
 
 @pytest.fixture(scope="module")
