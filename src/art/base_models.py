@@ -49,7 +49,15 @@ def resolve(base_model: str) -> str:
         return base_model
     target = cache_root() / "models" / base_model.replace("/", "--")
     if not (target / "model.safetensors").exists():
-        _convert_gguf(gguf, target)
+        from filelock import FileLock
+
+        target.parent.mkdir(parents=True, exist_ok=True)
+        # Processes that start at once (test workers, a user's scripts, a vLLM server and its
+        # trainer) convert one at a time: a second conversion would delete the copy the first
+        # process is loading. The later ones find the cache when they get the lock.
+        with FileLock(f"{target}.lock"):
+            if not (target / "model.safetensors").exists():
+                _convert_gguf(gguf, target)
     return str(target)
 
 
