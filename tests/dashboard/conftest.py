@@ -1,4 +1,5 @@
-"""The dashboard tests' run and servers, built once for the package (two test files read them)."""
+"""The dashboard tests' run and servers, built once per test file: a file's tests may add to the run
+(the page test trains a third step), and no file may see what another added."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from art.service.local import LocalService
 from tests.support.dashboard_run import KEY, train_step
 
 
-@pytest.fixture(scope="package")
+@pytest.fixture(scope="module")
 async def run(tiny_model_path, tmp_path_factory):
     """Two training steps of dash/tiny, and a val step whose group had a failed rollout and equal
     rewards; the backend stays open so a test can train a third step while the page is open."""
@@ -32,13 +33,13 @@ async def run(tiny_model_path, tmp_path_factory):
     await backend.close()
 
 
-@pytest.fixture(scope="package")
+@pytest.fixture(scope="module")
 def dashboard(run):
     with ServerThread(create_dashboard_app(run[2])) as server:
         yield server.base_url
 
 
-@pytest.fixture(scope="package")
+@pytest.fixture(scope="module")
 def keyed(run):
     """`art serve --api-key dash-key` over the test's runs, on a loopback port."""
     local = LocalService(str(run[2]))

@@ -164,18 +164,33 @@ def test_traces_reach_phoenix(tiny_model_path, tmp_path, phoenix):
     back through its REST API: the whole trace shape, across HTTP (this is also the remote case of
     test_two_training_steps_are_traced, which skips it when Phoenix is installed)."""
     run_traced(tiny_model_path, tmp_path / "runs", "--otlp", f"{phoenix}/v1/traces", "--remote")
+    # Phoenix accepts an export before it has stored it: read until the whole trace is there (a
+    # busy machine saw 2 of 8 rollouts right after the run), then check it.
+    deadline = time.monotonic() + 60
+    while True:
+        spans = phoenix_spans(phoenix)
+        try:
+            check_trace_shape(spans)
+            check_train_request_under_train(spans)
+            return
+        except AssertionError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+
+
+def phoenix_spans(phoenix: str) -> list[dict]:
+    """Every span of the default project, through Phoenix's own REST API, in our test's shape."""
     spans, cursor = [], None
-    for _ in range(20):  # pages of the project's spans, through Phoenix's own REST API
+    for _ in range(20):  # pages
         params = {"limit": 1000, **({"cursor": cursor} if cursor else {})}
         page = httpx.get(f"{phoenix}/v1/projects/default/spans", params=params, timeout=30).json()
         spans += page["data"]
         cursor = page.get("next_cursor")
         if not cursor:
             break
-    shaped = [{"name": s["name"], "span_id": s["context"]["span_id"], "parent_id": s.get("parent_id"),
-               "attributes": s.get("attributes") or {}} for s in spans]
-    check_trace_shape(shaped)
-    check_train_request_under_train(shaped)
+    return [{"name": s["name"], "span_id": s["context"]["span_id"], "parent_id": s.get("parent_id"),
+             "attributes": s.get("attributes") or {}} for s in spans]
 
 
 # -- Langfuse ---------------------------------------------------------------------------------
