@@ -17,7 +17,7 @@ async def unused_scenarios(scenarios: Any, state: PipelineState) -> AsyncIterato
     """(index, scenario) of every scenario, sync or async iterable, not used up yet (a resumed run
     skips those); the index counts every scenario, so it stays the same across a resume."""
     index = 0
-    if isinstance(scenarios, AsyncIterator) or hasattr(scenarios, "__aiter__"):
+    if hasattr(scenarios, "__aiter__"):  # an async iterable (every AsyncIterator is one)
         async for scenario in scenarios:
             if not state.is_used(index):
                 yield index, scenario
