@@ -34,6 +34,7 @@ LAYERS: list[tuple[str, ...]] = [
         "art.tracing",
         "art.devices",
         "art.weights",
+        "art.runtime",
         "art.chat_template",
         "art.responses_format",
         "art.responses_events",

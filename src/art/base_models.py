@@ -133,6 +133,17 @@ def byte_level_decoder(tokenizer) -> None:
         backend.decoder = decoders.ByteLevel()
 
 
+def support_problem(base_model: str) -> str | None:
+    """Why `base_model` cannot be served and trained here (None: it can), from its config alone,
+    so `register` refuses it before loading any weights (`art.runtime.architectures`)."""
+    from transformers import AutoConfig
+
+    from art.runtime.architectures import DOCS, support_problem
+
+    problem = support_problem(AutoConfig.from_pretrained(resolve(base_model)))
+    return None if problem is None else f"{base_model}: {problem} (the supported architectures: {DOCS})"
+
+
 def load(base_model: str, *, dtype=None, device=None):
     """Load (model, tokenizer) for `base_model` in eval mode, in `dtype` (float32) on `device` (the CPU)."""
     import torch
@@ -162,6 +173,10 @@ def load_policy(base_model: str, lora: dict | None, *, dtype, device, trainable:
     model, tokenizer = load(base_model, dtype=torch.float32 if whole_and_trained else dtype, device=device)
     if lora is not None:
         from peft import LoraConfig, get_peft_model
+
+        from art.runtime.architectures import lora_targets
+
+        lora = lora_targets(model, lora)  # the routed experts of a mixture-of-experts model too
 
         with warnings.catch_warnings():
             # peft (0.21) asks the model `is_gradient_checkpointing`, an alias transformers 5

@@ -81,6 +81,9 @@ class PeftArgs(TypedDict, total=False):
     lora_alpha: int
     lora_dropout: float
     target_modules: list[str]
+    target_parameters: list[str]
+    """Fused parameters to adapt (peft's `target_parameters`), e.g. ["gate_up_proj", "down_proj"]
+    for the routed experts of a mixture-of-experts model: the default there; [] leaves them out."""
 
 
 class EngineArgs(TypedDict, total=False):
@@ -123,6 +126,8 @@ class LoRAConfig(TypedDict, total=False):
     alpha: int
     dropout: float
     target_modules: list[str]
+    target_parameters: list[str]
+    """peft's `target_parameters` (a mixture-of-experts model's routed experts by default)."""
     use_rslora: bool
 
 

@@ -11,6 +11,15 @@ W + B A s, computed once per weight update into new tensors: the LoRA path then 
 (it was 17-45% of decoding time). The original base tensors are kept and swapped back, never
 recomputed, so unmerging is exact. Anything that changes or trains the live adapter calls
 `unmerge()` first (the trainer refuses merged weights).
+
+Mixture-of-experts models carry LoRA on their fused 3-D expert parameters (peft's
+`target_parameters`, a `ParamWrapper` per parameter). peft cannot mix adapters within one
+forward pass there, so on such a model a pass serves one adapter (`mixes_in_one_pass` is False)
+and the runner splits a mixed batch by adapter. A checkpoint is then not a second peft adapter:
+its tensors are kept aside and stand in for the live adapter's during its passes (the tensors
+are swapped, not copied). peft 0.22 also mis-targets a second adapter on models whose dense or
+shared-expert MLPs share their names with the fused experts (GLM-4.5's `mlp.gate_proj` beside
+`mlp.experts.gate_up_proj`), which this avoids.
 """
 
 from __future__ import annotations
@@ -42,10 +51,15 @@ class AdapterSet:
         """The training step whose weights the live adapter holds."""
         self.max_loaded = max_loaded
         self._loaded: OrderedDict[str, None] = OrderedDict()  # checkpoint adapters, LRU order
+        self._tensors: dict[str, dict[str, torch.Tensor]] = {}
+        """A checkpoint's LoRA tensors by live parameter name, where a pass serves one adapter."""
         self._in_use: Counter[str] = Counter()
         self.frozen = False
         """A training step runs beside the engine: peft's module tree must not change (no
         checkpoint adapter is loaded or deleted) until it ends."""
+        self.mixes_in_one_pass = not any(isinstance(m, _param_wrapper()) for m in model.modules())
+        """Whether one forward pass may give its rows different adapters (peft's `adapter_names`):
+        not with LoRA on expert parameters."""
 
     def acquire(self, ref: AdapterRef | None) -> tuple[str, int | None]:
         """The peft name serving `ref` now, and the step it holds; pair with `release`."""
@@ -92,9 +106,50 @@ class AdapterSet:
             if self.merge_live:
                 self._merge()
             yield {}
-        else:
+        elif self.mixes_in_one_pass:
             self.unmerge()
             yield {"adapter_names": list(names)}
+        elif len(unique) == 1:
+            self.unmerge()
+            with self._only(names[0]):
+                yield {}
+        else:
+            raise ValueError(
+                f"adapters {sorted(unique)} in one pass: LoRA on expert parameters serves one adapter a pass"
+            )
+
+    @contextmanager
+    def _only(self, name: str) -> Iterator[None]:
+        """The model computes with adapter `name` alone for the duration: the base model (no LoRA
+        layer applies an adapter: peft has no public switch that leaves requires_grad alone, so
+        the layers' active list is set and put back), the live adapter, or a checkpoint's tensors
+        in place of the live ones."""
+        if name == BASE:
+            layers = self._lora_layers()
+            saved = [layer._active_adapter for layer in layers]
+            try:
+                for layer in layers:
+                    layer._active_adapter = [BASE]
+                yield
+            finally:
+                for layer, active in zip(layers, saved):
+                    layer._active_adapter = active
+            return
+        swapped = self._tensors.get(name, {})
+        params = dict(self.model.named_parameters())
+        live = {key: params[key].data for key in swapped}
+        try:
+            for key, tensor in swapped.items():
+                params[key].data = tensor
+            yield
+        finally:
+            for key, tensor in live.items():
+                params[key].data = tensor
+
+    def _lora_layers(self) -> list[LoraLayer]:
+        from peft.tuners.lora import LoraLayer
+
+        return [m for m in self.model.modules() if isinstance(m, LoraLayer)]
 
     def _merge(self) -> None:
         if self._merged is not None:
@@ -104,12 +159,12 @@ class AdapterSet:
         merged = []
         for module in self.model.modules():
             if isinstance(module, LoraLayer) and LIVE in module.lora_A:
-                base = module.get_base_layer()
-                original = base.weight.data
+                weight = adapted_weight(module)
+                original = weight.data
                 # A new tensor, so `original` stays untouched (peft's own merge adds in place or,
                 # with safe_merge, clones and scans for NaNs: two more passes over the weights).
                 delta = module.get_delta_weight(LIVE)  # type: ignore[attr-defined]  # peft's layer kinds define it
-                base.weight.data = original + delta.to(original.dtype)
+                weight.data = original + delta.to(original.dtype)
                 module.merged_adapters.append(LIVE)
                 merged.append((module, original))
         self._merged = merged
@@ -119,7 +174,7 @@ class AdapterSet:
         if self._merged is None:
             return
         for module, original in self._merged:
-            module.get_base_layer().weight.data = original
+            adapted_weight(module).data = original
             module.merged_adapters.clear()
         self._merged = None
 
@@ -136,10 +191,32 @@ class AdapterSet:
             raise RuntimeError(f"{ref.key!r} is the live adapter: it has no checkpoint to load")
         if not ref.path.exists():
             raise ModelNotFoundError(f"checkpoint for {ref.key!r} not found at {ref.path}")
-        self.model.load_adapter(str(ref.path), adapter_name=name, is_trainable=False)
-        self.model.set_adapter(LIVE)  # loading must not change what the trainer trains
+        if self.mixes_in_one_pass:
+            self.unmerge()  # peft's set_adapter would unmerge a merged model its own way
+            self.model.load_adapter(str(ref.path), adapter_name=name, is_trainable=False)
+            self.model.set_adapter(LIVE)  # loading must not change what the trainer trains
+        else:
+            self._tensors[name] = self._checkpoint_tensors(ref.path)
         self._loaded[name] = None
         return name
+
+    def _checkpoint_tensors(self, path) -> dict[str, torch.Tensor]:
+        """A checkpoint's adapter tensors by the live adapter's parameter names, on its device."""
+        import torch
+
+        from art.weights import read_adapter
+
+        live = {n: p for n, p in self.model.named_parameters() if "lora_" in n and f".{LIVE}." in n}
+        by_saved_name = {n.replace(f".{LIVE}.", ".", 1): n for n in live}
+        saved = read_adapter(path)
+        if set(saved) != set(by_saved_name):
+            odd = sorted(set(saved) ^ set(by_saved_name))[:3]
+            raise ModelNotFoundError(f"checkpoint {path} does not match the live adapter's layout: {odd}")
+        with torch.inference_mode(False):  # plain tensors: they stand in for parameters
+            return {
+                by_saved_name[k]: t.to(live[by_saved_name[k]].device, live[by_saved_name[k]].dtype).clone()
+                for k, t in saved.items()
+            }
 
     def _evict(self) -> None:
         if self.frozen:  # deleting an adapter changes the tree the trainer runs through: later
@@ -149,4 +226,19 @@ class AdapterSet:
                 return
             if self._in_use[name] <= 0:
                 del self._loaded[name]
-                self.model.delete_adapter(name)
+                if self._tensors.pop(name, None) is None:
+                    self.model.delete_adapter(name)
+
+
+def adapted_weight(layer: LoraLayer) -> torch.nn.Parameter:
+    """The base tensor a LoRA layer adapts: a linear layer's weight, or the expert parameter a
+    peft `ParamWrapper` targets (e.g. `experts.gate_up_proj`, [experts, out, in])."""
+    if isinstance(layer, _param_wrapper()):
+        return layer.get_param()
+    return layer.get_base_layer().weight
+
+
+def _param_wrapper() -> type:
+    from peft.tuners.lora.layer import ParamWrapper
+
+    return ParamWrapper

@@ -1,9 +1,11 @@
 """Tensor work through transformers' own forward, for architectures `decoder.py` does not cover.
 
 The running batch keeps one transformers cache whose rows are left-padded to a common width,
-with the matching attention mask; rows join (padded to the width) and leave between steps.
+with the matching attention mask; rows join (padded to the width) and leave between steps
+(`hf_cache.py` cuts every kind of cache layer into rows: keys and values, recurrent states).
 Positions are per row, so padding never shifts a token's position. Adapters are applied by
-peft (`AdapterSet.activate`: merged weights for live-only batches, `adapter_names` otherwise).
+peft (`AdapterSet.activate`: merged weights for live-only batches, `adapter_names` otherwise;
+one pass per adapter where LoRA sits on expert parameters).
 A `Runner` (`art.engine.runner`) as `static_runner.StaticRunner` is; no CUDA graphs and no static
 shapes here.
 
@@ -22,27 +24,27 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from transformers import DynamicCache
-from transformers.cache_utils import CacheLayerMixin, DynamicLayer
 
-from art.engine.adapters import AdapterSet
+from art.engine.adapters import AdapterSet, adapted_weight
 from art.engine.config import EngineConfig
+from art.engine.hf_cache import LayerRows, concat, new_cache, pad_left, read, write
 from art.engine.kv_cache import PrefixKV
 from art.engine.memory import kv_budget, memory_error
 from art.engine.runner import Runner
+from art.runtime.architectures import has_recurrent_layers
 from art.weights import base_of
 
 
 @dataclass
-class StagedPaddedKV:
-    """Prompts computed by a prefill, left-padded to one width: kv per layer [prompts, heads,
-    width, dim] with holes where `mask` [prompts, width] is 0."""
+class StagedRows:
+    """Prompts computed by a prefill, left-padded to one width: each layer's cache as rows
+    (`LayerRows`), and the padding mask [prompts, width] (0 where a row holds no token)."""
 
-    kv: list[tuple[torch.Tensor, torch.Tensor]]
+    parts: list[LayerRows]
     mask: torch.Tensor
 
 
-class HFRunner(Runner[StagedPaddedKV]):
+class HFRunner(Runner[StagedRows]):
     """Implements `art.engine.runner.Runner` through transformers' forward."""
 
     kv_positions = 0
@@ -58,6 +60,7 @@ class HFRunner(Runner[StagedPaddedKV]):
         if config.on_cuda:
             self.kv_positions = self._cuda_positions(model, config)
         self.batch = RunningBatch(model.config, self.device)
+        self._recurrent = has_recurrent_layers(model.config)
         self.prefill_computed_tokens = 0
         """Prompt tokens actually run through the model (the rest came from cached prefixes)."""
         base = base_of(model)
@@ -83,7 +86,7 @@ class HFRunner(Runner[StagedPaddedKV]):
             + config.prefix_cache_tokens * per_position
             + 6 * config.resolved_max_num_seqs * vocab * 4
         )
-        adapted = sum(m.get_base_layer().weight.numel() for m in model.modules() if hasattr(m, "lora_A"))
+        adapted = sum(adapted_weight(m).numel() for m in model.modules() if hasattr(m, "lora_A"))
         budget = kv_budget(
             config, model, bytes_per_position=per_position, reserve=reserve, copies=adapted * element
         )  # AdapterSet's merged copy
@@ -94,8 +97,38 @@ class HFRunner(Runner[StagedPaddedKV]):
             )
         return budget.positions
 
+    @property
+    def reuses_prefixes(self) -> bool:
+        """Whether a prompt may start from cached keys and values: not where a layer keeps a
+        recurrent state, which the keys and values of a prefix do not give."""
+        return not self._recurrent
+
     def _forward(self, ids, mask, positions, cache, adapter_names: list[str]) -> torch.Tensor:
-        """Logits at the last position of each row: [rows, vocab] float32."""
+        """Logits at the last position of each row: [rows, vocab] float32. Rows whose adapters
+        cannot share a pass (LoRA on expert parameters) run in one pass per adapter."""
+        if self.adapters.mixes_in_one_pass or len(set(adapter_names)) == 1:
+            return self._pass(ids, mask, positions, cache, adapter_names)
+        before = read(cache)
+        width = mask.shape[1] - ids.shape[1]
+        logits: torch.Tensor | None = None
+        order, after = [], []
+        for name in dict.fromkeys(adapter_names):
+            rows = [i for i, n in enumerate(adapter_names) if n == name]
+            index = torch.tensor(rows, device=self.device)
+            sub = new_cache(self.model_config)
+            write(sub, [part.select(index) for part in before], width)
+            out = self._pass(ids[index], mask[index], positions[index], sub, [name] * len(rows))
+            if logits is None:
+                logits = out.new_empty(len(adapter_names), out.shape[1])
+            logits[index] = out
+            order += rows
+            after.append(read(sub))
+        inverse = torch.argsort(torch.tensor(order, device=self.device))
+        write(cache, [concat(list(layer)).select(inverse) for layer in zip(*after)], mask.shape[1])
+        assert logits is not None
+        return logits
+
+    def _pass(self, ids, mask, positions, cache, adapter_names: list[str]) -> torch.Tensor:
         with self.adapters.activate(adapter_names) as extra:
             out = self.model(
                 input_ids=ids,
@@ -110,57 +143,69 @@ class HFRunner(Runner[StagedPaddedKV]):
 
     def prefill(
         self, prompts: list[list[int]], prefixes: list[tuple[int, PrefixKV | None]], adapter_names: list[str]
-    ) -> tuple[torch.Tensor, StagedPaddedKV]:
+    ) -> tuple[torch.Tensor, StagedRows]:
         """Run several prompts, each after its cached prefix, in one forward pass.
 
-        Row i's cache holds [pad][prefix_i] and its input [pad][rest of prompt_i]; the mask
-        hides both pads and positions are per row, so every row computes exactly what it would
-        alone. Returns (last logits [rows, vocab], the staged prompts).
+        Every row's tokens are contiguous and end at the last column: row i's cache holds
+        [pad][prefix_i] and its input [rest_i] (or [pad][prompt_i] without a prefix), all inputs
+        equally long. A prefix is used only as far as that allows, so a row whose rest is shorter
+        than the longest recomputes part of its prefix, in columns that would otherwise be padding.
+        The mask hides the pads and positions are per row, so every row computes exactly what it
+        would alone, sliding windows included. Returns (last logits [rows, vocab], the staged prompts).
         """
-        used = [min(n, len(p) - 1) if kv is not None else 0 for p, (n, kv) in zip(prompts, prefixes)]
+        if not self.reuses_prefixes:
+            prefixes = [(0, None)] * len(prompts)
+        rest = max(len(p) - (min(n, len(p) - 1) if kv is not None else 0) for p, (n, kv) in zip(prompts, prefixes))
+        used = [max(0, len(p) - rest) if kv is not None else 0 for p, (_, kv) in zip(prompts, prefixes)]
         width_prefix = max(used)
-        width_new = max(len(p) - n for p, n in zip(prompts, used))
         rows = len(prompts)
         device = self.device
         self.prefill_computed_tokens += sum(len(p) - n for p, n in zip(prompts, used))
-        ids = torch.zeros(rows, width_new, dtype=torch.long, device=device)  # [rows, new]
-        positions = torch.zeros(rows, width_new, dtype=torch.long, device=device)
-        mask = torch.zeros(rows, width_prefix + width_new, dtype=torch.long, device=device)  # [rows, width]
+        ids = torch.zeros(rows, rest, dtype=torch.long, device=device)  # [rows, rest]
+        positions = torch.zeros(rows, rest, dtype=torch.long, device=device)
+        mask = torch.zeros(rows, width_prefix + rest, dtype=torch.long, device=device)  # [rows, width]
         for i, (prompt, n) in enumerate(zip(prompts, used)):
-            rest = prompt[n:]
-            ids[i, width_new - len(rest) :] = torch.tensor(rest, device=device)
-            positions[i, width_new - len(rest) :] = torch.arange(n, len(prompt), device=device)
-            mask[i, width_prefix - n : width_prefix] = 1
-            mask[i, width_prefix + width_new - len(rest) :] = 1
-        cache = DynamicCache(config=self.model_config)
+            tail = prompt[n:]
+            ids[i, rest - len(tail) :] = torch.tensor(tail, device=device)
+            positions[i, rest - len(tail) :] = torch.arange(n, len(prompt), device=device)
+            mask[i, width_prefix + rest - len(prompt) :] = 1
+        cache = new_cache(self.model_config)
         if width_prefix:
-            layers = []
-            heads, dim = kv_heads_and_dim(self.model_config)
-            dtype = next(self.model.parameters()).dtype
-            for layer in range(self.model_config.num_hidden_layers):
-                ks, vs = [], []
-                for (_, kv), n in zip(prefixes, used):
-                    if kv is not None and n:
-                        k, v = kv[0][layer, None, :, :n], kv[1][layer, None, :, :n]
-                    else:  # no cached prefix: all padding
-                        k = v = torch.zeros(1, heads, 0, dim, dtype=dtype, device=device)
-                    ks.append(_pad_left(k, width_prefix))
-                    vs.append(_pad_left(v, width_prefix))
-                layers.append((torch.cat(ks), torch.cat(vs)))
-            cache = DynamicCache(ddp_cache_data=layers, config=self.model_config)
+            write(cache, self._prefix_rows(prefixes, used, width_prefix), width_prefix)
         logits = self._forward(ids, mask, positions, cache, adapter_names)
-        return logits, StagedPaddedKV([_kv(layer) for layer in cache.layers], mask)
+        return logits, StagedRows(read(cache), mask)
 
-    def prompt_kv(self, staged: StagedPaddedKV, index: int) -> PrefixKV:
+    def _prefix_rows(self, prefixes: list[tuple[int, PrefixKV | None]], used: list[int], width: int) -> list[LayerRows]:
+        """Each layer's cached prefixes as rows [prompts, heads, width, dim], left-padded."""
+        parts = []
+        heads, dim = kv_heads_and_dim(self.model_config)
+        dtype = next(self.model.parameters()).dtype
+        for layer in range(self.model_config.num_hidden_layers):
+            ks, vs = [], []
+            for (_, kv), n in zip(prefixes, used):
+                if kv is not None and n:
+                    k, v = kv[0][layer, None, :, :n], kv[1][layer, None, :, :n]
+                else:  # no cached prefix: all padding
+                    k = v = torch.zeros(1, heads, 0, dim, dtype=dtype, device=self.device)
+                ks.append(pad_left(k, width))
+                vs.append(pad_left(v, width))
+            parts.append(LayerRows(torch.cat(ks), torch.cat(vs)))
+        return parts
+
+    def prompt_kv(self, staged: StagedRows, index: int) -> PrefixKV:
         columns = staged.mask[index].nonzero().squeeze(1)  # this prompt's kv without padding
+        keys = [part.keys for part in staged.parts]
+        values = [part.values for part in staged.parts]
+        if any(k is None for k in keys) or any(v is None for v in values):
+            raise RuntimeError("only a model whose every layer keeps keys and values caches prefixes")
         return (
-            torch.stack([k[index][:, columns] for k, _ in staged.kv]),
-            torch.stack([v[index][:, columns] for _, v in staged.kv]),
+            torch.stack([k[index][:, columns] for k in keys if k is not None]),
+            torch.stack([v[index][:, columns] for v in values if v is not None]),
         )
 
-    def add(self, staged: StagedPaddedKV, sources: list[int], ends: list[int] | None = None) -> None:
+    def add(self, staged: StagedRows, sources: list[int], ends: list[int] | None = None) -> None:
         index = torch.tensor(sources, device=self.device)
-        self.batch.add(len(sources), [(k[index], v[index]) for k, v in staged.kv], staged.mask[index])
+        self.batch.add([part.select(index) for part in staged.parts], staged.mask[index])
 
     def decode(self, tokens: list[int], positions: list[int], adapter_names: list[str]) -> torch.Tensor:
         ids = torch.tensor(tokens, device=self.device)[:, None]  # [rows, 1]
@@ -198,94 +243,40 @@ class HFRunner(Runner[StagedPaddedKV]):
         return {}
 
 
-class GrowingLayer(DynamicLayer):
-    """A cache layer that appends into spare capacity instead of re-allocating every step.
-
-    DynamicLayer concatenates (copies the whole layer) at each token; this writes in place and
-    grows by doubling, so a decode step allocates almost nothing."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._k: torch.Tensor | None = None
-        self._v: torch.Tensor | None = None
-        self._len = 0
-
-    def set(self, keys: torch.Tensor, values: torch.Tensor, headroom: int = 32) -> None:
-        rows, heads, tokens, dim = keys.shape
-        self._k = k = keys.new_empty(rows, heads, tokens + headroom, dim)
-        self._v = v = values.new_empty(rows, heads, tokens + headroom, dim)
-        k[:, :, :tokens] = keys
-        v[:, :, :tokens] = values
-        self._len = tokens
-        self.device, self.is_initialized = keys.device, True
-        self.keys, self.values = k[:, :, :tokens], v[:, :, :tokens]
-
-    def update(self, key_states, value_states, *args, **kwargs):
-        if self._k is None:
-            self.set(key_states, value_states)
-            return self.keys, self.values
-        new = key_states.shape[2]
-        if self._len + new > self._k.shape[2]:
-            self.set(self.keys, self.values, headroom=max(32, self._len))
-        self._k[:, :, self._len : self._len + new] = key_states
-        self._v[:, :, self._len : self._len + new] = value_states
-        self._len += new
-        self.keys, self.values = self._k[:, :, : self._len], self._v[:, :, : self._len]
-        return self.keys, self.values
-
-    def get_seq_length(self) -> int:
-        return self._len
-
-
-def _growing_cache(config) -> DynamicCache:
-    cache = DynamicCache(config=config)
-    if all(type(layer) is DynamicLayer for layer in cache.layers):  # full attention only
-        cache.layers = [GrowingLayer() for _ in cache.layers]
-    return cache
-
-
 class RunningBatch:
-    """KV and mask of the rows being decoded together."""
+    """The cache and padding mask of the rows being decoded together."""
 
     def __init__(self, config, device: torch.device) -> None:
         self.model_config = config
         self.device = device
         self.rows = 0
-        self.cache = _growing_cache(config)
+        self.cache = new_cache(config)
         self.mask = torch.zeros(0, 0, dtype=torch.long, device=device)  # [rows, width]
 
-    def add(self, rows: int, kv: list[tuple[torch.Tensor, torch.Tensor]], mask: torch.Tensor) -> None:
-        """Append `rows` rows whose cache is `kv` (per layer [rows, heads, tokens, dim]) with
-        their attention mask [rows, tokens] (0 where the kv holds padding)."""
-        new_width = kv[0][0].shape[2]
-        width = max(self.mask.shape[1], new_width)
-        new_mask = mask
-        for layer, (k, v) in zip(self.cache.layers, kv):
-            if self.rows:
-                keys, values = _kv(layer)
-                k = torch.cat([_pad_left(keys, width), _pad_left(k, width)])
-                v = torch.cat([_pad_left(values, width), _pad_left(v, width)])
-            _set(layer, k, v)
+    def add(self, parts: list[LayerRows], mask: torch.Tensor) -> None:
+        """Append rows whose cache is `parts` (one per layer) with their padding mask [rows, tokens]."""
+        width = max(self.mask.shape[1], mask.shape[1])
         if self.rows:
-            new_mask = torch.cat(
-                [F.pad(self.mask, (width - self.mask.shape[1], 0)), F.pad(new_mask, (width - new_width, 0))]
+            parts = [concat([old, new]) for old, new in zip(read(self.cache), parts)]
+            mask = torch.cat(
+                [F.pad(self.mask, (width - self.mask.shape[1], 0)), F.pad(mask, (width - mask.shape[1], 0))]
             )
-        self.mask = new_mask
-        self.rows += rows
+        write(self.cache, parts, width)
+        self.mask = mask
+        self.rows = mask.shape[0]
 
     def keep(self, keep: list[int]) -> None:
         """Keep only these row indices; drop columns no remaining row attends to."""
         self.rows = len(keep)
         if not self.rows:
-            self.cache = _growing_cache(self.model_config)
+            self.cache = new_cache(self.model_config)
             self.mask = torch.zeros(0, 0, dtype=torch.long, device=self.device)
             return
         index = torch.tensor(keep, device=self.device)
         first = int(self.mask[index].any(0).long().argmax())  # leading all-padding columns
         self.mask = self.mask[index, first:]
-        for layer in self.cache.layers:
-            keys, values = _kv(layer)
-            _set(layer, keys[index, :, first:], values[index, :, first:])
+        parts = [part.select(index) for part in read(self.cache)]
+        write(self.cache, [_drop_columns(part, first) for part in parts], self.mask.shape[1])
 
     def extend_mask(self) -> torch.Tensor:
         """The mask [rows, width + 1] of one decode step: every row sees its new token."""
@@ -293,20 +284,14 @@ class RunningBatch:
         return self.mask
 
 
-def _kv(layer: object) -> tuple[torch.Tensor, torch.Tensor]:
-    """A cache layer's keys and values [rows, heads, tokens, dim]: an attention layer holds
-    both once a forward pass has filled it."""
-    if not isinstance(layer, CacheLayerMixin) or layer.keys is None or layer.values is None:
-        raise RuntimeError(f"a {type(layer).__name__} cache layer holds no keys and values to batch")
-    return layer.keys, layer.values
+def _pad_mask(mask: torch.Tensor, width: int) -> torch.Tensor:
+    return F.pad(mask, (width - mask.shape[1], 0))
 
 
-def _set(layer, keys: torch.Tensor, values: torch.Tensor) -> None:
-    if isinstance(layer, GrowingLayer):
-        layer.set(keys, values)
-    else:
-        layer.keys, layer.values = keys.contiguous(), values.contiguous()
-        layer.is_initialized, layer.device = True, keys.device
+def _drop_columns(part: LayerRows, first: int) -> LayerRows:
+    if part.keys is None or part.values is None or not first:
+        return part
+    return LayerRows(part.keys[:, :, first:], part.values[:, :, first:], part.conv, part.recurrent)
 
 
 def kv_heads_and_dim(config) -> tuple[int, int]:
@@ -314,7 +299,3 @@ def kv_heads_and_dim(config) -> tuple[int, int]:
     heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     return heads, head_dim
-
-
-def _pad_left(t: torch.Tensor, width: int) -> torch.Tensor:
-    return t if t.shape[2] == width else F.pad(t, (0, 0, width - t.shape[2], 0))

@@ -97,7 +97,7 @@ class LLMEngine(ManagedEngine):
             row_width=self.runner.row_width,
             max_model_len=self.max_model_len,
         )
-        self.prefix_cache = PrefixCache(config.prefix_cache_tokens)
+        self.prefix_cache = PrefixCache(config.prefix_cache_tokens if self.runner.reuses_prefixes else 0)
         self.rows: list[Sample] = []
         """The running samples; row i is row i of the runner's batch."""
         self.stopping = StopChecker(model, tokenizer, self.max_model_len)

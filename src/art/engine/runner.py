@@ -39,6 +39,12 @@ class Runner(Protocol[StagedT]):
         ...
 
     @property
+    def reuses_prefixes(self) -> bool:
+        """Whether a prompt may start from a cached prefix's keys and values (`prefill`'s
+        `prefixes`); a model with recurrent layers needs their state too, which a prefix lacks."""
+        ...
+
+    @property
     def serves_while_training(self) -> bool:
         """Whether it reads only its own copies of the live weights, so a training step may run beside it."""
         ...

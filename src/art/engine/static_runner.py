@@ -207,6 +207,9 @@ class StaticRunner(Runner[StagedWorkspace]):
         if not self.lengths:
             self.cache.release()
 
+    reuses_prefixes = True
+    """Every layer of the decoder's families keeps keys and values only."""
+
     serves_while_training = True
     """The decoder reads the live adapter through `ServedWeights`' published copies, never the
     tensors the trainer writes: a training step may run beside it."""

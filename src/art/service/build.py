@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import torch
 
-from art.base_models import load_policy, reference_loader
+from art.base_models import load_policy, reference_loader, support_problem
 from art.devices import cpu_split
 from art.engine.adapters import AdapterSet
 from art.engine.base import ManagedEngine
@@ -82,6 +82,9 @@ def load_model(root, spec: ModelSpec, placement: str = "processes", default_engi
     device, dtype = engine_config.device, engine_config.torch_dtype
     lora = settings.lora  # None under full fine-tuning
     on_ray = (settings.placement or placement) == "ray"
+    problem = support_problem(base_model)
+    if problem is not None:
+        raise ArtValueError(problem, field="base_model")
     torch.manual_seed(settings.seed)  # reproducible adapter init at step 0
     model, tokenizer = load_policy(base_model, lora, dtype=dtype, device=device, trainable=not settings.fsdp)
     lock = threading.RLock()

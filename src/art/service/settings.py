@@ -55,6 +55,7 @@ LORA_CONFIG_NAMES = {
     "alpha": "lora_alpha",
     "dropout": "lora_dropout",
     "target_modules": "target_modules",
+    "target_parameters": "target_parameters",
     "bias": "bias",
     "use_rslora": "use_rslora",
     "layers_to_transform": "layers_to_transform",

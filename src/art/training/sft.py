@@ -163,7 +163,7 @@ def fit(
     plans = [
         packing.plan(
             [batch.sequences],
-            mode=options.packing,
+            mode=trainer.packing_mode(options.packing),
             row_tokens=options.packed_row_tokens,
             batch_tokens=options.micro_batch_tokens,
         )

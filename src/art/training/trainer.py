@@ -16,6 +16,7 @@ import math
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Protocol
 
@@ -26,6 +27,7 @@ from art.errors import ArtValueError, StepCancelledError
 from art.metrics_taxonomy import TRAIN_GRADIENT_STEPS_KEY
 from art.observability import tracing
 from art.observability.progress import progress_bar
+from art.runtime.architectures import has_recurrent_layers
 from art.training import fsdp
 from art.training.batch import PackedBatch, pack_batch, report_input
 from art.training.collective import Collective
@@ -136,6 +138,15 @@ class Trainer(TrainerHandle):
         self.last_tokens_per_s: float | None = None
         """What the last step computed: its sequences' tokens (times epochs) per second of its
         passes; the next step's announced estimate (`announce_step`)."""
+        self.one_sequence_per_row = has_recurrent_layers(base_of(model).config)
+        """A layer keeps a recurrent state (Gated DeltaNet, Mamba, short convolutions): an
+        attention mask does not stop it flowing from one sequence into the next in a packed
+        row, so every sequence gets a row of its own (`packing_mode`)."""
+
+    def packing_mode(self, requested: str) -> str:
+        """The packing a step uses: the requested one, or "padded" (a row per sequence, right
+        padding after it, which a causal recurrence never reads) on a model with recurrent layers."""
+        return "padded" if self.one_sequence_per_row else requested
 
     # -- the handle -----------------------------------------------------------------------
     def sole_trainer(self) -> Trainer:
@@ -171,6 +182,7 @@ class Trainer(TrainerHandle):
                 "the adapter is merged into the base weights for serving; unmerge it before training "
                 "(AdapterSet.unmerge)"
             )
+        options = replace(options, packing=self.packing_mode(options.packing))
         batch = pack_batch(list(groups), options, self.collective)
         metrics = report_input(batch, options)
         if not batch.sequences:

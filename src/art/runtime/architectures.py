@@ -1,0 +1,88 @@
+"""What the backend must know of a model's architecture, read from its config and module tree.
+
+Three questions, answered before or right after loading: can we serve and train it at all (a
+model we cannot serve is refused at `register`, never a 500 in a rollout); which LoRA targets
+suit it (mixture-of-experts models keep their experts in fused 3-D parameters that peft reaches
+through `target_parameters`); does a layer keep a recurrent state (linear attention, Mamba,
+short convolutions), which a packed training row would leak from one sequence into the next.
+torch and transformers are imported on use.
+"""
+
+from __future__ import annotations
+
+DOCS = "docs/models.md"
+"""Where the supported architectures are listed (named in every refusal)."""
+
+EXPERT_PARAMETERS = ("gate_up_proj", "gate_proj", "up_proj", "down_proj")
+"""The names transformers 5 gives a layer's fused expert weights ([experts, out, in] or
+[experts, in, out]), e.g. Qwen3-MoE's `mlp.experts.gate_up_proj` and `mlp.experts.down_proj`."""
+
+SERVED_QUANTIZATION: tuple[str, ...] = ()
+"""Quantisation methods whose checkpoints we load; every other `quantization_config` is refused."""
+
+
+def expert_parameters(model) -> list[str]:
+    """Names of the fused expert parameters of `model` (e.g. ["down_proj", "gate_up_proj"]): the
+    3-D parameters of modules whose name ends in "experts". peft matches them as suffixes; the
+    router (`mlp.gate`, `router`) never matches, so it stays frozen."""
+    found = set()
+    for module_name, module in model.named_modules():
+        if not module_name.rsplit(".", 1)[-1].endswith("experts"):
+            continue
+        for name, param in module.named_parameters(recurse=False):
+            if param.dim() == 3 and name in EXPERT_PARAMETERS:
+                found.add(name)
+    return sorted(found)
+
+
+def lora_targets(model, lora: dict) -> dict:
+    """`lora` (peft LoraConfig arguments) with LoRA on the routed experts of a mixture-of-experts
+    model unless the caller chose `target_parameters` themselves ([] turns it off).
+    `target_modules` (attention, dense MLPs and shared experts: plain linear layers) is the caller's."""
+    if "target_parameters" in lora:
+        return lora
+    experts = expert_parameters(model)
+    return {**lora, "target_parameters": experts} if experts else lora
+
+
+def has_recurrent_layers(config) -> bool:
+    """Whether some layer keeps a state that flows from token to token (Gated DeltaNet, Mamba,
+    short convolutions): a row must then hold one sequence, and a prefix is more than its keys."""
+    from transformers import DynamicCache
+    from transformers.cache_utils import LinearAttentionCacheLayerMixin
+
+    return any(isinstance(layer, LinearAttentionCacheLayerMixin) for layer in DynamicCache(config=config).layers)
+
+
+def support_problem(config) -> str | None:
+    """Why we cannot serve and train a model of this config (None: we can). Covers what fails
+    only later otherwise: quantised checkpoints and cache layouts the engine cannot batch."""
+    from transformers import DynamicCache
+    from transformers.cache_utils import DummyLayer, DynamicLayer, DynamicSlidingWindowLayer, LinearAttentionLayer
+
+    model_type = getattr(config, "model_type", "?")
+    quantization = getattr(config, "quantization_config", None)
+    if quantization is not None:
+        method = quantization.get("quant_method") if isinstance(quantization, dict) else quantization.quant_method
+        if str(method) not in SERVED_QUANTIZATION:
+            return (
+                f"model_type {model_type!r} is quantised ({method}): the trainer needs float weights; "
+                "use the unquantised checkpoint"
+            )
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    if type(config) not in MODEL_FOR_CAUSAL_LM_MAPPING:
+        return f"model_type {model_type!r} has no causal language model in transformers (AutoModelForCausalLM)"
+    served = (DynamicLayer, DynamicSlidingWindowLayer, LinearAttentionLayer, DummyLayer)
+    layers = DynamicCache(config=config).layers
+    for index, layer in enumerate(layers):
+        if type(layer) not in served:
+            return (
+                f"model_type {model_type!r}: layer {index} keeps a {type(layer).__name__} cache, "
+                "which the engine cannot split into rows"
+            )
+    if not any(type(layer) in served[:2] for layer in layers):
+        return (
+            f"model_type {model_type!r} has only recurrent layers, no attention layer: the engine cannot serve it yet"
+        )
+    return None

@@ -1,0 +1,116 @@
+"""Tiny random models of every architecture family the model-support matrix covers.
+
+Each is built by transformers' own config and modeling code (`AutoConfig.for_model`), two to
+four layers of width 64, with SmolLM2's tokenizer and chat template, and saved as a folder a
+user could pass as `base_model`. The overrides make the families' distinctive parts show at this
+size: experts routed top-2 of 4, shared experts, sliding windows shorter than the test
+sequences, every layer kind of a hybrid at least once.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+ATTENTION = {"num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16}
+WINDOW = 6
+"""Sliding windows, shorter than the prompts and completions of the tests, so a window that is
+applied wrongly changes what is sampled."""
+EXPERTS = {"num_experts_per_tok": 2, "moe_intermediate_size": 32}
+
+FAMILIES: dict[str, dict] = {
+    # Dense decoders.
+    "llama": {},
+    "qwen2": {},
+    "qwen3": {},
+    "mistral": {"sliding_window": WINDOW},
+    "gemma3_text": {"sliding_window": WINDOW, "layer_types": ["sliding_attention", "full_attention"]},
+    "phi3": {},
+    "olmo2": {},
+    "smollm3": {},
+    "granite": {},
+    "glm4": {},
+    "exaone4": {"sliding_window": WINDOW, "layer_types": ["sliding_attention", "full_attention"]},
+    "lfm2": {"layer_types": ["conv", "full_attention"]},
+    # Mixture-of-experts: fused 3-D expert parameters (transformers 5).
+    "qwen3_moe": {**EXPERTS, "num_experts": 4},
+    "qwen3_5_moe_text": {
+        **EXPERTS,
+        "num_experts": 4,
+        "shared_expert_intermediate_size": 32,
+        "layer_types": ["linear_attention", "full_attention"],
+        "linear_num_key_heads": 2,
+        "linear_num_value_heads": 4,
+        "linear_key_head_dim": 16,
+        "linear_value_head_dim": 16,
+    },
+    "gpt_oss": {
+        "num_local_experts": 4,
+        "num_experts_per_tok": 2,
+        "sliding_window": WINDOW,
+        "layer_types": ["sliding_attention", "full_attention"],
+    },
+    "olmoe": {"num_experts": 4, "num_experts_per_tok": 2},
+    "glm4_moe": {**EXPERTS, "n_routed_experts": 4, "n_shared_experts": 1, "first_k_dense_replace": 1},
+    "mixtral": {"num_local_experts": 4, "num_experts_per_tok": 2},
+}
+"""model_type -> the config overrides of its tiny model (beside `base_config`'s)."""
+
+MOE_FAMILIES = ("qwen3_moe", "qwen3_5_moe_text", "gpt_oss", "olmoe", "glm4_moe", "mixtral")
+
+
+def tokenizer():
+    """SmolLM2's tokenizer with its chat template (from the bundled GGUF; offline)."""
+    import os
+
+    from transformers import AutoTokenizer
+
+    from tests.support.models import _bundled_gguf
+
+    if os.environ.get("ART_TEST_TOKENIZER"):
+        return AutoTokenizer.from_pretrained(os.environ["ART_TEST_TOKENIZER"])
+    from art.base_models import byte_level_decoder
+
+    gguf = _bundled_gguf()
+    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    byte_level_decoder(tok)
+    return tok
+
+
+def config(model_type: str, tok, layers: int = 2, **extra):
+    """The tiny config of `model_type` (transformers' own config class)."""
+    from transformers import AutoConfig
+
+    overrides = dict(FAMILIES[model_type])
+    if "layer_types" in overrides:
+        pattern = overrides["layer_types"]
+        overrides["layer_types"] = [pattern[i % len(pattern)] for i in range(layers)]
+    return AutoConfig.for_model(
+        model_type,
+        vocab_size=len(tok),
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=layers,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+        **{**ATTENTION, **overrides, **extra},
+    )
+
+
+def save_tiny(model_type: str, out: Path, tok=None, layers: int = 2, seed: int = 0, **extra) -> Path:
+    """Build a random tiny `model_type` and save it with the tokenizer as a model folder in `out`."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    tok = tok if tok is not None else tokenizer()
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config(model_type, tok, layers, **extra), dtype=torch.float32)
+    with torch.no_grad():  # sharper attention and routing, so a wrong mask, position or expert shows
+        for name, param in model.named_parameters():
+            if name.endswith(("q_proj.weight", "k_proj.weight")):
+                param.mul_(4)
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
