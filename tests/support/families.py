@@ -110,21 +110,10 @@ HYBRID_FAMILIES = ("lfm2", "qwen3_5_moe_text", "qwen3_5_text", "qwen3_next", "ne
 
 
 def tokenizer():
-    """SmolLM2's tokenizer with its chat template (from the bundled GGUF; offline)."""
-    import os
+    """SmolLM2's tokenizer with its chat template (offline)."""
+    from tests.support.models import smollm2_tokenizer
 
-    from transformers import AutoTokenizer
-
-    from tests.support.models import _bundled_gguf
-
-    if os.environ.get("ART_TEST_TOKENIZER"):
-        return AutoTokenizer.from_pretrained(os.environ["ART_TEST_TOKENIZER"])
-    from art.base_models import byte_level_decoder
-
-    gguf = _bundled_gguf()
-    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    byte_level_decoder(tok)
-    return tok
+    return smollm2_tokenizer()
 
 
 def config(model_type: str, tok, layers: int | None = None, **extra):

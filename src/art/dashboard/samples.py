@@ -313,8 +313,8 @@ def _tokenizer(base_model: str | None):
         from art import base_models
 
         path = base_model
-        if base_models.bundled_gguf(base_model) is not None:
-            path = str(base_models.cache_root() / "models" / base_model.replace("/", "--"))
+        if base_models.is_bundled(base_model):
+            path = str(base_models.converted_path(base_model))
         return AutoTokenizer.from_pretrained(path, local_files_only=True)
     except Exception as exc:  # no tokenizer only means no token texts
         log.info("dashboard: no tokenizer for %s (%s): token ids are shown instead of text", base_model, exc)

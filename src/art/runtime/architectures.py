@@ -27,6 +27,8 @@ def expert_parameters(model) -> list[str]:
     router (`mlp.gate`, `router`) never matches, so it stays frozen."""
     found = set()
     for module_name, module in model.named_modules():
+        while module_name.endswith(".base_layer"):  # under peft's wrappers (a LoRA on them already)
+            module_name = module_name.removesuffix(".base_layer")
         if not module_name.rsplit(".", 1)[-1].endswith("experts"):
             continue
         for name, param in module.named_parameters(recurse=False):

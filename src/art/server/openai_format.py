@@ -12,6 +12,7 @@ routes, registries or sampling.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import re
@@ -23,6 +24,7 @@ from typing import Any
 
 from art.chat_template import CLOSE, OPEN
 from art.engine.base import Completion, SampledTokens, SamplingParams, ServedModel
+from art.server import harmony
 from art.server.openai_schemas import ChatCompletionRequest, CompletionRequest
 
 log = logging.getLogger(__name__)
@@ -117,9 +119,12 @@ def matched_stop(tokenizer, c: Completion, stop: tuple[str, ...]) -> str | None:
 def response_choice(
     index: int, c: Completion, prompt: list[int], tokens: TokenText, parse_tools: bool, stop: tuple[str, ...] = ()
 ) -> dict[str, Any]:
-    """One non-streamed choice; with `parse_tools`, `<tool_call>` blocks become `tool_calls`."""
-    content, calls = split_completion(c.text, parse_tools)
+    """One non-streamed choice; with `parse_tools`, `<tool_call>` blocks (or harmony's calls)
+    become `tool_calls`; harmony's analysis channel becomes `reasoning`."""
+    content, reasoning, calls = split_reply(tokens, c, parse_tools)
     message: dict[str, Any] = {"role": "assistant", "content": content}
+    if reasoning is not None:
+        message.update(reasoning_fields(reasoning))
     if calls:
         message["tool_calls"] = calls
     choice = {
@@ -136,12 +141,35 @@ def response_choice(
     return choice
 
 
+def split_reply(tokens: TokenText, c: Completion, parse_tools: bool) -> tuple[str | None, str | None, list[dict]]:
+    """(content, reasoning, tool calls) of a completion: harmony's channels for a tokenizer that
+    speaks it (gpt-oss), else the text and, with `parse_tools`, its `<tool_call>` blocks."""
+    if tokens.harmony:
+        reply = harmony.parse(tokens.tokenizer.decode(c.token_ids, skip_special_tokens=False))
+        return reply.content, reply.reasoning, reply.calls if parse_tools else []
+    content, calls = split_completion(c.text, parse_tools)
+    return content, None, calls
+
+
+@functools.lru_cache(maxsize=16)
+def _speaks_harmony(tokenizer) -> bool:
+    return harmony.speaks_harmony(tokenizer)  # reads the whole vocabulary: once per tokenizer
+
+
+def reasoning_fields(reasoning: str) -> dict[str, str]:
+    """A message's reasoning under vLLM's name (`reasoning`) and the older one clients still read
+    (`reasoning_content`, which vLLM also accepted until it renamed it)."""
+    return {"reasoning": reasoning, "reasoning_content": reasoning}
+
+
 class TokenText:
     """Decodes single ids once per response (the `token`/`bytes` of each logprobs entry)."""
 
     def __init__(self, tokenizer) -> None:
         self.tokenizer = tokenizer
         self.cache: dict[int, str] = {}
+        self.harmony = _speaks_harmony(tokenizer)
+        """Replies are harmony messages (gpt-oss): parsed by channel, not streamed as text."""
 
     def text(self, token_id: int) -> str:
         if token_id not in self.cache:
@@ -275,10 +303,15 @@ class ChunkWriter:
         ]
         return self.sse(first, prompt_token_ids=self.prompt)
 
+    @property
+    def buffered(self) -> bool:
+        """Text deltas wait for the end: a call, or a harmony channel, needs the whole reply."""
+        return self.parse_tools or self.tokens.harmony
+
     def sampled(self, sampled: SampledTokens) -> Iterator[str]:
         text = self.texts[sampled.index]
         for k, token_id in enumerate(sampled.token_ids):
-            delta = "" if self.parse_tools else text.add(token_id)
+            delta = "" if self.buffered else text.add(token_id)
             yield self.sse(
                 [
                     {
@@ -293,12 +326,15 @@ class ChunkWriter:
 
     def finish(self, completions: list[Completion], usage: dict[str, int]) -> Iterator[str]:
         for i, c in enumerate(completions):
-            content, calls = split_completion(c.text, self.parse_tools)
+            content, reasoning, calls = split_reply(self.tokens, c, self.parse_tools)
+            deltas: list[dict[str, Any]] = [reasoning_fields(reasoning)] if reasoning is not None else []
             if calls:
-                deltas = stream_deltas(content, calls)
+                deltas += stream_deltas(content, calls)
+            elif self.tokens.harmony:
+                deltas += [{"content": content}] if content else []
             else:
                 rest = c.text if self.parse_tools else self.texts[i].rest(c.text)
-                deltas = [{"content": rest}] if rest else []
+                deltas += [{"content": rest}] if rest else []
             for delta in deltas:
                 yield self.sse([{"index": i, "delta": delta, "logprobs": None, "finish_reason": None}])
             finish = "tool_calls" if calls else c.finish_reason

