@@ -175,3 +175,25 @@ async def test_full_fine_tuning_of_a_mixture_of_experts_model(tokenizer, tmp_pat
         assert (await greedy(service, "m")).step == 1
     finally:
         await backend.close()
+
+
+async def test_an_unmerged_expert_lora_serves_what_the_trainer_computes(tokenizer, tmp_path):
+    """merge_lora=False: live batches run peft's expert LoRA in the forward pass (CUDA's default)."""
+    path = families.save_tiny("qwen3_moe", tmp_path / "moe", tokenizer)
+    backend = art.LocalBackend(path=str(tmp_path / "art"))
+    model = art.TrainableModel(name="m", project="p", base_model=str(path),
+                               _internal_config={"engine_args": {"merge_lora": False}})
+    await model.register(backend)
+    try:
+        service = backend.service.loaded(("p", "m"))
+        await train_step(backend, model, 0)
+        assert not service.engine.adapters.merge_live  # the expert LoRA runs inside the forward pass
+        served = await served_batch(service, [service.resolve("m").adapter])
+        with service.engine.paused():
+            worst = max(
+                max(abs(a - b) for a, b in zip(c.logprobs, forward_logprobs(service, ref, prompt, c.token_ids)))
+                for prompt, ref, c in served
+            )
+        assert worst < 1e-4, worst
+    finally:
+        await backend.close()

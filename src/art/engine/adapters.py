@@ -29,12 +29,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
+import torch
+
 from art.engine.base import AdapterRef
 from art.errors import ModelNotFoundError
 from art.weights import is_peft
 
 if TYPE_CHECKING:
-    import torch
     from peft.tuners.lora import LoraLayer
 
 LIVE = "default"
@@ -45,8 +46,8 @@ class AdapterSet:
     def __init__(self, model, *, live_step: int = 0, max_loaded: int = 4, merge_live: bool = True) -> None:
         self.model = model
         self.merge_live = merge_live and is_peft(model)
-        # (LoRA layer, its original weight); torch types a submodule's attribute as tensor or module.
-        self._merged: list[tuple[LoraLayer, torch.Tensor | torch.nn.Module]] | None = None
+        # (LoRA layer, its original weight)
+        self._merged: list[tuple[LoraLayer, torch.Tensor]] | None = None
         self.live_step = live_step
         """The training step whose weights the live adapter holds."""
         self.max_loaded = max_loaded
@@ -230,12 +231,14 @@ class AdapterSet:
                     self.model.delete_adapter(name)
 
 
-def adapted_weight(layer: LoraLayer) -> torch.nn.Parameter:
+def adapted_weight(layer: LoraLayer) -> torch.Tensor:
     """The base tensor a LoRA layer adapts: a linear layer's weight, or the expert parameter a
     peft `ParamWrapper` targets (e.g. `experts.gate_up_proj`, [experts, out, in])."""
-    if isinstance(layer, _param_wrapper()):
-        return layer.get_param()
-    return layer.get_base_layer().weight
+    from peft.tuners.lora.layer import ParamWrapper
+
+    weight = layer.get_param() if isinstance(layer, ParamWrapper) else layer.get_base_layer().weight
+    assert isinstance(weight, torch.Tensor)
+    return weight
 
 
 def _param_wrapper() -> type:

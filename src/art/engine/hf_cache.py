@@ -79,7 +79,7 @@ def new_cache(config) -> DynamicCache:
     cache = DynamicCache(config=config)
     cache.layers = [
         layer if isinstance(layer, (LinearAttentionLayer, DummyLayer)) else GrowingLayer() for layer in cache.layers
-    ]  # type: ignore[misc]  # transformers types the list by its layer base classes
+    ]
     return cache
 
 
@@ -89,14 +89,9 @@ def read(cache: DynamicCache) -> list[LayerRows]:
     for layer in cache.layers:
         if isinstance(layer, LinearAttentionLayer):
             states = range(layer.number_of_states)
-            parts.append(
-                LayerRows(
-                    conv={i: layer.conv_states[i] for i in states if layer.is_conv_states_initialized[i]},
-                    recurrent={
-                        i: layer.recurrent_states[i] for i in states if layer.is_recurrent_states_initialized[i]
-                    },
-                )
-            )
+            conv = {i: t for i in states if (t := layer.conv_states[i]) is not None}
+            recurrent = {i: t for i in states if (t := layer.recurrent_states[i]) is not None}
+            parts.append(LayerRows(conv=conv, recurrent=recurrent))
         elif isinstance(layer, DynamicLayer) and layer.is_initialized and layer.keys is not None:
             parts.append(LayerRows(layer.keys, layer.values))
         else:
@@ -119,7 +114,7 @@ def write(cache: DynamicCache, parts: list[LayerRows], width: int) -> None:
 
 def _set_states(layer: LinearAttentionLayer, part: LayerRows, width: int) -> None:
     first = next(iter({**part.conv, **part.recurrent}.values()))
-    layer.device, layer.dtype = first.device, first.dtype
+    layer.device, layer.dtype = first.device, first.dtype  # type: ignore[assignment]  # typed None until set
     for i, state in part.conv.items():
         layer.conv_states[i] = state.contiguous()
         layer.conv_kernel_size[i] = state.shape[-1]

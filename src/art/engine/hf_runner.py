@@ -176,17 +176,17 @@ class HFRunner(Runner[StagedRows]):
         return logits, StagedRows(read(cache), mask)
 
     def _prefix_rows(self, prefixes: list[tuple[int, PrefixKV | None]], used: list[int], width: int) -> list[LayerRows]:
-        """Each layer's cached prefixes as rows [prompts, heads, width, dim], left-padded."""
+        """Each layer's cached prefixes as rows [prompts, heads, width, dim], left-padded (a
+        prompt without one: all padding, shaped like the others: MLA's keys and values differ)."""
+        keys, values = next(kv for (_, kv), n in zip(prefixes, used) if kv is not None and n)
         parts = []
-        heads, dim = kv_heads_and_dim(self.model_config)
-        dtype = next(self.model.parameters()).dtype
-        for layer in range(self.model_config.num_hidden_layers):
+        for layer in range(keys.shape[0]):
             ks, vs = [], []
             for (_, kv), n in zip(prefixes, used):
                 if kv is not None and n:
                     k, v = kv[0][layer, None, :, :n], kv[1][layer, None, :, :n]
-                else:  # no cached prefix: all padding
-                    k = v = torch.zeros(1, heads, 0, dim, dtype=dtype, device=self.device)
+                else:
+                    k, v = keys[layer, None, :, :0], values[layer, None, :, :0]
                 ks.append(pad_left(k, width))
                 vs.append(pad_left(v, width))
             parts.append(LayerRows(torch.cat(ks), torch.cat(vs)))
