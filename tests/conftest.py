@@ -28,6 +28,7 @@ LONGEST_FIRST = (
     "tests/server/test_schemathesis.py",
     "tests/training/test_ranks.py",
     "tests/e2e/test_pipeline.py",
+    "tests/service/test_model_support.py",
 )
 """The files that take longest (about a minute or more each, from the suite's --durations): run
 first, so the two workers (pytest-xdist hands out whole files in this order) end together rather

@@ -114,7 +114,8 @@ class EngineArgs(TypedDict, total=False):
     max_loras: int
     """Checkpoint adapters (`name@step`) kept loaded. Default 4."""
     merge_lora: bool | None
-    """Serve live-adapter batches on merged weights. Default None: on the CPU yes, on CUDA no."""
+    """Serve live-adapter batches on merged weights. Default None: on the CPU yes, on CUDA no
+    (models served through transformers' forward: yes, unless False)."""
     pad_batches: bool | None
     """Pad decode batches to bucket sizes. Default None: on CUDA (one CUDA graph per bucket)."""
 

@@ -58,7 +58,9 @@ class AdapterSet:
         self.frozen = False
         """A training step runs beside the engine: peft's module tree must not change (no
         checkpoint adapter is loaded or deleted) until it ends."""
-        self.mixes_in_one_pass = not any(isinstance(m, _param_wrapper()) for m in model.modules())
+        from peft.tuners.lora.layer import ParamWrapper
+
+        self.mixes_in_one_pass = not any(isinstance(m, ParamWrapper) for m in model.modules())
         """Whether one forward pass may give its rows different adapters (peft's `adapter_names`):
         not with LoRA on expert parameters."""
 
@@ -203,15 +205,14 @@ class AdapterSet:
 
     def _checkpoint_tensors(self, path) -> dict[str, torch.Tensor]:
         """A checkpoint's adapter tensors by the live adapter's parameter names, on its device."""
-        import torch
-
         from art.weights import read_adapter
 
         live = {n: p for n, p in self.model.named_parameters() if "lora_" in n and f".{LIVE}." in n}
         by_saved_name = {n.replace(f".{LIVE}.", ".", 1): n for n in live}
         saved = read_adapter(path)
-        if set(saved) != set(by_saved_name):
-            odd = sorted(set(saved) ^ set(by_saved_name))[:3]
+        odd = sorted(set(saved) ^ set(by_saved_name))[:3]
+        odd += [k for k, t in saved.items() if k in by_saved_name and t.shape != live[by_saved_name[k]].shape][:3]
+        if odd:
             raise ModelNotFoundError(f"checkpoint {path} does not match the live adapter's layout: {odd}")
         with torch.inference_mode(False):  # plain tensors: they stand in for parameters
             return {
@@ -239,9 +240,3 @@ def adapted_weight(layer: LoraLayer) -> torch.Tensor:
     weight = layer.get_param() if isinstance(layer, ParamWrapper) else layer.get_base_layer().weight
     assert isinstance(weight, torch.Tensor)
     return weight
-
-
-def _param_wrapper() -> type:
-    from peft.tuners.lora.layer import ParamWrapper
-
-    return ParamWrapper

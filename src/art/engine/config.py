@@ -117,7 +117,8 @@ class EngineConfig:
     merge_lora: bool | None = None
     """Serve live-adapter batches from weights with the LoRA merged in (a second copy of the
     adapted weights). None: on the CPU yes (packed for oneDNN: 1.4-2.3x a decode step), on CUDA
-    no (one copy of the weights; the LoRA runs inside the CUDA graph)."""
+    no (one copy of the weights; the LoRA runs inside the CUDA graph). Models served through
+    transformers' forward (`hf_runner.py`) merge unless this is False."""
     pad_batches: bool | None = None
     """Pad decode batches to a few bucket sizes (static shapes). None: on CUDA, where each bucket
     is one CUDA graph; on the CPU padding only costs time."""

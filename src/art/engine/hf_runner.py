@@ -59,6 +59,8 @@ class HFRunner(Runner[StagedRows]):
         self.max_model_len = max_model_len
         if config.on_cuda:
             self.kv_positions = self._cuda_positions(model, config)
+        if config.merge_lora is False:  # None keeps AdapterSet's merge (its copy is in the CUDA budget)
+            adapters.merge_live = False
         self.batch = RunningBatch(model.config, self.device)
         self._recurrent = has_recurrent_layers(model.config)
         self.prefill_computed_tokens = 0
