@@ -39,18 +39,18 @@ def refused(tmp_path_factory):
     config["quantization_config"] = {"quant_method": "bitsandbytes", "load_in_4bit": True}
     (quantised / "config.json").write_text(json.dumps(config))
     return {
-        # Mamba2 and attention in one layer: a cache layer the engine cannot split into rows.
-        "falcon_h1": (save_config_only("falcon_h1", root / "falcon_h1", tok), "LinearAttentionAndFullAttentionLayer"),
+        # DeepSeek-V3.2's sparse attention: an indexer cache the engine cannot split into rows.
+        "deepseek_v32": (save_config_only("deepseek_v32", root / "deepseek_v32", tok), "DynamicIndexedLayer"),
         # Only recurrent layers, no attention layer.
-        "granitemoehybrid": (save_config_only("granitemoehybrid", root / "granite_h", tok,
-                                              layer_types=["mamba", "mamba"]), "only recurrent layers"),
+        "granitemoehybrid": (save_config_only("granitemoehybrid", root / "granite_h", tok, mamba_n_heads=8,
+                                              layer_types=["linear_attention"] * 2), "only recurrent layers"),
         # Not a causal language model (an encoder-decoder).
         "t5": (save_config_only("t5", root / "t5", tok, d_model=64, num_layers=2, num_heads=4), "no causal language model"),
         "llama": (quantised, "quantised (bitsandbytes)"),
     }
 
 
-@pytest.mark.parametrize("model_type", ["falcon_h1", "granitemoehybrid", "t5", "llama"])
+@pytest.mark.parametrize("model_type", ["deepseek_v32", "granitemoehybrid", "t5", "llama"])
 async def test_register_refuses_what_we_cannot_serve(refused, model_type, tmp_path):
     path, says = refused[model_type]
     backend = art.LocalBackend(path=str(tmp_path))
@@ -65,14 +65,14 @@ async def test_register_refuses_what_we_cannot_serve(refused, model_type, tmp_pa
 
 async def test_the_register_route_answers_400_and_the_server_goes_on(refused, tmp_path):
     local = LocalService(str(tmp_path))
-    path, _ = refused["falcon_h1"]
+    path, _ = refused["deepseek_v32"]
     app = create_serve_app(local, api_key=KEY, watchdog_s=None, watchdog_train_s=None, model_roots=[path.parent])
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://testserver",
                                  headers={"Authorization": f"Bearer {KEY}"}, timeout=60) as http:
         response = await http.post("/art/models", json={"name": "h", "project": "p", "trainable": True,
                                                         "base_model": str(path)})
         assert response.status_code == 400, response.text
-        assert "falcon_h1" in response.text and "docs/models.md" in response.text
+        assert "deepseek_v32" in response.text and "docs/models.md" in response.text
         assert (await http.get("/health")).status_code == 200
     await local.close()
 

@@ -79,6 +79,25 @@ FAMILIES: dict[str, dict] = {
         "layer_types": ["linear_attention", "full_attention"],
         **LINEAR_ATTENTION,
     },
+    "granitemoehybrid": {  # Granite 4.0-H: Mamba2 layers beside attention, routed + shared experts
+        "layer_types": ["linear_attention", "full_attention"],
+        "mamba_n_heads": 8,  # x mamba_d_head = mamba_expand x hidden_size
+        "mamba_d_head": 16,
+        "mamba_d_state": 16,
+        "mamba_n_groups": 1,
+        "mamba_chunk_size": 16,
+        "num_local_experts": 4,
+        "num_experts_per_tok": 2,
+        "shared_intermediate_size": 32,
+    },
+    "falcon_h1": {  # Mamba2 and attention side by side in every layer
+        "mamba_d_ssm": 128,
+        "mamba_n_heads": 8,
+        "mamba_d_head": 16,
+        "mamba_d_state": 16,
+        "mamba_n_groups": 1,
+        "mamba_chunk_size": 16,
+    },
     "nemotron_h": {
         "layers_block_type": ["mamba", "moe", "attention", "mlp"],
         "mamba_num_heads": 4,
@@ -105,7 +124,15 @@ MOE_FAMILIES = (
     "qwen3_next",
     "nemotron_h",
 )
-HYBRID_FAMILIES = ("lfm2", "qwen3_5_moe_text", "qwen3_5_text", "qwen3_next", "nemotron_h")
+HYBRID_FAMILIES = (
+    "lfm2",
+    "qwen3_5_moe_text",
+    "qwen3_5_text",
+    "qwen3_next",
+    "granitemoehybrid",
+    "falcon_h1",
+    "nemotron_h",
+)
 """Families with recurrent layers (short convolutions, Gated DeltaNet, Mamba2)."""
 
 

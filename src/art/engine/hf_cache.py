@@ -79,23 +79,24 @@ def new_cache(config) -> DynamicCache:
     cache = DynamicCache(config=config)
     cache.layers = [
         layer if isinstance(layer, (LinearAttentionLayer, DummyLayer)) else GrowingLayer() for layer in cache.layers
-    ]
+    ]  # a layer with both a recurrent state and attention keeps transformers' class
     return cache
 
 
 def read(cache: DynamicCache) -> list[LayerRows]:
-    """Every layer's cache as rows (the tensors themselves, not copies)."""
+    """Every layer's cache as rows (the tensors themselves, not copies). A layer may hold both
+    kinds (Falcon-H1's runs Mamba2 and attention side by side)."""
     parts = []
     for layer in cache.layers:
+        part = LayerRows()
         if isinstance(layer, LinearAttentionLayer):
             states = range(layer.number_of_states)
-            conv = {i: t for i in states if (t := layer.conv_states[i]) is not None}
-            recurrent = {i: t for i in states if (t := layer.recurrent_states[i]) is not None}
-            parts.append(LayerRows(conv=conv, recurrent=recurrent))
-        elif isinstance(layer, DynamicLayer) and layer.is_initialized and layer.keys is not None:
-            parts.append(LayerRows(layer.keys, layer.values))
-        else:
-            parts.append(LayerRows())
+            part.conv = {i: t for i in states if (t := layer.conv_states[i]) is not None}
+            part.recurrent = {i: t for i in states if (t := layer.recurrent_states[i]) is not None}
+        keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
+        if isinstance(layer, DynamicLayer) and keys is not None and values is not None and keys.dim() == 4:
+            part.keys, part.values = keys, values
+        parts.append(part)
     return parts
 
 
@@ -104,12 +105,19 @@ def write(cache: DynamicCache, parts: list[LayerRows], width: int) -> None:
     for layer, part in zip(cache.layers, parts):
         if part.empty:  # a layer with no cache (a dense or MoE block in Nemotron-H), or nothing seen yet
             continue
-        if isinstance(layer, LinearAttentionLayer):
+        if part.conv or part.recurrent:
+            if not isinstance(layer, LinearAttentionLayer):
+                raise RuntimeError(f"a {type(layer).__name__} cache layer keeps no recurrent state")
             _set_states(layer, part, width)
-        elif isinstance(layer, GrowingLayer) and part.keys is not None and part.values is not None:
+        if part.keys is None or part.values is None:
+            continue
+        if isinstance(layer, GrowingLayer):
             layer.set(part.keys, part.values)
+        elif isinstance(layer, DynamicLayer):  # beside a recurrent state: transformers' own, appending by copy
+            layer.keys, layer.values = part.keys.contiguous(), part.values.contiguous()
+            layer.device, layer.is_initialized = part.keys.device, True
         else:
-            raise RuntimeError(f"cannot write {type(layer).__name__} rows")
+            raise RuntimeError(f"cannot write keys and values into a {type(layer).__name__} cache layer")
 
 
 def _set_states(layer: LinearAttentionLayer, part: LayerRows, width: int) -> None:

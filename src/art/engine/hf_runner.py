@@ -28,8 +28,8 @@ import torch.nn.functional as F
 from art.engine.adapters import AdapterSet, adapted_weight
 from art.engine.config import EngineConfig
 from art.engine.hf_cache import LayerRows, concat, new_cache, pad_left, read, write
-from art.engine.kv_cache import PrefixKV
 from art.engine.memory import kv_budget, memory_error
+from art.engine.prefix_cache import KV, StateAtEnd
 from art.engine.runner import Runner
 from art.runtime.architectures import has_recurrent_layers
 from art.weights import base_of
@@ -99,12 +99,6 @@ class HFRunner(Runner[StagedRows]):
             )
         return budget.positions
 
-    @property
-    def reuses_prefixes(self) -> bool:
-        """Whether a prompt may start from cached keys and values: not where a layer keeps a
-        recurrent state, which the keys and values of a prefix do not give."""
-        return not self._recurrent
-
     def _forward(self, ids, mask, positions, cache, adapter_names: list[str]) -> torch.Tensor:
         """Logits at the last position of each row: [rows, vocab] float32. Rows whose adapters
         cannot share a pass (LoRA on expert parameters) run in one pass per adapter."""
@@ -144,21 +138,40 @@ class HFRunner(Runner[StagedRows]):
         return out.logits[:, -1, :].float()
 
     def prefill(
-        self, prompts: list[list[int]], prefixes: list[tuple[int, PrefixKV | None]], adapter_names: list[str]
+        self, prompts: list[list[int]], prefixes: list[tuple[int, KV | None]], adapter_names: list[str]
     ) -> tuple[torch.Tensor, StagedRows]:
-        """Run several prompts, each after its cached prefix, in one forward pass.
+        """Run several prompts, each after its cached prefix: (last logits [rows, vocab], the staged prompts).
 
         Every row's tokens are contiguous and end at the last column: row i's cache holds
         [pad][prefix_i] and its input [rest_i] (or [pad][prompt_i] without a prefix), all inputs
-        equally long. A prefix is used only as far as that allows, so a row whose rest is shorter
-        than the longest recomputes part of its prefix, in columns that would otherwise be padding.
+        equally long. Keys and values serve any prefix length, so in one pass a prefix is used only
+        as far as that allows: a row whose rest is shorter than the longest recomputes part of its
+        prefix, in columns that would otherwise be padding. A recurrent state serves only its whole
+        prompt, and padding after it would move it, so rows with one go in passes by rest length.
         The mask hides the pads and positions are per row, so every row computes exactly what it
-        would alone, sliding windows included. Returns (last logits [rows, vocab], the staged prompts).
-        """
-        if not self.reuses_prefixes:
-            prefixes = [(0, None)] * len(prompts)
-        rest = max(len(p) - (min(n, len(p) - 1) if kv is not None else 0) for p, (n, kv) in zip(prompts, prefixes))
-        used = [max(0, len(p) - rest) if kv is not None else 0 for p, (_, kv) in zip(prompts, prefixes)]
+        would alone, sliding windows included."""
+        if not self._recurrent:
+            rest = max(len(p) - (min(n, len(p) - 1) if kv is not None else 0) for p, (n, kv) in zip(prompts, prefixes))
+            used = [max(0, len(p) - rest) if kv is not None else 0 for p, (_, kv) in zip(prompts, prefixes)]
+            return self._prefill_pass(prompts, used, self._kv_rows(prefixes, used), adapter_names)
+        groups: dict[int | None, list[int]] = {}
+        for i, (prompt, (n, state)) in enumerate(zip(prompts, prefixes)):
+            groups.setdefault(len(prompt) - n if isinstance(state, StateAtEnd) else None, []).append(i)
+        passes = []
+        for rest_length, rows in groups.items():
+            used = [prefixes[i][0] if rest_length is not None else 0 for i in rows]
+            cached = [state.rows for i in rows if isinstance(state := prefixes[i][1], StateAtEnd)]
+            states = [concat(list(layer)) for layer in zip(*cached)] if rest_length is not None else None
+            names = [adapter_names[i] for i in rows]
+            passes.append((rows, self._prefill_pass([prompts[i] for i in rows], used, states, names)))
+        return _joined(passes, len(prompts))
+
+    def _prefill_pass(
+        self, prompts: list[list[int]], used: list[int], prefix_rows: list[LayerRows] | None, adapter_names: list[str]
+    ) -> tuple[torch.Tensor, StagedRows]:
+        """One forward pass of `prompts`, row i after its first `used[i]` tokens' cache
+        (`prefix_rows`, left-padded to the longest), ending together at the last column."""
+        rest = max(len(p) - n for p, n in zip(prompts, used))
         width_prefix = max(used)
         rows = len(prompts)
         device = self.device
@@ -172,20 +185,26 @@ class HFRunner(Runner[StagedRows]):
             positions[i, rest - len(tail) :] = torch.arange(n, len(prompt), device=device)
             mask[i, width_prefix + rest - len(prompt) :] = 1
         cache = new_cache(self.model_config)
-        if width_prefix:
-            write(cache, self._prefix_rows(prefixes, used, width_prefix), width_prefix)
+        if width_prefix and prefix_rows is not None:
+            write(cache, prefix_rows, width_prefix)
         logits = self._forward(ids, mask, positions, cache, adapter_names)
         return logits, StagedRows(read(cache), mask)
 
-    def _prefix_rows(self, prefixes: list[tuple[int, PrefixKV | None]], used: list[int], width: int) -> list[LayerRows]:
-        """Each layer's cached prefixes as rows [prompts, heads, width, dim], left-padded (a
-        prompt without one: all padding, shaped like the others: MLA's keys and values differ)."""
-        keys, values = next(kv for (_, kv), n in zip(prefixes, used) if kv is not None and n)
+    @staticmethod
+    def _kv_rows(prefixes: list[tuple[int, KV | None]], used: list[int]) -> list[LayerRows] | None:
+        """Each layer's cached prefixes (keys and values) as rows [prompts, heads, width, dim],
+        left-padded (a prompt without one: all padding, shaped like the others: MLA's keys and
+        values differ). None when no prompt uses one."""
+        given = [(kv, n) for (_, kv), n in zip(prefixes, used) if isinstance(kv, tuple) and n]
+        if not given:
+            return None
+        (keys, values), _ = given[0]
+        width = max(used)
         parts = []
         for layer in range(keys.shape[0]):
             ks, vs = [], []
             for (_, kv), n in zip(prefixes, used):
-                if kv is not None and n:
+                if isinstance(kv, tuple) and n:
                     k, v = kv[0][layer, None, :, :n], kv[1][layer, None, :, :n]
                 else:
                     k, v = keys[layer, None, :, :0], values[layer, None, :, :0]
@@ -194,12 +213,22 @@ class HFRunner(Runner[StagedRows]):
             parts.append(LayerRows(torch.cat(ks), torch.cat(vs)))
         return parts
 
-    def prompt_kv(self, staged: StagedRows, index: int) -> PrefixKV:
-        columns = staged.mask[index].nonzero().squeeze(1)  # this prompt's kv without padding
+    @property
+    def prefixes_whole(self) -> bool:
+        """A cached prompt serves only as a whole (its recurrent state is the one its end left)."""
+        return self._recurrent
+
+    def prompt_kv(self, staged: StagedRows, index: int) -> KV:
+        """Staged prompt `index`'s cache without its padding: keys and values, or on a model with
+        recurrent layers every layer's part of that row (`StateAtEnd`)."""
+        columns = staged.mask[index].nonzero().squeeze(1)
+        one = torch.tensor([index], device=self.device)
+        if self._recurrent:
+            return StateAtEnd([_drop_columns(part.select(one), columns) for part in staged.parts])
         keys = [part.keys for part in staged.parts]
         values = [part.values for part in staged.parts]
         if any(k is None for k in keys) or any(v is None for v in values):
-            raise RuntimeError("only a model whose every layer keeps keys and values caches prefixes")
+            raise RuntimeError("a layer keeps no keys and values: its prefix is a StateAtEnd")
         return (
             torch.stack([k[index][:, columns] for k in keys if k is not None]),
             torch.stack([v[index][:, columns] for v in values if v is not None]),
@@ -260,9 +289,7 @@ class RunningBatch:
         width = max(self.mask.shape[1], mask.shape[1])
         if self.rows:
             parts = [concat([old, new]) for old, new in zip(read(self.cache), parts)]
-            mask = torch.cat(
-                [F.pad(self.mask, (width - self.mask.shape[1], 0)), F.pad(mask, (width - mask.shape[1], 0))]
-            )
+            mask = torch.cat([_pad_mask(self.mask, width), _pad_mask(mask, width)])
         write(self.cache, parts, width)
         self.mask = mask
         self.rows = mask.shape[0]
@@ -287,13 +314,34 @@ class RunningBatch:
 
 
 def _pad_mask(mask: torch.Tensor, width: int) -> torch.Tensor:
+    """A padding mask [rows, tokens] left-padded with zeros to `width` columns."""
     return F.pad(mask, (width - mask.shape[1], 0))
 
 
-def _drop_columns(part: LayerRows, first: int) -> LayerRows:
-    if part.keys is None or part.values is None or not first:
+def _drop_columns(part: LayerRows, keep: int | torch.Tensor) -> LayerRows:
+    """Keys and values from column `keep` on (or at the columns it lists); states as they are."""
+    if part.keys is None or part.values is None or (isinstance(keep, int) and not keep):
         return part
-    return LayerRows(part.keys[:, :, first:], part.values[:, :, first:], part.conv, part.recurrent)
+    columns = slice(keep, None) if isinstance(keep, int) else keep
+    return LayerRows(part.keys[:, :, columns], part.values[:, :, columns], part.conv, part.recurrent)
+
+
+def _joined(
+    passes: list[tuple[list[int], tuple[torch.Tensor, StagedRows]]], rows: int
+) -> tuple[torch.Tensor, StagedRows]:
+    """Prefill passes over subsets of the prompts (`passes`: row indices, their result) as one:
+    logits and staged rows in the prompts' order, masks left-padded to the widest."""
+    if len(passes) == 1 and passes[0][0] == list(range(rows)):
+        return passes[0][1]
+    order = [i for indices, _ in passes for i in indices]
+    inverse = torch.argsort(torch.tensor(order))
+    width = max(staged.mask.shape[1] for _, (_, staged) in passes)
+    logits = torch.cat([out for _, (out, _) in passes])[inverse.to(passes[0][1][0].device)]
+    mask = torch.cat([_pad_mask(staged.mask, width) for _, (_, staged) in passes])
+    layers = zip(*(staged.parts for _, (_, staged) in passes))
+    device = mask.device
+    parts = [concat(list(layer)).select(inverse.to(device)) for layer in layers]
+    return logits, StagedRows(parts, mask[inverse.to(device)])
 
 
 def kv_heads_and_dim(config) -> tuple[int, int]:

@@ -97,7 +97,7 @@ class LLMEngine(ManagedEngine):
             row_width=self.runner.row_width,
             max_model_len=self.max_model_len,
         )
-        self.prefix_cache = PrefixCache(config.prefix_cache_tokens if self.runner.reuses_prefixes else 0)
+        self.prefix_cache = PrefixCache(config.prefix_cache_tokens)
         self.rows: list[Sample] = []
         """The running samples; row i is row i of the runner's batch."""
         self.stopping = StopChecker(model, tokenizer, self.max_model_len)
@@ -468,8 +468,12 @@ class LLMEngine(ManagedEngine):
             cached = self.prefix_cache.longest(weights, common)
             if len(common) - cached[0] < 16 or len(common) > self.prefix_cache.max_tokens:
                 continue
+            if self.runner.prefixes_whole:  # a state at the end of the common prefix itself
+                _, staged = self.runner.prefill([common], [cached], [group[0].adapter_name])
+                self.prefix_cache.put(weights, common, self.runner.prompt_kv(staged, 0))
+                continue
             _, staged = self.runner.prefill([common + [0]], [cached], [group[0].adapter_name])
-            keys, values = self.runner.prompt_kv(staged, 0)
+            keys, values = self.runner.prompt_kv(staged, 0)  # type: ignore[misc]  # keys and values: any prefix serves
             self.prefix_cache.put(weights, common, (keys[:, :, : len(common)], values[:, :, : len(common)]))
 
     def _decode(self) -> list[Sample]:

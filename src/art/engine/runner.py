@@ -13,7 +13,7 @@ from typing import Protocol, TypeVar
 
 import torch
 
-from art.engine.kv_cache import PrefixKV
+from art.engine.prefix_cache import KV
 
 StagedT = TypeVar("StagedT")
 """The prompts a runner's prefill computed, in that runner's form."""
@@ -39,9 +39,9 @@ class Runner(Protocol[StagedT]):
         ...
 
     @property
-    def reuses_prefixes(self) -> bool:
-        """Whether a prompt may start from a cached prefix's keys and values (`prefill`'s
-        `prefixes`); a model with recurrent layers needs their state too, which a prefix lacks."""
+    def prefixes_whole(self) -> bool:
+        """Whether a cached prompt (`prompt_kv`) serves only a prompt that continues the whole of
+        it (a recurrent state is the one its end left: `prefix_cache.StateAtEnd`), not any prefix."""
         ...
 
     @property
@@ -50,12 +50,12 @@ class Runner(Protocol[StagedT]):
         ...
 
     def prefill(
-        self, prompts: list[list[int]], prefixes: list[tuple[int, PrefixKV | None]], adapter_names: list[str]
+        self, prompts: list[list[int]], prefixes: list[tuple[int, KV | None]], adapter_names: list[str]
     ) -> tuple[torch.Tensor, StagedT]:
         """Run each prompt after its cached prefix: (last logits [prompts, vocab], the staged prompts)."""
         ...
 
-    def prompt_kv(self, staged: StagedT, index: int) -> PrefixKV:
+    def prompt_kv(self, staged: StagedT, index: int) -> KV:
         """Staged prompt `index`'s keys and values, for the prefix cache."""
         ...
 

@@ -30,6 +30,7 @@ from art.engine.cuda_graphs import DecodeGraphs
 from art.engine.decoder import Decoder
 from art.engine.kv_cache import KVCache, PrefixKV
 from art.engine.memory import kv_budget, memory_error
+from art.engine.prefix_cache import KV
 from art.engine.runner import Runner
 from art.engine.served_weights import ServedWeights
 
@@ -108,7 +109,7 @@ class StaticRunner(Runner[StagedWorkspace]):
 
     # -- prefill ------------------------------------------------------------------------------
     def prefill(
-        self, prompts: list[list[int]], prefixes: list[tuple[int, PrefixKV | None]], adapter_names: list[str]
+        self, prompts: list[list[int]], prefixes: list[tuple[int, KV | None]], adapter_names: list[str]
     ) -> tuple[torch.Tensor, StagedWorkspace]:
         """Run prompts (row i after its cached prefix): (logits [prompts, vocab], staged).
 
@@ -123,7 +124,7 @@ class StaticRunner(Runner[StagedWorkspace]):
         rows, tokens, offset = len(prompts), max(map(len, rests)), max(used)
         workspace = self.decoder.kv_cache(max_rows=rows, max_tokens=offset + tokens, growable=False)
         for i, ((_, kv), n) in enumerate(zip(prefixes, used)):
-            if kv is not None and n:
+            if isinstance(kv, tuple) and n:  # keys and values: this decoder's layers keep nothing else
                 workspace.load_prefix(i, kv, n)
         ids = torch.tensor([rest + [0] * (tokens - len(rest)) for rest in rests], device=self.device)
         positions = torch.tensor(used, device=self.device)[:, None] + torch.arange(tokens, device=self.device)
@@ -207,8 +208,8 @@ class StaticRunner(Runner[StagedWorkspace]):
         if not self.lengths:
             self.cache.release()
 
-    reuses_prefixes = True
-    """Every layer of the decoder's families keeps keys and values only."""
+    prefixes_whole = False
+    """Every layer of the decoder's families keeps keys and values only: any prefix serves."""
 
     serves_while_training = True
     """The decoder reads the live adapter through `ServedWeights`' published copies, never the

@@ -38,21 +38,35 @@ def expert_parameters(model) -> list[str]:
 
 
 def lora_targets(model, lora: dict) -> dict:
-    """`lora` (peft LoraConfig arguments) made explicit for a mixture-of-experts model: LoRA on the
-    routed experts unless the caller chose `target_parameters` ([] turns it off), and
-    `target_modules` (attention, dense MLPs, shared experts: plain linear layers) spelled as the
-    full names of the linear layers they match. Left as leaf names, peft 0.22 reads "gate_proj"
-    or "down_proj" the transformers-4 way on some families (Qwen2/3-MoE, OLMoE, GLM-4.5) and adds
-    the fused experts to the targets, whatever `target_parameters` says."""
+    """`lora` (peft LoraConfig arguments) made explicit where the model needs it. A mixture-of-
+    experts model gets LoRA on its routed experts unless the caller chose `target_parameters`
+    ([] turns it off), and `target_modules` (plain linear layers: attention, dense MLPs, shared
+    experts) spelled as the full names of the layers they match: left as leaf names, peft 0.22
+    reads "gate_proj" or "down_proj" the transformers-4 way on some families (Qwen2/3-MoE, OLMoE,
+    GLM-4.5) and adds the fused experts whatever `target_parameters` says. A Mamba2 mixer's
+    `out_proj` is never a target: its fused CUDA kernel reads the weight itself, past any LoRA
+    (peft refuses it outright on Falcon-H1 and Nemotron-H)."""
     experts = expert_parameters(model)
-    if not experts:
+    skipped = mamba_output_projections(model)
+    if not experts and not skipped:
         return lora
     out = dict(lora)
-    out.setdefault("target_parameters", experts)
+    if experts:
+        out.setdefault("target_parameters", experts)
     names = out.get("target_modules")
     if isinstance(names, (list, tuple, set)):
-        out["target_modules"] = _linear_layers(model, set(names)) or None
+        out["target_modules"] = [n for n in _linear_layers(model, set(names)) if n not in skipped] or None
     return out
+
+
+def mamba_output_projections(model) -> set[str]:
+    """Full names of the Mamba2 mixers' output projections (a mixer: `A_log`, `D` and `out_proj`;
+    Gated DeltaNet has no `D` and calls its `out_proj` as a layer)."""
+    return {
+        f"{name}.out_proj"
+        for name, module in model.named_modules()
+        if all(hasattr(module, a) for a in ("A_log", "D", "out_proj"))
+    }
 
 
 V4_EXPERT_NAMES = frozenset({"gate_proj", "up_proj", "down_proj", "w1", "w2", "w3"})
@@ -83,7 +97,13 @@ def support_problem(config) -> str | None:
     """Why we cannot serve and train a model of this config (None: we can). Covers what fails
     only later otherwise: quantised checkpoints and cache layouts the engine cannot batch."""
     from transformers import DynamicCache
-    from transformers.cache_utils import DummyLayer, DynamicLayer, DynamicSlidingWindowLayer, LinearAttentionLayer
+    from transformers.cache_utils import (
+        DummyLayer,
+        DynamicLayer,
+        DynamicSlidingWindowLayer,
+        LinearAttentionAndFullAttentionLayer,
+        LinearAttentionLayer,
+    )
 
     model_type = getattr(config, "model_type", "?")
     quantization = getattr(config, "quantization_config", None)
@@ -98,7 +118,13 @@ def support_problem(config) -> str | None:
 
     if type(config) not in MODEL_FOR_CAUSAL_LM_MAPPING:
         return f"model_type {model_type!r} has no causal language model in transformers (AutoModelForCausalLM)"
-    served = (DynamicLayer, DynamicSlidingWindowLayer, LinearAttentionLayer, DummyLayer)
+    served = (
+        DynamicLayer,
+        DynamicSlidingWindowLayer,
+        LinearAttentionAndFullAttentionLayer,
+        LinearAttentionLayer,
+        DummyLayer,
+    )
     layers = DynamicCache(config=config).layers
     for index, layer in enumerate(layers):
         if type(layer) not in served:
@@ -106,7 +132,7 @@ def support_problem(config) -> str | None:
                 f"model_type {model_type!r}: layer {index} keeps a {type(layer).__name__} cache, "
                 "which the engine cannot split into rows"
             )
-    if not any(type(layer) in served[:2] for layer in layers):
+    if not any(type(layer) in served[:3] for layer in layers):
         return (
             f"model_type {model_type!r} has only recurrent layers, no attention layer: the engine cannot serve it yet"
         )

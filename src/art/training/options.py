@@ -15,8 +15,16 @@ LORA_DEFAULTS = {
     "r": 8,
     "lora_alpha": 16,
     "lora_dropout": 0.0,
-    "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+    "target_modules": [
+        *("q_proj", "k_proj", "v_proj", "o_proj"),  # attention
+        *("gate_proj", "up_proj", "down_proj"),  # MLPs and shared experts
+        *("in_proj_qkv", "in_proj_z", "in_proj_qkvz"),  # Gated DeltaNet's (Qwen3.5, Qwen3-Next) input projections
+        *("in_proj", "out_proj"),  # Mamba2's and short convolutions' (Granite 4.0-H, Falcon-H1, Nemotron-H, LFM2)
+        *("w1", "w2", "w3", "input_linear", "output_linear"),  # LFM2's MLP, Granite 4.0-H's shared expert
+    ],
 }
+"""A name a model lacks matches nothing; the routed experts of a mixture-of-experts model are added
+as peft `target_parameters` when the model is loaded (`art.runtime.architectures.lora_targets`)."""
 ADAMW_BETAS = (0.9, 0.99)
 ADAMW_WEIGHT_DECAY = 0.1
 PACKING_MODES = ("shared_prefix", "packed", "padded")  # see art.training.packing
