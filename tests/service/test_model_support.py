@@ -197,3 +197,28 @@ async def test_an_unmerged_expert_lora_serves_what_the_trainer_computes(tokenize
         assert worst < 1e-4, worst
     finally:
         await backend.close()
+
+
+@pytest.mark.parametrize("model_type", ["qwen3_5_text", "falcon_h1"])
+async def test_full_fine_tuning_of_a_hybrid_model(model_type, tokenizer, tmp_path):
+    """Every weight trains, recurrent layers included, and the probe passes on what is served."""
+    path = families.save_tiny(model_type, tmp_path / model_type, tokenizer)
+    backend = art.LocalBackend(path=str(tmp_path / "art"))
+    model = art.TrainableModel(name="m", project="p", base_model=str(path), _internal_config={"full_finetune": True})
+    await model.register(backend)
+    try:
+        service = backend.service.loaded(("p", "m"))
+        recurrent = {n: p.detach().clone() for n, p in service.model.named_parameters()
+                     if ".linear_attn." in n or ".mamba." in n}
+        assert recurrent
+        await train_step(backend, model, 0)  # asserts the probe
+        assert any(not torch.equal(p, recurrent[n]) for n, p in service.model.named_parameters() if n in recurrent)
+        served = await served_batch(service, [service.resolve("m").adapter])
+        with service.engine.paused():
+            worst = max(
+                max(abs(a - b) for a, b in zip(c.logprobs, forward_logprobs(service, ref, prompt, c.token_ids)))
+                for prompt, ref, c in served
+            )
+        assert worst < 1e-4, worst
+    finally:
+        await backend.close()
