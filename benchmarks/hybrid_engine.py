@@ -13,6 +13,8 @@ Systems, in this one process on the same weights: `ours` (`LLMEngine`, engine le
 at once) and `hf` (`model.generate` on one left-padded batch, num_return_sequences=n).
 Rounds alternate the systems; the best round counts. Memory per sequence: the cache one row holds
 after a prompt of `--long` tokens (recurrent states, keys and values), read from the runner's cache.
+Decode step: ms of one step of 8 rows through the runner after 64 and after `--long` tokens of
+context (median of 16 steps): a Gated DeltaNet layer's step costs the same at both.
 Prints a table, then one JSON line. Dated runs: benchmarks/results/*-hybrid_engine.md.
 """
 
@@ -98,6 +100,23 @@ def row_bytes(engine: LLMEngine, length: int) -> int:
     return total
 
 
+def decode_ms(engine: LLMEngine, context: int, rows: int = 8, steps: int = 16) -> float:
+    """Median ms of one decode step of `rows` rows after `context` tokens, through the engine's runner."""
+    runner = engine.runner
+    names = ["__base__"] * rows
+    times = []
+    with engine.lock, torch.inference_mode():
+        _, staged = runner.prefill([list(range(1000, 1000 + context))], [(0, None)], names[:1])
+        runner.add(staged, [0] * rows)
+        runner.decode([5] * rows, [context] * rows, names)  # warm-up
+        for k in range(steps):
+            start = time.perf_counter()
+            runner.decode([5] * rows, [context + 1 + k] * rows, names)
+            times.append((time.perf_counter() - start) * 1000)
+        runner.clear()
+    return sorted(times)[steps // 2]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--layers", type=int, default=8)
@@ -107,6 +126,7 @@ def main() -> None:
     args = parser.parse_args()
     best: dict[str, float] = {}
     memory: dict[str, int] = {}
+    steps: dict[str, float] = {}
     params: dict[str, float] = {}
     for kind in ("hybrid", "dense"):
         model, tok = build(Path(tempfile.mkdtemp()), args, hybrid=kind == "hybrid")
@@ -114,6 +134,8 @@ def main() -> None:
         engine = LLMEngine(model, tok, max_num_seqs=32, prefix_cache_tokens=0)
         ours(engine, [[1, 2, 3]], 1, 2)  # warm-up
         memory[kind] = row_bytes(engine, args.long)
+        for context in (64, args.long):
+            steps[f"{kind}/{context}"] = decode_ms(engine, context)
         for _ in range(args.rounds):
             for shape, (prompts, n, max_tokens) in loads(tok, args).items():
                 for system in ("ours", "hf"):
@@ -133,6 +155,10 @@ def main() -> None:
     print(table(["model", "shape", "ours tok/s", "hf tok/s", "x hf"], rows))
     print(f"cache per sequence after {args.long} tokens: hybrid {memory['hybrid'] / 2**20:.1f} MiB, "
           f"dense {memory['dense'] / 2**20:.1f} MiB ({ratio(memory['hybrid'], memory['dense'])}x)")
+    growth = {kind: ratio(steps[f"{kind}/{args.long}"], steps[f"{kind}/64"]) for kind in ("hybrid", "dense")}
+    for kind in ("hybrid", "dense"):
+        print(f"decode step, 8 rows, {kind}: {steps[f'{kind}/64']:.1f} ms after 64 tokens, "
+              f"{steps[f'{kind}/{args.long}']:.1f} ms after {args.long} ({growth[kind]}x)")
     print(json.dumps({
         "benchmark": "hybrid_engine",
         "settings": vars(args),
@@ -142,6 +168,7 @@ def main() -> None:
         "long_vs_grpo_tok_s": {kind: ratio(best[f"{kind}/long/ours"], best[f"{kind}/grpo/ours"])
                                for kind in ("hybrid", "dense")},
         "cache_bytes_per_sequence": memory,
+        "decode_step_ms": {k: round(v, 2) for k, v in steps.items()},
         **environment(),
     }))
 
