@@ -42,7 +42,7 @@ def plain_logprobs(model, prompt: list[int], completion: list[int]) -> list[floa
     return torch.log_softmax(logits, -1).gather(1, torch.tensor(completion)[:, None])[:, 0].tolist()
 
 
-@pytest.mark.parametrize("model_type", ["gemma3_text", "deepseek_v3", "qwen3_5_moe_text"])
+@pytest.mark.parametrize("model_type", ["gemma3_text", "deepseek_v3", "qwen3_5_moe_text", "falcon_h1", "nemotron_h"])
 async def test_prefixes_joins_and_samples_match_a_plain_forward(model_type, tmp_path):
     model, engine = served(model_type, tmp_path)
     try:

@@ -63,6 +63,7 @@ def forward_logprobs(service, ref, prompt: list[int], completion: list[int]) -> 
 async def train_step(backend, model, step: int) -> dict:
     """One LoRA step on four chat rollouts with rewards that differ (so it really trains)."""
     trajectories = [await rollout(model, 10 * step + seed) for seed in range(4)]
+    assert {t.messages_and_choices[-1].step for t in trajectories} == {step}  # sampled by the step before
     for rank, trajectory in enumerate(trajectories):
         trajectory.reward = float(rank)
     result = await backend.train(model, [art.TrajectoryGroup(trajectories)], learning_rate=0.05)
