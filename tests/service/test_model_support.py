@@ -60,6 +60,15 @@ def forward_logprobs(service, ref, prompt: list[int], completion: list[int]) -> 
         adapters.release(name)
 
 
+def worst_difference(service, served) -> float:
+    """The largest gap between a served logprob and the plain forward pass's over the same ids."""
+    with service.engine.paused():
+        return max(
+            max(abs(a - b) for a, b in zip(c.logprobs, forward_logprobs(service, ref, prompt, c.token_ids)))
+            for prompt, ref, c in served
+        )
+
+
 async def train_step(backend, model, step: int) -> dict:
     """One LoRA step on four chat rollouts with rewards that differ (so it really trains)."""
     trajectories = [await rollout(model, 10 * step + seed) for seed in range(4)]
@@ -109,11 +118,7 @@ async def test_family_serves_and_trains(model_type, tokenizer, tmp_path):
         # forward pass's over the same ids.
         refs = [service.resolve(m).adapter for m in (str(path), "m", "m@1")]
         served = await served_batch(service, refs)
-        with service.engine.paused():
-            worst = max(
-                max(abs(a - b) for a, b in zip(c.logprobs, forward_logprobs(service, ref, prompt, c.token_ids)))
-                for prompt, ref, c in served
-            )
+        worst = worst_difference(service, served)
         assert worst < 1e-4, worst
         assert {c.step for _, _, c in served} == {None, 1, 2}
         step2 = await greedy(service, "m")
@@ -190,11 +195,7 @@ async def test_an_unmerged_expert_lora_serves_what_the_trainer_computes(tokenize
         await train_step(backend, model, 0)
         assert not service.engine.adapters.merge_live  # the expert LoRA runs inside the forward pass
         served = await served_batch(service, [service.resolve("m").adapter])
-        with service.engine.paused():
-            worst = max(
-                max(abs(a - b) for a, b in zip(c.logprobs, forward_logprobs(service, ref, prompt, c.token_ids)))
-                for prompt, ref, c in served
-            )
+        worst = worst_difference(service, served)
         assert worst < 1e-4, worst
     finally:
         await backend.close()
@@ -215,11 +216,7 @@ async def test_full_fine_tuning_of_a_hybrid_model(model_type, tokenizer, tmp_pat
         await train_step(backend, model, 0)  # asserts the probe
         assert any(not torch.equal(p, recurrent[n]) for n, p in service.model.named_parameters() if n in recurrent)
         served = await served_batch(service, [service.resolve("m").adapter])
-        with service.engine.paused():
-            worst = max(
-                max(abs(a - b) for a, b in zip(c.logprobs, forward_logprobs(service, ref, prompt, c.token_ids)))
-                for prompt, ref, c in served
-            )
+        worst = worst_difference(service, served)
         assert worst < 1e-4, worst
     finally:
         await backend.close()
