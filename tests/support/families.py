@@ -113,6 +113,9 @@ FAMILIES: dict[str, dict] = {
 }
 """model_type -> the config overrides of its tiny model (beside `base_config`'s)."""
 
+ROUTER_SCALE = 20.0
+"""How much sharper than transformers' initialisation the tiny models' routers are."""
+
 MOE_FAMILIES = (
     "qwen3_moe",
     "qwen3_5_moe_text",
@@ -174,10 +177,14 @@ def save_tiny(model_type: str, out: Path, tok=None, layers: int | None = None, s
     tok = tok if tok is not None else tokenizer()
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config(model_type, tok, layers, **extra), dtype=torch.float32)
-    with torch.no_grad():  # sharper attention and routing, so a wrong mask, position or expert shows
+    with torch.no_grad():  # sharper attention, so a wrong mask or position shows
         for name, param in model.named_parameters():
             if name.endswith(("q_proj.weight", "k_proj.weight")):
                 param.mul_(4)
+            if name.endswith(".gate.weight") or (".router." in name and name.endswith("weight")):
+                # Routers far from ties: float noise between a batch and a single row (1e-6) must
+                # not pick another expert, which would move a logprob by far more than 1e-4.
+                param.mul_(ROUTER_SCALE)
     model.save_pretrained(out)
     tok.save_pretrained(out)
     return out
