@@ -329,19 +329,18 @@ def _drop_columns(part: LayerRows, keep: int | torch.Tensor) -> LayerRows:
 def _joined(
     passes: list[tuple[list[int], tuple[torch.Tensor, StagedRows]]], rows: int
 ) -> tuple[torch.Tensor, StagedRows]:
-    """Prefill passes over subsets of the prompts (`passes`: row indices, their result) as one:
-    logits and staged rows in the prompts' order, masks left-padded to the widest."""
+    """Prefill passes over subsets of the prompts (`passes`: row indices, their (logits, staged
+    rows)) as one: in the prompts' order, masks left-padded to the widest."""
     if len(passes) == 1 and passes[0][0] == list(range(rows)):
         return passes[0][1]
-    order = [i for indices, _ in passes for i in indices]
-    inverse = torch.argsort(torch.tensor(order))
+    first_mask = passes[0][1][1].mask
+    order = torch.tensor([i for indices, _ in passes for i in indices], device=first_mask.device)
+    inverse = torch.argsort(order)
     width = max(staged.mask.shape[1] for _, (_, staged) in passes)
-    logits = torch.cat([out for _, (out, _) in passes])[inverse.to(passes[0][1][0].device)]
-    mask = torch.cat([_pad_mask(staged.mask, width) for _, (_, staged) in passes])
+    logits = torch.cat([out for _, (out, _) in passes])[inverse]
+    mask = torch.cat([_pad_mask(staged.mask, width) for _, (_, staged) in passes])[inverse]
     layers = zip(*(staged.parts for _, (_, staged) in passes))
-    device = mask.device
-    parts = [concat(list(layer)).select(inverse.to(device)) for layer in layers]
-    return logits, StagedRows(parts, mask[inverse.to(device)])
+    return logits, StagedRows([concat(list(layer)).select(inverse) for layer in layers], mask)
 
 
 def kv_heads_and_dim(config) -> tuple[int, int]:
