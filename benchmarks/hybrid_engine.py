@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 import torch
-from _common import environment, ratio, table
+from _common import environment, generate_tok_s, ratio, table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/support: SmolLM2's tokenizer
 
@@ -75,18 +75,6 @@ def ours(engine: LLMEngine, prompts, n: int, max_tokens: int) -> float:
     start = time.perf_counter()
     results = asyncio.run(run())
     return sum(len(c.token_ids) for got in results for c in got) / (time.perf_counter() - start)
-
-
-def hf(model, tok, prompts, n: int, max_tokens: int) -> float:
-    width = max(map(len, prompts))
-    ids = torch.tensor([[tok.pad_token_id] * (width - len(p)) + p for p in prompts])
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-    start = time.perf_counter()
-    with torch.inference_mode():
-        out = model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
-                             max_new_tokens=max_tokens, min_new_tokens=max_tokens, num_return_sequences=n,
-                             pad_token_id=tok.pad_token_id)
-    return (out.shape[1] - width) * out.shape[0] / (time.perf_counter() - start)
 
 
 def row_bytes(engine: LLMEngine, length: int) -> int:
@@ -142,7 +130,7 @@ def main() -> None:
                     if system == "ours":
                         tok_s = ours(engine, prompts, n, max_tokens)
                     else:
-                        tok_s = hf(model, tok, prompts, n, max_tokens)
+                        tok_s = generate_tok_s(model, tok.pad_token_id, prompts, n, max_tokens)
                     key = f"{kind}/{shape}/{system}"
                     best[key] = max(best.get(key, 0.0), tok_s)
         engine.stop()

@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 import torch
-from _common import environment, ratio, table
+from _common import environment, generate_tok_s, ratio, table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/support: the tokenizer, the random LoRA
 
@@ -82,19 +82,6 @@ def ours(engine: LLMEngine, work: list[list[int]], args, adapter: AdapterRef | N
     return sum(len(c.token_ids) for got in results for c in got), seconds
 
 
-def hf(model, tokenizer, work: list[list[int]], args) -> tuple[int, float]:
-    width = max(map(len, work))
-    ids = torch.tensor([[tokenizer.pad_token_id] * (width - len(p)) + p for p in work])
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in work])
-    start = time.perf_counter()
-    with torch.inference_mode():
-        out = model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0, top_p=1.0, top_k=0,
-                             max_new_tokens=args.max_tokens, min_new_tokens=args.max_tokens,
-                             num_return_sequences=args.n, pad_token_id=tokenizer.pad_token_id)
-    seconds = time.perf_counter() - start
-    return (out.shape[1] - width) * out.shape[0], seconds
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--layers", type=int, default=8)
@@ -123,11 +110,12 @@ def main() -> None:
             for system in ("ours", "ours_base", "hf"):
                 if system == "hf":
                     with engine.paused():  # the engine's merged copy is put back; generate runs on the base
-                        tokens, seconds = hf(base, tokenizer, work, args)
+                        tok_s = generate_tok_s(base, tokenizer.pad_token_id, work, args.n, args.max_tokens)
                 else:
                     tokens, seconds = ours(engine, work, args, live if system == "ours" else None)
+                    tok_s = tokens / seconds
                 key = (system, implementation)
-                best[key] = max(best.get(key, 0.0), tokens / seconds)
+                best[key] = max(best.get(key, 0.0), tok_s)
     engine.stop()
 
     rows = [[system, implementation, best[(system, implementation)],

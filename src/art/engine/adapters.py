@@ -52,9 +52,11 @@ class AdapterSet:
         """The training step whose weights the live adapter holds."""
         self.max_loaded = max_loaded
         self._loaded: OrderedDict[str, None] = OrderedDict()  # checkpoint adapters, LRU order
-        self._tensors: dict[str, dict[str, torch.Tensor]] = {}
-        """A checkpoint's LoRA tensors by live parameter name, where a pass serves one adapter."""
+        self._tensors: dict[str, list[tuple[torch.nn.Parameter, torch.Tensor]]] = {}
+        """A checkpoint's LoRA tensors beside the live parameters they stand in for, where a pass
+        serves one adapter."""
         self._in_use: Counter[str] = Counter()
+        self._layers: list[LoraLayer] | None = None
         self.frozen = False
         """A training step runs beside the engine: peft's module tree must not change (no
         checkpoint adapter is loaded or deleted) until it ends."""
@@ -138,21 +140,24 @@ class AdapterSet:
                 for layer, active in zip(layers, saved):
                     layer._active_adapter = active
             return
-        swapped = self._tensors.get(name, {})
-        params = dict(self.model.named_parameters())
-        live = {key: params[key].data for key in swapped}
+        swapped = self._tensors.get(name, [])
+        live = [param.data for param, _ in swapped]
         try:
-            for key, tensor in swapped.items():
-                params[key].data = tensor
+            for param, tensor in swapped:
+                param.data = tensor
             yield
         finally:
-            for key, tensor in live.items():
-                params[key].data = tensor
+            for (param, _), tensor in zip(swapped, live):
+                param.data = tensor
 
     def _lora_layers(self) -> list[LoraLayer]:
-        from peft.tuners.lora import LoraLayer
+        """Found once: `_only` runs where checkpoints are tensors, not peft adapters, so peft's
+        module tree never changes under it."""
+        if self._layers is None:
+            from peft.tuners.lora import LoraLayer
 
-        return [m for m in self.model.modules() if isinstance(m, LoraLayer)]
+            self._layers = [m for m in self.model.modules() if isinstance(m, LoraLayer)]
+        return self._layers
 
     def _merge(self) -> None:
         if self._merged is not None:
@@ -203,8 +208,8 @@ class AdapterSet:
         self._loaded[name] = None
         return name
 
-    def _checkpoint_tensors(self, path) -> dict[str, torch.Tensor]:
-        """A checkpoint's adapter tensors by the live adapter's parameter names, on its device."""
+    def _checkpoint_tensors(self, path) -> list[tuple[torch.nn.Parameter, torch.Tensor]]:
+        """A checkpoint's adapter tensors, each beside the live parameter it stands in for, on its device."""
         from art.weights import read_adapter
 
         live = {n: p for n, p in self.model.named_parameters() if "lora_" in n and f".{LIVE}." in n}
@@ -215,10 +220,8 @@ class AdapterSet:
         if odd:
             raise ModelNotFoundError(f"checkpoint {path} does not match the live adapter's layout: {odd}")
         with torch.inference_mode(False):  # plain tensors: they stand in for parameters
-            return {
-                by_saved_name[k]: t.to(live[by_saved_name[k]].device, live[by_saved_name[k]].dtype).clone()
-                for k, t in saved.items()
-            }
+            pairs = [(live[by_saved_name[k]], t) for k, t in saved.items()]
+            return [(param, t.to(param.device, param.dtype).clone()) for param, t in pairs]
 
     def _evict(self) -> None:
         if self.frozen:  # deleting an adapter changes the tree the trainer runs through: later

@@ -17,9 +17,6 @@ EXPERT_PARAMETERS = ("gate_up_proj", "gate_proj", "up_proj", "down_proj")
 """The names transformers 5 gives a layer's fused expert weights ([experts, out, in] or
 [experts, in, out]), e.g. Qwen3-MoE's `mlp.experts.gate_up_proj` and `mlp.experts.down_proj`."""
 
-SERVED_QUANTIZATION: tuple[str, ...] = ()
-"""Quantisation methods whose checkpoints we load; every other `quantization_config` is refused."""
-
 
 def expert_parameters(model) -> list[str]:
     """Names of the fused expert parameters of `model` (e.g. ["down_proj", "gate_up_proj"]): the
@@ -107,13 +104,12 @@ def support_problem(config) -> str | None:
 
     model_type = getattr(config, "model_type", "?")
     quantization = getattr(config, "quantization_config", None)
-    if quantization is not None:
+    if quantization is not None:  # no quantised checkpoint is loaded: the trainer needs float weights
         method = quantization.get("quant_method") if isinstance(quantization, dict) else quantization.quant_method
-        if str(method) not in SERVED_QUANTIZATION:
-            return (
-                f"model_type {model_type!r} is quantised ({method}): the trainer needs float weights; "
-                "use the unquantised checkpoint"
-            )
+        return (
+            f"model_type {model_type!r} is quantised ({method}): the trainer needs float weights; "
+            "use the unquantised checkpoint"
+        )
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
     if type(config) not in MODEL_FOR_CAUSAL_LM_MAPPING:
